@@ -1,0 +1,119 @@
+"""MindFormers' optimizers and learning-rate schedules, exactly, for the DeepSpeed engine.
+
+Optimizers (mindformers/core/optim r1.5.0, plan.run.optimizer):
+  * AdamW: torch-style decoupled weight decay with bias correction -> torch.optim.AdamW.
+  * FP32StateAdamWeightDecay / FusedAdamWeightDecay / AdamWeightDecay: MindSpore's AdamWeightDecay,
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  w -= lr * (m / (sqrt(v) + eps) + wd * w)
+    with NO bias correction (MindSpore ops.AdamWeightDecay docs) -> `AdamWeightDecay` below.
+  * Weight decay only on parameters with ndim > 1 that are not biases (optimizer_grouped_parameters.py).
+Schedules (mindformers/core/lr/lr_schedule.py r1.5.0; formulas in translators/lr.py), as a LambdaLR factor of
+the peak learning rate, stepped once per optimizer step by the DeepSpeed engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: matrices decay, vectors (norms, biases) do not; frozen parameters are left out."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (decay if param.ndim > 1 and not name.endswith(".bias") else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
+              {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+    return [g for g in groups if g["params"]]
+
+
+class AdamWeightDecay(torch.optim.Optimizer):
+    """MindSpore's AdamWeightDecay: Adam moments without bias correction, decoupled weight decay in the update."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0):
+        if lr < 0 or eps <= 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"invalid AdamWeightDecay settings: lr={lr}, betas={betas}, eps={eps}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable | None = None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    # fp32 moments whatever the parameter dtype ("FP32State")
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                update = m / (v.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p.float(), alpha=group["weight_decay"])
+                p.add_(update.to(p.dtype), alpha=-group["lr"])
+        return loss
+
+
+def build_optimizer(model: torch.nn.Module, spec: dict) -> torch.optim.Optimizer:
+    """The optimizer plan.run.optimizer describes, over MindFormers' parameter groups."""
+    groups = param_groups(model, spec["weight_decay"])
+    kind = spec["type"]
+    if kind == "SGD":
+        return torch.optim.SGD(groups, lr=spec["lr"])
+    betas = tuple(spec["betas"])
+    if not spec["bias_correction"]:
+        return AdamWeightDecay(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
+    if kind == "Adam":
+        # torch Adam adds weight decay to the gradient (L2), which is what adam_w_mode false means in DeepSpeed.
+        return torch.optim.Adam(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
+    if kind == "Lamb":
+        raise ValueError("optimizer.type Lamb needs DeepSpeed's FusedLamb on a GPU; this runtime builds it only "
+                         "through the DeepSpeed config")
+    return torch.optim.AdamW(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
+
+
+def lr_factor(spec: dict, total_steps: int) -> Callable[[int], float]:
+    """The schedule as a multiple of the peak rate at optimizer step s (0-based), MindFormers' formulas."""
+    lr = spec["learning_rate"]
+    end, init = spec["lr_end"], spec["warmup_lr_init"]
+    warmup = spec["warmup_steps"] if spec["warmup_steps"] is not None else int(total_steps * spec["warmup_ratio"])
+    decay_steps = spec["decay_steps"]
+    if decay_steps is None and spec["decay_ratio"] is not None:
+        decay_steps = int(total_steps * spec["decay_ratio"])
+    kind = spec["type"]
+
+    def rate(step: int) -> float:
+        if step < warmup:
+            return init + (lr - init) * step / warmup
+        if kind == "constant":
+            return lr
+        span = max(1, total_steps - warmup)
+        progress = (step - warmup) / span
+        if kind == "cosine":
+            if decay_steps is not None and step >= decay_steps:
+                return end
+            return end + (lr - end) * 0.5 * (1 + math.cos(math.pi * 2 * spec["num_cycles"] * progress))
+        if kind == "linear":
+            return end + (lr - end) * max(0.0, (total_steps - step) / span)
+        if kind == "polynomial":
+            if step >= total_steps:
+                return end
+            return (lr - end) * (1 - progress) ** spec["power"] + end
+        raise ValueError(f"unknown schedule {kind!r}")
+
+    return lambda step: rate(step) / lr
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    for group in optimizer.param_groups:
+        group["lr"] = spec["learning_rate"]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(spec, total_steps))

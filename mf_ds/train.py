@@ -1,0 +1,85 @@
+"""The main job: `deepspeed mf_ds/train.py --mf-config x.yaml` (any number of ranks) or `mf-train x.yaml`.
+
+YAML -> translators.translate (at the real world size) -> Plan -> HF model + recompute plan -> DeepSpeed engine
+-> steps with MindFormers' semantics -> metrics.jsonl, HF-layout checkpoints. With no GPU it takes DeepSpeed's CPU
+accelerator and gloo by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file by the deepspeed launcher
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+if not torch.cuda.is_available():
+    # DeepSpeed picks its accelerator when it is first imported.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Train a MindFormers YAML run with DeepSpeed.")
+    if positional:
+        p.add_argument("mf_config", metavar="CONFIG", help="MindFormers YAML")
+    else:
+        p.add_argument("--mf-config", "--mf_config", dest="mf_config", required=True, help="MindFormers YAML")
+    p.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE", help="override a YAML key")
+    p.add_argument("--max_steps", type=int, help="stop after N optimizer steps")
+    p.add_argument("--output_dir", help="override output_dir")
+    p.add_argument("--load_checkpoint", help="HF safetensors directory (weights) or an mf-ds checkpoint")
+    p.add_argument("--resume_training", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--train_dataset_dir", help="Megatron .bin/.idx prefix or directory, or JSON-lines data")
+    p.add_argument("--gradient_accumulation_steps", type=int, help="override the gradient accumulation")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
+                   help="set by the deepspeed launcher")
+    return p
+
+
+def _single_process_env() -> None:
+    """mf-train runs one process without a launcher: give torch.distributed a one-rank world."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def main(argv: list[str] | None = None, prog: str = "mf_ds/train.py", positional: bool = False) -> int:
+    args = parser(prog, positional).parse_args(argv)
+    from translators.errors import ConfigError
+
+    from mf_ds.checkpoint import CheckpointError
+    from mf_ds.errors import RunError
+
+    try:
+        _single_process_env()
+        from mf_ds.loop import Trainer
+
+
+        trainer = Trainer.from_args(args)
+        stop = {"signal": None}
+
+        def on_signal(signum, _frame):  # SIGTERM: save and exit cleanly, as MindFormers' graceful exit does
+            stop["signal"] = signum
+
+        signal.signal(signal.SIGTERM, on_signal)
+        trainer.fit(should_stop=lambda: stop["signal"] is not None)
+        trainer.close()
+    except Exception as exc:
+        if isinstance(exc, (ConfigError, CheckpointError, RunError)) or type(exc).__name__ == "DataError":
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Every real MindFormers YAML of the reference corpus translates; DeepSpeed accepts every JSON as is."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import CONFIGS, corpus_files
+from translators.cli import run
+from translators.loader import load_yaml
+from translators.notes import leaves
+from translators.plan import PLAN_KEYS, translate_file
+
+FILES = corpus_files() + sorted(CONFIGS.glob("*.yaml"))
+
+
+def _has_auto(value) -> bool:
+    if isinstance(value, dict):
+        return any(_has_auto(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_auto(v) for v in value)
+    return value == "auto"
+
+
+@pytest.fixture(scope="module")
+def ds_world(monkeypatch_module):
+    """A one-rank gloo group, so DeepSpeedConfig reads its world size from a fake mpu (the data-parallel size)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    for name, value in (("DS_ACCELERATOR", "cpu"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29611")):
+        monkeypatch_module.setenv(name, value)
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo")
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+class _MPU:
+    def __init__(self, world: int):
+        self.world = world
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.world
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_translates_with_exit_0(path, capsys):
+    assert run([str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    config = json.loads(out)
+    assert config["train_micro_batch_size_per_gpu"] >= 1
+    assert not _has_auto(config)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_deepspeed_accepts_the_json(path, ds_world):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    plan = translate_file(str(path)).plan
+    config = plan["deepspeed"]
+    parsed = DeepSpeedConfig(json.loads(json.dumps(config)), mpu=_MPU(plan["run"]["world_size"]))
+    assert parsed.train_batch_size == config["train_batch_size"]
+    assert parsed.gradient_accumulation_steps == config["gradient_accumulation_steps"]
+    assert parsed.gradient_clipping == config["gradient_clipping"]
+    assert parsed.zero_optimization_stage == config["zero_optimization"]["stage"]
+    assert parsed.bfloat16_config.enabled == ("bf16" in config)
+    assert parsed.float16_config.enabled == ("fp16" in config)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_plan_is_json_and_accounts_for_every_key(path):
+    result = translate_file(str(path))
+    plan = json.loads(result.to_json())
+    assert tuple(plan) == PLAN_KEYS
+    tree = load_yaml(str(path))
+    noted = {note["key"] for note in plan["notes"]}
+    for key in leaves(tree):
+        assert any(key == n or key.startswith(n + ".") or key.startswith(n + "[") for n in noted if n), key
+    if plan["hf_config"] is not None:
+        assert len(plan["layers"]) == plan["hf_config"].get("num_hidden_layers", plan["hf_config"].get("n_layer")) \
+            + (plan["hf_config"].get("num_nextn_predict_layers") or 0)

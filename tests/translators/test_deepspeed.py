@@ -1,0 +1,159 @@
+"""The DeepSpeed mapping follows MindFormers' semantics (keys.md Appendix A; deepspeed-and-hf.md)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.conftest import CONFIGS
+from translators.errors import ConfigError
+from translators.loader import load_yaml
+from translators.plan import translate
+
+BASE = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
+
+
+def plan_of(**sections) -> dict:
+    tree = copy.deepcopy(BASE)
+    for dotted, value in sections.items():
+        node = tree
+        keys = dotted.split("__")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(keys[-1], None)
+        else:
+            node[keys[-1]] = value
+    return translate(tree).plan
+
+
+def notes_on(plan: dict, key: str) -> list[str]:
+    return [f"[{n['kind']}] {n['message']}" for n in plan["notes"] if n["key"] == key]
+
+
+def test_pipeline_rule_uses_micro_batch_num():
+    plan = plan_of(parallel_config__pipeline_stage=2, parallel_config__micro_batch_num=8)
+    assert plan["deepspeed"]["gradient_accumulation_steps"] == 8
+    assert any("ignored under pipeline_stage > 1" in n for n in notes_on(plan, "runner_config.gradient_accumulation_steps"))
+
+
+def test_micro_batch_interleave_multiplies_accumulation():
+    plan = plan_of(micro_batch_interleave_num=2)
+    assert plan["deepspeed"]["gradient_accumulation_steps"] == 4
+
+
+@pytest.mark.parametrize("wrapper, ga, clip", [
+    ({"type": "MFTrainOneStepCell", "use_clip_grad": False}, 2, 0.0),
+    ({"type": "MFTrainOneStepCell", "use_clip_grad": True, "max_grad_norm": 0.5}, 1, 0.5),
+    ({"type": "MFTrainOneStepCell"}, 1, 0.0),      # MFTrainOneStepCell's own default: no clipping
+    ({"type": "MFTrainOneStepCell"}, 2, 1.0),      # GA > 1 swaps in MFPipelineWithLossScaleCell: clipping on
+    (None, 1, 1.0),                                # no section: the template clips at 1.0
+])
+def test_clipping(wrapper, ga, clip):
+    plan = plan_of(runner_wrapper=wrapper, runner_config__gradient_accumulation_steps=ga)
+    assert plan["deepspeed"]["gradient_clipping"] == clip
+
+
+def test_fp16_dynamic_loss_scale():
+    cell = {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 4096, "scale_factor": 2, "scale_window": 500}
+    plan = plan_of(model__model_config__compute_dtype="float16", runner_wrapper__scale_sense=cell)
+    assert plan["deepspeed"]["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 12,
+                                         "loss_scale_window": 500, "hysteresis": 1, "min_loss_scale": 1}
+    assert "bf16" not in plan["deepspeed"]
+
+
+def test_fp16_scale_not_a_power_of_two_and_static_factor():
+    cell = {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 65535, "scale_factor": 2, "scale_window": 1}
+    plan = plan_of(model__model_config__compute_dtype="float16", runner_wrapper__scale_sense=cell)
+    assert plan["deepspeed"]["fp16"]["initial_scale_power"] == 16
+    assert notes_on(plan, "runner_wrapper.scale_sense.loss_scale_value")
+    cell["scale_factor"] = 1
+    plan = plan_of(model__model_config__compute_dtype="float16", runner_wrapper__scale_sense=cell)
+    assert plan["deepspeed"]["fp16"] == {"enabled": True, "loss_scale": 65535.0}
+
+
+def test_bf16_keeps_fp32_masters_through_zero():
+    plan = plan_of(model__model_config__compute_dtype="bfloat16", parallel__enable_parallel_optimizer=False)
+    assert plan["deepspeed"]["bf16"] == {"enabled": True}
+    assert plan["deepspeed"]["zero_optimization"]["stage"] == 1
+
+
+@pytest.mark.parametrize("enable, shard, stage", [(False, False, 0), (True, False, 1), (True, True, 2)])
+def test_zero_stage(enable, shard, stage):
+    plan = plan_of(parallel__enable_parallel_optimizer=enable,
+                   parallel__parallel_optimizer_config__gradient_accumulation_shard=shard)
+    assert plan["deepspeed"]["zero_optimization"]["stage"] == stage
+
+
+def test_adam_weight_decay_family_has_no_bias_correction():
+    plan = plan_of(optimizer={"type": "FP32StateAdamWeightDecay", "beta1": 0.9, "beta2": 0.95, "weight_decay": 0.1})
+    params = plan["deepspeed"]["optimizer"]["params"]
+    assert plan["deepspeed"]["optimizer"]["type"] == "AdamW"
+    assert params["bias_correction"] is False and params["betas"] == [0.9, 0.95] and params["eps"] == 1e-6
+    assert plan["run"]["optimizer"]["bias_correction"] is False
+
+
+def test_cosine_schedule_with_known_steps():
+    plan = plan_of(lr_schedule={"type": "CosineWithWarmUpLR", "learning_rate": 1e-3, "lr_end": 1e-4,
+                                "warmup_ratio": 0.1, "total_steps": 100})
+    sched = plan["deepspeed"]["scheduler"]
+    assert sched["type"] == "WarmupCosineLR"
+    assert sched["params"]["total_num_steps"] == 100 and sched["params"]["warmup_num_steps"] == 10
+    assert sched["params"]["cos_min_ratio"] == pytest.approx(0.1)
+    assert plan["run"]["lr_schedule"]["warmup_steps"] == 10
+
+
+def test_total_steps_from_megatron_sizes():
+    loader = {"type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": [800, 0, 0],
+              "config": {"seq_length": 128, "data_path": ["1", "/data/a_text_document"]}}
+    plan = plan_of(train_dataset__data_loader=loader, lr_schedule__total_steps=-1, runner_config__epochs=2)
+    assert plan["run"]["steps_per_epoch"] == 100 and plan["run"]["total_steps"] == 200
+    assert plan["run"]["data"]["paths"] == ["/data/a_text_document"] and plan["run"]["data"]["weights"] == [1.0]
+
+
+def test_unknown_total_steps_leaves_the_schedule_to_the_runtime():
+    plan = plan_of(lr_schedule__total_steps=-1)
+    assert "scheduler" not in plan["deepspeed"] and plan["run"]["lr_schedule"]["total_steps"] is None
+
+
+def test_lr_scale():
+    plan = plan_of(lr_scale=True, lr_scale_factor=4)
+    assert plan["run"]["lr_schedule"]["learning_rate"] == pytest.approx(3e-3 * 8 / 4)
+
+
+def test_use_parallel_false_resets_the_layout():
+    plan = plan_of(use_parallel=False)
+    assert plan["run"]["world_size"] == 1 and plan["deepspeed"]["train_batch_size"] == 4
+
+
+def test_string_quirk_is_taken_as_a_number_with_a_note():
+    plan = plan_of(lr_schedule__learning_rate="1e-3")
+    assert plan["run"]["lr_schedule"]["learning_rate"] == 1e-3
+    assert any("PyYAML" in n for n in notes_on(plan, "lr_schedule.learning_rate"))
+
+
+def test_activation_checkpointing_block_counts_full_layers():
+    plan = plan_of(recompute_config__recompute=True)
+    assert plan["deepspeed"]["activation_checkpointing"]["number_checkpoints"] == 2
+    assert all(layer["full_recompute"] for layer in plan["layers"])
+
+
+def test_moe_plan_of_the_tiny_deepseek():
+    plan = translate(load_yaml(str(CONFIGS / "tiny_deepseek_v3.yaml"))).plan
+    moe = plan["moe"]
+    assert moe["num_experts"] == 8 and moe["top_k"] == 2 and moe["layers"] == [1, 2, 3] and moe["mtp_layers"] == [3]
+    assert moe["router"]["score"] == "sigmoid" and moe["router"]["bias_balance"]
+    assert moe["dropless"] is False and moe["drop_policy"] == "kdrop" and moe["capacity_factor"] == 1.5
+    assert plan["run"]["callbacks"]["moe_drop_rate"]["expert_num"] == 8
+
+
+def test_gmm_is_dropless_unless_opted_in():
+    tree = load_yaml(str(CONFIGS / "tiny_deepseek_v3.yaml"))
+    tree["moe_config"]["use_gmm"] = True
+    assert translate(tree).plan["moe"]["dropless"] is True
+    tree["mf_ds"] = {"gmm_capacity": True}
+    assert translate(tree).plan["moe"]["dropless"] is False
+    tree["mf_ds"] = {"gmm_capacty": True}
+    with pytest.raises(ConfigError, match="did you mean 'gmm_capacity'"):
+        translate(tree)

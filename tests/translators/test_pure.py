@@ -1,0 +1,46 @@
+"""translators/ is pure Python: it imports with torch, deepspeed, transformers, triton and numpy blocked, and
+`mf-translate` is fast because of it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tests.conftest import ROOT, corpus_files
+
+BLOCK = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {'torch', 'deepspeed', 'transformers', 'triton', 'numpy', 'accelerate',
+                                  'safetensors', 'mf_ds'}:
+            raise ImportError(f'translators must not import {name}')
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_translators_import_and_run_with_heavy_modules_blocked():
+    code = BLOCK + f"""
+import pkgutil, importlib, translators
+for m in pkgutil.iter_modules(translators.__path__):
+    importlib.import_module('translators.' + m.name)
+from translators.plan import translate_file
+for path in {[str(p) for p in corpus_files()]!r}:
+    translate_file(path)
+print('ok')
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+def test_mf_translate_is_under_half_a_second_per_file():
+    files = corpus_files()[:8]
+    start = time.perf_counter()
+    for path in files:
+        proc = subprocess.run([sys.executable, "-m", "translators.cli", str(path)], cwd=ROOT, capture_output=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    per_file = (time.perf_counter() - start) / len(files)
+    assert per_file < 0.5, f"{per_file:.3f} s per file"

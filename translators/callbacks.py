@@ -1,0 +1,137 @@
+"""`callbacks:`: MindFormers' callback list -> the runtime's callbacks in the Plan (`run.callbacks`).
+
+Sources: mindformers/core/callback/callback.py r1.5.0 (MFLossMonitor :238, CheckpointMonitor :1106,
+TopkBiasBalanceCallback :2024, MoEDropRateCallback :2101). With no `callbacks:` section the template's list is
+[MFLossMonitor, ObsMonitor]. A callback we do not run is a note, never a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from translators.errors import ConfigError, join, show
+from translators.notes import Ledger
+from translators.schema import coerce
+
+# type -> {arg: (type hint, default, kind, what it becomes)}; args absent from a table are `unknown` notes.
+_TRAINER_FILLED = ("dropped", "filled in by MindFormers' trainer; mf_ds computes it")
+CALLBACKS: dict[str, dict[str, tuple[Any, Any, str, str]]] = {
+    "MFLossMonitor": {
+        "per_print_times": (int, 1, "runtime", "log every N steps"),
+        "check_for_nan_in_loss_and_grad": (bool, False, "runtime", "stop on a NaN loss"),
+        "learning_rate": (Any, None, *_TRAINER_FILLED),
+        "micro_batch_num": (Any, None, *_TRAINER_FILLED),
+        "micro_batch_interleave_num": (Any, None, *_TRAINER_FILLED),
+        "origin_epochs": (Any, None, *_TRAINER_FILLED),
+        "dataset_size": (Any, None, *_TRAINER_FILLED),
+        "initial_epoch": (Any, None, *_TRAINER_FILLED),
+        "initial_step": (Any, None, *_TRAINER_FILLED),
+        "global_batch_size": (Any, None, *_TRAINER_FILLED),
+        "gradient_accumulation_steps": (Any, None, *_TRAINER_FILLED),
+        "calculate_per_token_loss": (Any, None, *_TRAINER_FILLED),
+        "print_separate_loss": (Any, None, *_TRAINER_FILLED),
+    },
+    "CheckpointMonitor": {
+        "prefix": (str, "CKP", "runtime", "checkpoint directory prefix"),
+        "directory": (str | None, None, "runtime", "checkpoint directory (default output_dir/checkpoint)"),
+        "save_checkpoint_steps": (int, 1, "runtime", "save every N steps"),
+        "keep_checkpoint_max": (int, 5, "runtime", "keep the newest N checkpoints"),
+        "checkpoint_format": (str, "ckpt", "runtime", "weights are always written as HF safetensors"),
+        "integrated_save": (bool, True, "dropped", "HF weights are always saved whole; DeepSpeed engine state "
+                                                   "per rank"),
+        "async_save": (bool, False, "dropped", "checkpoints are written synchronously and atomically"),
+        "save_network_params": (bool, True, "dropped", "the HF weights are always saved"),
+        "save_trainable_params": (bool, False, "dropped", "the HF weights are always saved whole"),
+        "save_checkpoint_seconds": (int, 0, "dropped", "time-based saving is not supported; steps are"),
+        "keep_checkpoint_per_n_minutes": (int, 0, "dropped", "time-based keeping is not supported"),
+        "remove_redundancy": (bool, False, "dropped", "DeepSpeed writes each shard once"),
+        "exception_save": (bool, False, "dropped", "SIGTERM saves a checkpoint; other exceptions do not"),
+        "append_info": (Any, None, "dropped", "MindSpore checkpoint metadata"),
+        "enc_key": (Any, None, "dropped", "checkpoint encryption is not supported"),
+        "enc_mode": (Any, None, "dropped", "checkpoint encryption is not supported"),
+        "global_batch_size": (Any, None, *_TRAINER_FILLED),
+    },
+    "TopkBiasBalanceCallback": {
+        "balance_via_topk_bias": (bool, None, "runtime", "must mirror moe_config.balance_via_topk_bias"),
+        "topk_bias_update_rate": (float, None, "runtime", "bias step u (default: moe_config's)"),
+        "num_layers": (int, None, "runtime", "layers scanned (the plan's MoE layers are used)"),
+        "mtp_depth": (int, None, "runtime", "MTP layers scanned"),
+        "expert_num": (int, None, "runtime", "must equal the routed expert count"),
+        "micro_batch_num": (int, 1, "runtime", "load target micro_batch_num x GA / E"),
+        "gradient_accumulation_steps": (int, 1, "runtime", "load target micro_batch_num x GA / E"),
+    },
+    "MoEDropRateCallback": {
+        "expert_num": (int, None, "runtime", "must equal the routed expert count"),
+        "capacity_factor": (float, None, "runtime", "MindFormers' estimate sum_i max(0, f_i - cf/E) "
+                                                    "(default: moe_config's)"),
+        "num_layers": (int, None, "runtime", "layers scanned (the plan's MoE layers are used)"),
+        "mtp_depth": (int, None, "runtime", "MTP layers scanned"),
+    },
+}
+# Callbacks we know and do not run, with the reason.
+NOT_RUN = {
+    "ObsMonitor": "uploads to Huawei OBS (ModelArts only)",
+    "SummaryMonitor": "MindSpore summary files; TensorBoard events are written instead",
+    "ProfileMonitor": "the MindSpore profiler; use torch.profiler",
+    "TrainingStateMonitor": "MindFormers' state dumps; metrics.jsonl carries loss, lr and grad norm",
+    "EvalCallBack": "evaluation during training is not run",
+    "StressDetectCallBack": "Ascend stress detection",
+    "TrainFaultTolerance": "Ascend fault tolerance; SIGTERM saves a checkpoint and resume restarts from it",
+    "ColdHotExpertMonitor": "V1 hot/cold expert replication",
+}
+TEMPLATE = [{"type": "MFLossMonitor"}, {"type": "ObsMonitor"}]
+
+
+def parse_callbacks(tree: dict, ledger: Ledger) -> dict[str, dict | None]:
+    """The runtime's callbacks: {loss_monitor, checkpoint, topk_bias_balance, moe_drop_rate}, each args or None."""
+    raw = tree.get("callbacks")
+    if raw is None:
+        raw = TEMPLATE
+        ledger.runtime("callbacks", "absent: MindFormers' default [MFLossMonitor, ObsMonitor] (ObsMonitor not run)")
+    if not isinstance(raw, list):
+        raise ConfigError("callbacks", f"expected a list of {{type: ...}} entries, got {show(raw)}")
+    out: dict[str, dict | None] = {"loss_monitor": None, "checkpoint": None, "topk_bias_balance": None,
+                                   "moe_drop_rate": None}
+    slots = {"MFLossMonitor": "loss_monitor", "CheckpointMonitor": "checkpoint",
+             "TopkBiasBalanceCallback": "topk_bias_balance", "MoEDropRateCallback": "moe_drop_rate"}
+    for i, entry in enumerate(raw):
+        path = join("callbacks", i)
+        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+            raise ConfigError(path, f"expected a mapping with a 'type' string, got {show(entry)}")
+        kind = entry["type"]
+        if kind in NOT_RUN:
+            ledger.dropped(path, f"{kind}: {NOT_RUN[kind]}")
+            continue
+        if kind not in CALLBACKS:
+            ledger.unknown(path, f"{kind}: not a callback mf_ds runs; ignored")
+            continue
+        table = CALLBACKS[kind]
+        args = {name: spec[1] for name, spec in table.items() if spec[2] == "runtime"}
+        ledger.runtime(join(path, "type"), f"run.callbacks.{slots[kind]}")
+        for name, value in entry.items():
+            if name == "type":
+                continue
+            arg_path = join(path, name)
+            if name not in table:
+                ledger.unknown(arg_path, f"not an argument of {kind}; ignored")
+                continue
+            hint, _, note_kind, what = table[name]
+            coerced = coerce(value, hint, arg_path)
+            if note_kind == "runtime":
+                args[name] = coerced.value
+                ledger.runtime(arg_path, f"run.callbacks.{slots[kind]}.{name}: {what}")
+            else:
+                ledger.add(arg_path, note_kind, what)
+        for name in ("per_print_times", "save_checkpoint_steps", "keep_checkpoint_max"):
+            if name in args and args[name] < 1:
+                raise ConfigError(join(path, name), f"expected an int >= 1, got {show(args[name])}")
+        if kind == "CheckpointMonitor" and args["checkpoint_format"] not in ("ckpt", "safetensors"):
+            raise ConfigError(join(path, "checkpoint_format"),
+                              f"expected 'ckpt' or 'safetensors', got {show(args['checkpoint_format'])}")
+        if kind == "CheckpointMonitor" and args["checkpoint_format"] == "ckpt" and "checkpoint_format" in entry:
+            ledger.differs(join(path, "checkpoint_format"), "MindSpore .ckpt cannot be written without MindSpore; "
+                           "HF safetensors are written instead")
+        if out[slots[kind]] is not None:
+            ledger.differs(path, f"a second {kind}: the later one is used")
+        out[slots[kind]] = args
+    return out

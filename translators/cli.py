@@ -1,0 +1,73 @@
+"""`mf-translate CONFIG`: the DeepSpeed JSON on stdout; the Formative log lines, notes and errors on stderr.
+
+Exit codes: 0 translated, 2 bad input (one line naming the key path or file), 1 a bug (with its traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from translators.errors import ConfigError
+from translators.plan import translate_file
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mf-translate", description="Translate a MindFormers training YAML into a "
+                                "DeepSpeed config (stdout), a Hugging Face model config and an mf-ds Plan.")
+    p.add_argument("config", help="MindFormers YAML file")
+    p.add_argument("--hf-config", metavar="PATH", help="write the HF model config (AutoConfig.for_model kwargs)")
+    p.add_argument("--plan", metavar="PATH", help="write the whole Plan (deepspeed, hf_config, layers, moe, "
+                   "kernels, run, notes)")
+    p.add_argument("--explain", action="store_true", help="list every YAML key and what it became (stderr)")
+    p.add_argument("--world-size", type=int, metavar="N", help="DeepSpeed ranks (default: "
+                   "parallel_config.data_parallel); MindFormers' global batch is kept")
+    p.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
+                   help="override a YAML key (repeatable; VALUE is read as YAML)")
+    p.add_argument("--gradient_accumulation_steps", type=int, metavar="N",
+                   help="override the gradient accumulation (as MindFormers' run script does)")
+    return p
+
+
+def _write(path: str, payload: object) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2)
+            f.write("\n")
+    except OSError as exc:
+        raise ConfigError(path, f"cannot write: {exc.strerror}") from None
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result = translate_file(args.config, args.set, args.world_size, args.gradient_accumulation_steps)
+        for line in result.formative:
+            print(line, file=sys.stderr)
+        lines = result.ledger.explain() if args.explain else [note.line() for note in result.warnings]
+        for line in lines:
+            print(line, file=sys.stderr)
+        plan = result.plan
+        if args.hf_config:
+            if plan["hf_config"] is None:
+                print(f"mf-translate: no HF config written to {args.hf_config}: see the note on 'model'",
+                      file=sys.stderr)
+            else:
+                _write(args.hf_config, plan["hf_config"])
+        if args.plan:
+            _write(args.plan, plan)
+    except ConfigError as exc:
+        print(f"mf-translate: error: {exc}", file=sys.stderr)
+        return 2
+    json.dump(plan["deepspeed"], sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def main() -> None:
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

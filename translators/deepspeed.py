@@ -1,0 +1,236 @@
+"""MindFormers training settings -> a DeepSpeed JSON config (accepted by `DeepSpeedConfig` as is, no "auto").
+
+The batch triad (DeepSpeed asserts `train_batch_size == micro * GA * dp_world`):
+  micro   = runner_config.batch_size
+  GA      = (parallel_config.micro_batch_num if pipeline_stage > 1 else runner_config.gradient_accumulation_steps)
+            * micro_batch_interleave_num                      # base_trainer.py _check_global_batch_size_for_auto_parallel
+  global  = micro * GA * data_parallel                        # MindFormers' global batch
+The DeepSpeed run is data parallel over `world_size` ranks (default: parallel_config.data_parallel), and keeps
+MindFormers' global batch: GA = global / (micro * world_size), an error when that does not divide. An explicit
+`--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA instead.
+
+Other rules (keys.md Appendix A, deepspeed-and-hf.md):
+  * clipping: `max_grad_norm` when use_clip_grad, else 0.0 (DeepSpeed's own default is 1.0 since PR #8068);
+  * precision: compute_dtype -> bf16 / fp16; scale_sense -> the fp16 loss scaler (MindSpore backs off at once:
+    hysteresis 1);
+  * ZeRO: 2 with gradient_accumulation_shard, 1 with enable_parallel_optimizer, and 1 anyway for bf16/fp16 with
+    float32 parameters, since DeepSpeed keeps fp32 master weights only through a ZeRO optimizer;
+  * optimizer: AdamW; MindSpore's AdamWeightDecay family has no bias correction (FusedAdam bias_correction: false);
+  * scheduler: the nearest DeepSpeed scheduler when the step count is known; the runtime applies MindFormers'
+    exact formula from plan.run.lr_schedule either way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from translators.errors import ConfigError
+from translators.notes import Ledger
+from translators.sections import LossScale, Optimizer, Parallel, ParallelConfig, RunnerConfig, RunnerWrapper
+
+ADAMW_NO_BIAS_CORRECTION = ("FP32StateAdamWeightDecay", "FusedAdamWeightDecay", "AdamWeightDecay")
+OPTIMIZERS = ("AdamW", *ADAMW_NO_BIAS_CORRECTION, "Adam", "SGD", "Lamb")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The batch arithmetic, computed once."""
+
+    micro: int
+    gradient_accumulation_steps: int
+    world_size: int
+    global_batch: int          # micro * GA * world_size, what DeepSpeed calls train_batch_size
+    mindformers_global: int    # MindFormers' global batch for the YAML's own layout
+
+
+def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | None, ga_override: int | None,
+          ledger: Ledger) -> Batch:
+    pp = pc.pipeline_stage
+    mf_ga = (pc.micro_batch_num if pp > 1 else runner.gradient_accumulation_steps) * mbi
+    mf_global = runner.batch_size * mf_ga * pc.data_parallel
+    world = world_size if world_size is not None else pc.data_parallel
+    if world < 1:
+        raise ConfigError("--world-size", f"expected an int >= 1, got {world}")
+    if pp > 1 and ledger.present("runner_config.gradient_accumulation_steps") \
+            and runner.gradient_accumulation_steps != 1:
+        ledger.differs("runner_config.gradient_accumulation_steps", "ignored under pipeline_stage > 1, as in "
+                       "MindFormers: parallel_config.micro_batch_num is the accumulation")
+    if ga_override is not None:
+        if ga_override < 1:
+            raise ConfigError("--gradient_accumulation_steps", f"expected an int >= 1, got {ga_override}")
+        ga = ga_override
+        ledger.mapped("runner_config.gradient_accumulation_steps", f"overridden on the command line: "
+                      f"deepspeed.gradient_accumulation_steps = {ga}")
+    elif mf_global % (runner.batch_size * world):
+        raise ConfigError("--world-size", f"MindFormers' global batch {mf_global} (batch_size {runner.batch_size} x "
+                          f"data_parallel {pc.data_parallel} x accumulation {mf_ga}) is not a multiple of "
+                          f"batch_size x world size {world}",
+                          "choose a world size that divides it, or set --gradient_accumulation_steps")
+    else:
+        ga = mf_global // (runner.batch_size * world)
+    source = "parallel_config.micro_batch_num" if pp > 1 else "runner_config.gradient_accumulation_steps"
+    if ga_override is None:
+        ledger.mapped(source, f"deepspeed.gradient_accumulation_steps = {ga}"
+                      + (f" (the global batch {mf_global} kept on {world} ranks)" if world != pc.data_parallel else ""))
+    ledger.mapped("runner_config.batch_size", f"deepspeed.train_micro_batch_size_per_gpu = {runner.batch_size}")
+    result = Batch(runner.batch_size, ga, world, runner.batch_size * ga * world, mf_global)
+    if result.global_batch != mf_global:
+        ledger.differs("runner_config", f"global batch {result.global_batch} differs from MindFormers' {mf_global}")
+    return result
+
+
+def clipping(wrapper: RunnerWrapper, wrapper_given: bool, replaced: bool, ledger: Ledger) -> float:
+    """DeepSpeed gradient_clipping; 0.0 when disabled (DeepSpeed's own default is 1.0)."""
+    enabled = wrapper.use_clip_grad
+    if enabled is None:
+        # MFTrainOneStepCell defaults to False; MindFormers swaps in MFPipelineWithLossScaleCell (default True)
+        # when pp > 1 or GA > 1 (base_trainer.py _reset_wrapper_for_pipeline_parallel / _for_grad_accu).
+        enabled = replaced or not wrapper_given
+        ledger.runtime("runner_wrapper", f"use_clip_grad not set: {enabled} ("
+                       + ("MFPipelineWithLossScaleCell default" if replaced else
+                          "template default" if not wrapper_given else "MFTrainOneStepCell default") + ")")
+    value = wrapper.max_grad_norm if enabled else 0.0
+    if wrapper_given:
+        ledger.mapped("runner_wrapper.use_clip_grad", f"deepspeed.gradient_clipping = {value}")
+        ledger.mapped("runner_wrapper.max_grad_norm", f"deepspeed.gradient_clipping = {value}" if enabled else
+                      "unused: clipping is off (gradient_clipping = 0.0)")
+    return value
+
+
+def precision(compute_dtype: str, param_dtype: str, wrapper: RunnerWrapper, ledger: Ledger) -> dict[str, Any]:
+    """The bf16 / fp16 blocks and the loss scaler from runner_wrapper.scale_sense."""
+    scale = wrapper.scale_sense
+    ledger.mapped("model.model_config.compute_dtype", {"bfloat16": "deepspeed.bf16.enabled = true",
+                                                       "float16": "deepspeed.fp16.enabled = true",
+                                                       "float32": "fp32 training (no bf16/fp16 block)"}[compute_dtype])
+    if compute_dtype == "bfloat16":
+        if isinstance(scale, dict) or scale != 1.0:
+            ledger.differs("runner_wrapper.scale_sense", "bf16 needs no loss scaling; DeepSpeed's bf16 mode has "
+                           "none, so the loss is not scaled")
+        return {"bf16": {"enabled": True}}
+    if compute_dtype == "float32":
+        if isinstance(scale, dict) or scale != 1.0:
+            ledger.dropped("runner_wrapper.scale_sense", "fp32 training needs no loss scaling")
+        return {}
+    if not isinstance(scale, dict):
+        ledger.mapped("runner_wrapper.scale_sense", f"deepspeed.fp16.loss_scale = {scale} (static)")
+        return {"fp16": {"enabled": True, "loss_scale": float(scale)}}
+    cell = LossScale.parse(scale, ledger)
+    if cell.type == "FixedLossScaleUpdateCell" or cell.scale_factor == 1:
+        # A factor of 1 can never change the scale: a static scale.
+        ledger.mapped("runner_wrapper.scale_sense", f"deepspeed.fp16.loss_scale = {cell.loss_scale_value} (static)")
+        return {"fp16": {"enabled": True, "loss_scale": cell.loss_scale_value}}
+    power = round(math.log2(cell.loss_scale_value))
+    if 2.0**power != cell.loss_scale_value:
+        ledger.differs("runner_wrapper.scale_sense.loss_scale_value", f"{cell.loss_scale_value:g} is not a power "
+                       f"of two; DeepSpeed starts at 2^{power} = {2.0**power:g}")
+    if cell.scale_factor != 2:
+        ledger.differs("runner_wrapper.scale_sense.scale_factor", f"DeepSpeed's dynamic scaler always uses 2, not "
+                       f"{cell.scale_factor:g}")
+    ledger.mapped("runner_wrapper.scale_sense", f"deepspeed.fp16: dynamic loss scale from 2^{power}, window "
+                  f"{cell.scale_window}, immediate back-off (hysteresis 1, as MindSpore)")
+    if param_dtype != "float32":
+        ledger.differs("model.model_config.param_init_type", f"{param_dtype} parameters: DeepSpeed keeps fp32 "
+                       "master weights (more memory, more precise updates)")
+    return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": power,
+                     "loss_scale_window": cell.scale_window, "hysteresis": 1, "min_loss_scale": 1}}
+
+
+def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, ledger: Ledger) -> dict[str, Any]:
+    if po_shard:
+        stage, why = 2, "gradient_accumulation_shard shards gradients too"
+    elif parallel.enable_parallel_optimizer:
+        stage, why = 1, "optimizer states sharded over data parallel"
+    elif mixed:
+        stage, why = 1, "DeepSpeed keeps fp32 master weights in bf16/fp16 only through a ZeRO optimizer"
+    else:
+        stage, why = 0, "no optimizer sharding"
+    ledger.mapped("parallel.enable_parallel_optimizer", f"deepspeed.zero_optimization.stage = {stage} ({why})")
+    if parallel.enable_parallel_optimizer:
+        ledger.differs("parallel.enable_parallel_optimizer", "MindSpore also shards the weights (ZeRO-3-like); "
+                       f"ZeRO-{stage} keeps whole weights per rank" + (" (expert parallelism allows at most ZeRO-2)"
+                                                                          if ep > 1 else ""))
+    # overlap_comm off: with gloo on CPU it buys nothing and its bucket handling has bitten CPU runs.
+    return {"stage": stage, "overlap_comm": False, "contiguous_gradients": True} if stage else {"stage": 0}
+
+
+def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tuple[dict[str, Any], dict[str, Any]]:
+    """DeepSpeed's optimizer block and the Plan's exact description (run.optimizer)."""
+    if opt.type not in OPTIMIZERS:
+        raise ConfigError("optimizer.type", f"{opt.type!r} is not supported", "supported: " + ", ".join(OPTIMIZERS))
+    adamw_family = opt.type in ADAMW_NO_BIAS_CORRECTION
+    if adamw_family:
+        betas = [opt.beta1 if opt.beta1 is not None else 0.9, opt.beta2 if opt.beta2 is not None else 0.999]
+        eps = opt.eps if opt.eps is not None else 1e-6
+        if opt.betas is not None:
+            ledger.differs("optimizer.betas", f"{opt.type} reads beta1/beta2; betas is ignored, as in MindFormers")
+    else:
+        betas = opt.betas if opt.betas is not None else [0.9, 0.999]
+        eps = opt.eps if opt.eps is not None else 1e-8
+        for name in ("beta1", "beta2"):
+            if getattr(opt, name) is not None:
+                ledger.differs(f"optimizer.{name}", f"{opt.type} reads betas; {name} is ignored")
+    params: dict[str, Any] = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": opt.weight_decay}
+    ds_type = {"Adam": "Adam", "SGD": "SGD", "Lamb": "Lamb"}.get(opt.type, "AdamW")
+    if adamw_family:
+        params["bias_correction"] = False
+    if opt.type == "Adam":
+        params["adam_w_mode"] = False
+    if opt.type == "SGD":
+        params = {"lr": lr, "weight_decay": opt.weight_decay}
+    if opt.type == "Lamb":
+        ledger.differs("optimizer.type", "Lamb is DeepSpeed's FusedLamb: GPU only")
+    if opt.amsgrad:
+        ledger.differs("optimizer.amsgrad", "AMSGrad is not supported by DeepSpeed's fused Adam; ignored")
+    if opt.maximize:
+        raise ConfigError("optimizer.maximize", "maximising the loss is not supported")
+    for name in ("type", "betas", "beta1", "beta2", "eps", "weight_decay"):
+        if opt_given and ledger.present(f"optimizer.{name}"):
+            ledger.mapped(f"optimizer.{name}", f"deepspeed.optimizer: {ds_type} {params}")
+    if opt_given and ledger.present("optimizer.learning_rate"):
+        ledger.dropped("optimizer.learning_rate", "lr_schedule.learning_rate is used, as in MindFormers")
+    plan = {"type": opt.type, "torch": ds_type, "bias_correction": not adamw_family, **params,
+            "weight_decay_on": "parameters with ndim > 1 that are not biases (MindFormers' grouped params)"}
+    plan.pop("adam_w_mode", None)
+    return {"type": ds_type, "params": params}, plan
+
+
+def activation_checkpointing(n_full: int, slice_activation: bool, mp: int, ledger: Ledger) -> dict[str, Any]:
+    """DeepSpeed's activation_checkpointing block; it configures deepspeed.checkpointing, which the runtime calls."""
+    if slice_activation:
+        # partition_activations splits saved activations over the model-parallel group; without TP there is none.
+        ledger.differs("recompute_config.recompute_slice_activation", "activations are partitioned over the "
+                       "model-parallel group, and mf-ds runs without tensor parallelism: no effect"
+                       if mp > 1 else "no model parallelism to slice over: no effect")
+    return {"partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
+            "number_checkpoints": n_full or None, "synchronize_checkpoint_boundary": False, "profile": False}
+
+
+def scheduler(lr_plan: dict[str, Any], total_steps: int | None, ledger: Ledger) -> dict[str, Any] | None:
+    """The nearest DeepSpeed scheduler, or None when the step count is only known at run time."""
+    kind = lr_plan["type"]
+    if total_steps is None:
+        ledger.runtime("lr_schedule.total_steps", "resolved from the data set size at run time; the mf_ds runtime "
+                       "applies the schedule (no DeepSpeed scheduler block)")
+        return None
+    lr = lr_plan["learning_rate"]
+    warmup = max(1, lr_plan["warmup_steps"])  # DeepSpeed >= 0.19.6 rejects 0 warm-up steps
+    common = {"warmup_num_steps": warmup, "warmup_type": "linear"}
+    if kind == "cosine":
+        ds = {"type": "WarmupCosineLR", "params": {"total_num_steps": total_steps, **common,
+                                                   "warmup_min_ratio": lr_plan["warmup_lr_init"] / lr,
+                                                   "cos_min_ratio": lr_plan["lr_end"] / lr}}
+    elif kind == "constant":
+        ds = {"type": "WarmupLR", "params": {**common, "warmup_min_lr": lr_plan["warmup_lr_init"],
+                                             "warmup_max_lr": lr}}
+    elif kind in ("linear", "polynomial"):
+        ds = {"type": "WarmupDecayLR", "params": {"total_num_steps": total_steps, **common,
+                                                  "warmup_min_lr": lr_plan["warmup_lr_init"], "warmup_max_lr": lr}}
+    else:
+        ledger.runtime("lr_schedule.type", f"{kind}: no DeepSpeed equivalent; the mf_ds runtime applies it")
+        return None
+    ledger.mapped("lr_schedule", f"deepspeed.scheduler = {ds['type']} (nearest equivalent; the mf_ds runtime "
+                  "applies MindFormers' exact formula from plan.run.lr_schedule)")
+    return ds

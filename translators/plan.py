@@ -1,0 +1,444 @@
+"""`translate(tree) -> Translation`: the whole YAML -> Plan pipeline (DESIGN.md, "Data flow").
+
+The Plan is the contract with the runtime: JSON-serialisable, with the top-level keys
+  deepspeed  the DeepSpeed config dict          hf_config  {model_type, ...} for AutoConfig.for_model, or null
+  layers     per decoder layer: full recompute, selected ops (HF module paths), comm recompute
+  moe        router / capacity / drop policy / dispatch settings, or null for a dense model
+  kernels    fused_rope, fused_swiglu, gmm, fused_permute
+  run        steps, epochs, seed, output_dir, data, checkpoints, callbacks, logging, optimizer, lr schedule
+  notes      every YAML key -> what it became, or why it does not apply
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from translators import deepspeed as ds
+from translators import families, layout, recompute
+from translators.callbacks import parse_callbacks
+from translators.data import parse_data
+from translators.errors import ConfigError, show
+from translators.general import check_section_types, parse_general, parse_trainer
+from translators.loader import apply_overrides, load_yaml
+from translators.lr import lr_plan
+from translators.moe import moe_plan
+from translators.notes import Ledger, Note
+from translators.sections import (
+    LrSchedule,
+    MfDs,
+    Optimizer,
+    Parallel,
+    ParallelConfig,
+    ParallelOptimizerConfig,
+    PipelineConfig,
+    RecomputeConfig,
+    RunnerConfig,
+    RunnerWrapper,
+)
+
+PLAN_KEYS = ("deepspeed", "hf_config", "layers", "moe", "kernels", "run", "notes")
+
+
+@dataclass
+class Translation:
+    """The Plan plus what the CLI prints beside it (the Formative log lines, the ledger for --explain)."""
+
+    plan: dict[str, Any]
+    formative: tuple[str, ...] = ()
+    ledger: Ledger | None = field(default=None, repr=False)
+
+    @property
+    def warnings(self) -> list[Note]:
+        return self.ledger.warnings() if self.ledger else []
+
+    def to_json(self) -> str:
+        return json.dumps(self.plan, indent=2, sort_keys=False)
+
+
+def translate_file(path: str, overrides: list[str] = (), world_size: int | None = None,
+                   gradient_accumulation_steps: int | None = None) -> Translation:
+    tree = apply_overrides(load_yaml(path), list(overrides))
+    return translate(tree, world_size=world_size, gradient_accumulation_steps=gradient_accumulation_steps)
+
+
+def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None) -> Translation:
+    """Translate a loaded MindFormers YAML (a dict) into the Plan."""
+    if not isinstance(tree, dict):
+        raise ConfigError("", f"expected a mapping of sections, got {show(tree)}")
+    check_section_types(tree)
+    ledger = Ledger(tree)
+    general = parse_general(tree, ledger)
+    parse_trainer(tree, ledger)
+    extra = MfDs.parse(tree.get("mf_ds"), ledger)
+    if "mf_ds" in tree:
+        ledger.runtime("mf_ds", "mf-ds' own settings")
+
+    # Parallel layout. use_parallel False resets parallel_config to 1s, as MindFormers does (build_parallel_config).
+    pc = ParallelConfig.parse(tree.get("parallel_config"), ledger)
+    if not general.use_parallel:
+        if ledger.present("parallel_config"):
+            ledger.dropped("parallel_config", "use_parallel is False: MindFormers resets parallel_config to 1s")
+        pc = ParallelConfig()
+    parallel = Parallel.parse(tree.get("parallel"), ledger)
+    po = ParallelOptimizerConfig.parse(parallel.parallel_optimizer_config, ledger)
+    pipe = PipelineConfig.parse(parallel.pipeline_config, ledger)
+    _account_parallel(ledger, pc, parallel, po)
+
+    # The model.
+    family = families.detect_family(tree)
+    shape = families.model_shape(tree, family, ledger) if "model" in tree else None
+    hf_config = families.hf_config(tree, family, ledger) if shape is not None else None
+    if shape is None:
+        ledger.runtime("", "no model section: no HF config, no layer plan (the DeepSpeed config stands alone)")
+    elif hf_config is None:
+        ledger.differs("model", f"no HF config: {family.reason}. The DeepSpeed config and the Plan are complete; "
+                       "training needs an HF architecture")
+    _check_model_parallel(pc, shape)
+
+    # Recompute and the per-layer plan.
+    rc = RecomputeConfig.parse(tree.get("recompute_config"), ledger)
+    layers, formative = _layers(rc, pc, pipe, shape, family, ledger)
+
+    # MoE.
+    ep = pc.expert_parallel
+    moe = None
+    if shape is not None:
+        ep = _expert_parallel(ep, pc, family.mcore, world_size, ledger) if _is_moe(tree, family.mcore) else 1
+        moe, _ = moe_plan(tree, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep,
+                          pc.expert_parallel, extra.gmm_capacity, ledger)
+    elif ledger.present("moe_config"):
+        ledger.dropped("moe_config", "no model section to build experts in")
+
+    # DeepSpeed.
+    runner = RunnerConfig.parse(tree.get("runner_config"), ledger)
+    _account_runner(ledger)
+    mbi = general.micro_batch_interleave_num
+    batch = ds.batch(runner, pc, mbi, world_size, gradient_accumulation_steps, ledger)
+    _check_world(batch.world_size, ep, pc, parallel, moe)
+    wrapper_given = "runner_wrapper" in tree
+    wrapper = RunnerWrapper.parse(tree["runner_wrapper"] if wrapper_given else RunnerWrapper.TEMPLATE, ledger)
+    if not wrapper_given:
+        ledger.runtime("", "no runner_wrapper: MindFormers' template (clipping on, dynamic loss scale 2^16)")
+    replaced = pc.pipeline_stage > 1 or batch.gradient_accumulation_steps > 1
+    clip = ds.clipping(wrapper, wrapper_given, replaced, ledger)
+    _account_wrapper(ledger)
+    compute_dtype = shape.compute_dtype if shape else "float32"
+    param_dtype = shape.param_init_type if shape else "float32"
+    precision = ds.precision(compute_dtype, param_dtype, wrapper, ledger)
+    zero = ds.zero(parallel, po.gradient_accumulation_shard, compute_dtype != "float32",
+                   moe["expert_parallel"] if moe else 1, ledger)
+
+    opt_given = "optimizer" in tree
+    opt = Optimizer.parse(tree["optimizer"] if opt_given else Optimizer.TEMPLATE, ledger)
+    sched_given = "lr_schedule" in tree
+    sched = LrSchedule.parse(tree["lr_schedule"] if sched_given else None, ledger)
+    lr_scale = batch.global_batch / general.lr_scale_factor if general.lr_scale else 1.0
+    data = parse_data(tree, ledger, shape.seq_length if shape else None)
+    steps_per_epoch = None
+    if data["train_samples"]:
+        steps_per_epoch = data["train_samples"] // batch.global_batch or None
+        if steps_per_epoch is None:
+            ledger.differs("train_dataset.data_loader.sizes", f"{data['train_samples']} samples make no full "
+                           f"global batch of {batch.global_batch}: the step count comes from the data at run time")
+    total = steps_per_epoch * runner.epochs * data["repeat"] if steps_per_epoch else None
+    lr = lr_plan(sched, sched_given, lr_scale, total, ledger)
+    ds_optimizer, run_optimizer = ds.optimizer(opt, opt_given, lr["learning_rate"], ledger)
+    if not opt_given:
+        ledger.runtime("", "no optimizer section: MindFormers' template AdamW (betas 0.9/0.999, eps 1e-8)")
+
+    config: dict[str, Any] = {
+        "train_batch_size": batch.global_batch,  # = micro * GA * world size; DeepSpeed asserts it
+        "train_micro_batch_size_per_gpu": batch.micro,
+        "gradient_accumulation_steps": batch.gradient_accumulation_steps,
+        "gradient_clipping": clip,
+        **precision,
+        "zero_optimization": zero,
+        "optimizer": ds_optimizer,
+        "steps_per_print": 2**31 - 1,  # the runtime's MFLossMonitor prints; DeepSpeed's own lines would repeat it
+        "wall_clock_breakdown": False,
+    }
+    scheduler = ds.scheduler(lr, lr["total_steps"], ledger)
+    if scheduler:
+        config["scheduler"] = scheduler
+    full_layers = sum(1 for layer in layers if layer["full_recompute"])
+    if full_layers or rc.recompute_slice_activation:
+        config["activation_checkpointing"] = ds.activation_checkpointing(
+            full_layers, rc.recompute_slice_activation and bool(rc.recompute is True), pc.model_parallel, ledger)
+
+    callbacks = parse_callbacks(tree, ledger)
+    _check_callbacks(callbacks, moe, ledger)
+    kernels = {
+        "fused_rope": bool(shape and shape.use_fused_rope),
+        "fused_swiglu": bool(shape and shape.use_fused_swiglu),
+        "gmm": bool(moe and moe["gmm"]),
+        "fused_permute": bool(moe and moe["fused_permute"]),
+    }
+    run = {
+        "run_mode": general.run_mode or "train",
+        "seed": general.seed,
+        "output_dir": general.output_dir,
+        "epochs": runner.epochs,
+        "stop_step": runner.stop_step,
+        "steps_per_epoch": steps_per_epoch,
+        "total_steps": lr["total_steps"],
+        "world_size": batch.world_size,
+        "micro_batch_size": batch.micro,
+        "gradient_accumulation_steps": batch.gradient_accumulation_steps,
+        "global_batch_size": batch.global_batch,
+        "mindformers_global_batch_size": batch.mindformers_global,
+        "seq_length": data["seq_length"],
+        "compute_dtype": compute_dtype,
+        "param_dtype": param_dtype,
+        "gradient_clipping": clip,
+        "optimizer": run_optimizer,
+        "lr_schedule": lr,
+        "data": data,
+        "callbacks": callbacks,
+        "load_checkpoint": general.load_checkpoint or None,
+        "load_ckpt_format": general.load_ckpt_format,
+        "resume_training": general.resume_training,
+        "ignore_data_skip": general.ignore_data_skip,
+        "deterministic": bool(general.train_precision_sync),
+        "print_separate_loss": general.print_separate_loss,
+        "model_name": (tree.get("trainer") or {}).get("model_name") or family.name,
+        "family": family.name,
+        "layer_style": family.layer_style,
+        "tokenizer_dir": extra.tokenizer_dir,
+    }
+    notes = ledger.finish()
+    plan = {"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe, "kernels": kernels,
+            "run": run, "notes": Ledger.as_json(notes)}
+    return Translation(plan, formative, ledger)
+
+
+def _layers(rc: RecomputeConfig, pc: ParallelConfig, pipe: PipelineConfig, shape: Any, family: Any,
+            ledger: Ledger) -> tuple[list[dict], tuple[str, ...]]:
+    """The per-layer plan, from MindFormers' LayerSetting normalisation over the YAML's pipeline layout."""
+    keys = ("recompute", "select_recompute", "select_comm_recompute", "select_recompute_exclude",
+            "select_comm_recompute_exclude", "recompute_slice_activation")
+    if shape is None:
+        for name in keys + ("mp_comm_recompute", "parallel_optimizer_comm_recompute"):
+            if ledger.present(f"recompute_config.{name}"):
+                ledger.dropped(f"recompute_config.{name}", "no model section: no layers to recompute")
+        return [], ()
+    vpp = shape.pp_interleave_num if pipe.pipeline_interleave else 1
+    if shape.pp_interleave_num > 1 and not pipe.pipeline_interleave:
+        ledger.differs("model.model_config.pp_interleave_num", "forced to 1, as in MindFormers: "
+                       "parallel.pipeline_config.pipeline_interleave is not True")
+    # DeepSeek-V2/V3 lay out num_layers + mtp_depth layers (deepseek2_model.py:1261).
+    n_layout = shape.num_layers + (shape.mtp_depth if family.layer_style == "deepseek" else 0)
+    offset = shape.offset if pc.pipeline_stage * vpp > 1 else 0
+    try:
+        lay = layout.build_layout(n_layout, pc.pipeline_stage, vpp, offset, scheduler=pipe.pipeline_scheduler)
+    except ConfigError as exc:
+        if not _layout_free(rc):
+            raise
+        # Master's mcore YAMLs (Telechat3: 45 layers on 8 stages, offset 0) pass a layout r1.5.0's LayerSetting
+        # rejects; when every recompute value is a bool or a pattern list the layout decides nothing.
+        ledger.differs("model.model_config.offset", f"{exc.message}; MindFormers r1.5.0 would reject this layout. "
+                       "The recompute settings here do not depend on it")
+        lay = layout.build_layout(n_layout, 1, 1, 0)
+    n_total = shape.num_layers + shape.mtp_depth
+    if family.layer_style == "gpt2":
+        full = recompute.gpt2_full_layers(rc.recompute, shape.num_layers, pc.pipeline_stage, shape.offset)
+        layers = [{"index": i, "full_recompute": i in full, "select_recompute": [], "comm_recompute": [],
+                   "full_recompute_exclude": [], "mtp": False} for i in range(shape.num_layers)]
+        ledger.runtime("recompute_config.recompute", f"GPT-2 honours only the bool (gpt2.py:352): "
+                       f"{len(full)} of {shape.num_layers} layers fully recomputed")
+        for name in keys[1:]:
+            if ledger.present(f"recompute_config.{name}"):
+                ledger.dropped(f"recompute_config.{name}", "GPT-2 does not use LayerSetting (gpt2.py:352-376)")
+        return layers, ()
+    result = recompute.normalise(rc.recompute, rc.select_recompute, rc.select_comm_recompute,
+                                 rc.select_recompute_exclude, rc.select_comm_recompute_exclude,
+                                 rc.recompute_slice_activation, lay, mcore=family.mcore)
+    layers, unmapped = recompute.layer_plan(result, n_total, family.layer_style,
+                                            first_mtp_layer=shape.num_layers if shape.mtp_depth else None)
+    for pattern, note in unmapped:
+        ledger.differs("recompute_config", f"{pattern}: {note}")
+    n_full = len(result.full)
+    ledger.runtime("recompute_config.recompute", f"{n_full} of {n_total} layers fully recomputed (plan.layers)")
+    for name in ("select_recompute", "select_comm_recompute", "select_recompute_exclude",
+                 "select_comm_recompute_exclude"):
+        if ledger.present(f"recompute_config.{name}"):
+            ledger.runtime(f"recompute_config.{name}", "per-layer ops in plan.layers (HF module paths)")
+    if ledger.present("recompute_config.recompute_slice_activation"):
+        ledger.runtime("recompute_config.recompute_slice_activation",
+                       "deepspeed.activation_checkpointing.partition_activations (with model parallelism only)")
+    for name, why in (("mp_comm_recompute", "not read by LayerSetting: no effect in MindFormers' Llama-family "
+                                            "models either"),
+                      ("parallel_optimizer_comm_recompute", "ZeRO-1/2 keeps whole weights: no all-gather to "
+                                                            "recompute")):
+        if ledger.present(f"recompute_config.{name}"):
+            ledger.dropped(f"recompute_config.{name}", why)
+    return layers, result.formative
+
+
+def _layout_free(rc: RecomputeConfig) -> bool:
+    """True when no recompute value counts layers per stage (bools and pattern lists only)."""
+    def free(value: Any) -> bool:
+        if isinstance(value, bool):
+            return True
+        if isinstance(value, list):
+            return all(isinstance(v, str) for v in value)
+        if isinstance(value, dict):
+            return all(free(v) for v in value.values())
+        return False
+
+    return all(free(getattr(rc, name)) for name in ("recompute", "select_recompute", "select_comm_recompute",
+                                                      "select_recompute_exclude", "select_comm_recompute_exclude"))
+
+
+def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po: ParallelOptimizerConfig) -> None:
+    table = {
+        "parallel_config.data_parallel": ("mapped", "the default world size (data-parallel ranks)"),
+        "parallel_config.micro_batch_num": ("mapped", "gradient accumulation when pipeline_stage > 1"),
+        "parallel_config.pipeline_stage": ("differs", "no pipeline parallelism for HF models here: stages fold "
+                                                      "into data parallelism; the layout still resolves recompute"),
+        "parallel_config.model_parallel": ("differs", "no tensor parallelism here: each rank holds whole layers "
+                                                      "(ZeRO shards optimizer state instead)"),
+        "parallel_config.context_parallel": ("differs", "no context parallelism here: each rank holds whole "
+                                                        "sequences"),
+        "parallel_config.expert_parallel": ("runtime", "moe.expert_parallel (DeepSpeed expert-parallel groups)"),
+        "parallel_config.use_seq_parallel": ("dropped", "Megatron sequence parallelism lives inside TP"),
+        "parallel_config.seq_split_num": ("dropped", "seq-pipe needs pipeline parallelism"),
+        "parallel_config.vocab_emb_dp": ("dropped", "embedding sharding belongs to TP"),
+        "parallel_config.gradient_aggregation_group": ("dropped", "MindSpore gradient comm fusion"),
+        "parallel_config.optimizer_shard": ("dropped", "deprecated since r0.7 and ignored by MindFormers"),
+        "parallel_config.context_parallel_algo": ("dropped", "no context parallelism here"),
+        "parallel_config.ulysses_degree_in_cp": ("dropped", "no context parallelism here"),
+        "parallel_config.mem_coeff": ("dropped", "pipeline-balance tool coefficient"),
+        "parallel.parallel_mode": ("dropped", "DeepSpeed is data parallel; no MindSpore parallel modes"),
+        "parallel.full_batch": ("runtime", "each rank reads its own shard of the global batch"),
+        "parallel.gradients_mean": ("dropped", "DeepSpeed averages gradients over data parallel"),
+        "parallel.enable_alltoall": ("dropped", "expert parallelism always uses all-to-all here"),
+        "parallel.search_mode": ("dropped", "MindSpore auto-parallel strategy search"),
+        "parallel.loss_repeated_mean": ("dropped", "no TP-repeated loss"),
+        "parallel.dataset_strategy": ("dropped", "checked against data_parallel, then the PyTorch sampler shards"),
+        "parallel.strategy_ckpt_save_file": ("dropped", "no MindSpore sharding strategy"),
+        "parallel.strategy_ckpt_config": ("dropped", "no MindSpore sharding strategy"),
+        "parallel.parallel_optimizer_config.gradient_accumulation_shard": ("mapped", "ZeRO-2 when True"),
+        "parallel.parallel_optimizer_config.parallel_optimizer_threshold": ("dropped", "ZeRO shards every parameter"),
+        "parallel.parallel_optimizer_config.optimizer_weight_shard_size": ("differs", "ZeRO shards over the whole "
+                                                                                      "data-parallel group"),
+        "parallel.parallel_optimizer_config.optimizer_level": ("dropped", "MindSpore optimizer-parallel level"),
+        "parallel.pipeline_config.pipeline_interleave": ("runtime", "decides whether pp_interleave_num counts in "
+                                                                    "the recompute layout"),
+        "parallel.pipeline_config.pipeline_scheduler": ("runtime", "zero_bubble_v reverses the second interleave "
+                                                                   "in the layout; no pipeline schedule here"),
+    }
+    for path, (kind, message) in table.items():
+        if ledger.present(path):
+            if kind == "differs" and not _non_default(path, pc, po):
+                kind = "dropped"
+            ledger.add(path, kind, message)
+
+
+def _non_default(path: str, pc: ParallelConfig, po: ParallelOptimizerConfig) -> bool:
+    """A `differs` note only where the YAML asks for something that is not honoured."""
+    name = path.rsplit(".", 1)[-1]
+    if path.startswith("parallel_config."):
+        return getattr(pc, name) not in (1, None)
+    return getattr(po, name) not in (-1, None)
+
+
+def _account_runner(ledger: Ledger) -> None:
+    for name, kind, message in (("epochs", "runtime", "run.epochs"),
+                                ("sink_mode", "dropped", "MindSpore data sink; steps are counted one by one"),
+                                ("sink_size", "dropped", "MindSpore data sink; an epoch is one pass over the data"),
+                                ("num_classes", "dropped", "not used by causal LMs"),
+                                ("stop_step", "runtime", "run.stop_step")):
+        if ledger.present(f"runner_config.{name}"):
+            ledger.add(f"runner_config.{name}", kind, message)
+
+
+def _account_wrapper(ledger: Ledger) -> None:
+    for name, kind, message in (
+            ("type", "runtime", "one DeepSpeed train step (the engine does what both MindFormers cells do)"),
+            ("local_norm", "dropped", "per-parameter local norms are not logged"),
+            ("calculate_per_token_loss", "differs", "the loss is the mean over tokens of each micro batch"),
+            ("enable_check_overflow", "dropped", "swallowed by **kwargs in MindFormers: no effect there either")):
+        if ledger.present(f"runner_wrapper.{name}"):
+            ledger.add(f"runner_wrapper.{name}", kind, message)
+
+
+def _check_model_parallel(pc: ParallelConfig, shape: Any) -> None:
+    """Layouts MindFormers itself cannot build are errors, even where mf-ds would not use the degree."""
+    if shape is None:
+        return
+    if pc.model_parallel > 1 and shape.num_heads % pc.model_parallel:
+        raise ConfigError("parallel_config.model_parallel", f"{pc.model_parallel} must divide "
+                          f"model.model_config num_heads {shape.num_heads}")
+    if pc.pipeline_stage > 1 and pc.micro_batch_num < pc.pipeline_stage:
+        raise ConfigError("parallel_config.micro_batch_num", f"{pc.micro_batch_num} is fewer than pipeline_stage "
+                          f"{pc.pipeline_stage} (MindFormers needs at least one micro batch per stage)")
+    if pc.pipeline_stage > shape.num_layers + shape.mtp_depth:
+        raise ConfigError("parallel_config.pipeline_stage", f"{pc.pipeline_stage} stages for "
+                          f"{shape.num_layers + shape.mtp_depth} layers")
+
+
+def _is_moe(tree: dict, mcore: bool) -> bool:
+    """Whether the YAML routes to more than one expert (before the MoE section is checked in detail)."""
+    if mcore:
+        config = (tree.get("model") or {}).get("model_config") or {}
+        counts = [config.get("num_experts"), config.get("n_routed_experts")]
+    else:
+        counts = [(tree.get("moe_config") or {}).get("expert_num")]
+    return any(isinstance(n, int) and not isinstance(n, bool) and n > 1 for n in counts)
+
+
+def _expert_parallel(ep: int, pc: ParallelConfig, mcore: bool, world_size: int | None, ledger: Ledger) -> int:
+    """The expert-parallel degree of the DeepSpeed run, which is data parallel over its world size."""
+    if ep == 1:
+        return ep
+    if not mcore and (pc.data_parallel * pc.context_parallel) % ep:
+        raise ConfigError("parallel_config.expert_parallel", f"{ep} must divide data_parallel x context_parallel "
+                          f"{pc.data_parallel * pc.context_parallel} (MindFormers' _check_moe_config)")
+    world = world_size if world_size is not None else pc.data_parallel
+    if world % ep == 0:
+        return ep
+    if world_size is not None:
+        raise ConfigError("parallel_config.expert_parallel", f"{ep} does not divide the world size {world} "
+                          "(DeepSpeed builds expert-parallel groups inside data parallelism)")
+    # mcore spreads experts over TP ranks too (data_parallel 1, expert_parallel 4 in the Qwen3-MoE config);
+    # here every rank is data parallel, so the degree that fits the default world size is used.
+    fitted = math.gcd(ep, world)
+    ledger.differs("parallel_config.expert_parallel", f"{ep} does not divide the default world size {world} "
+                   f"(= data_parallel): expert parallelism {fitted}; pass --world-size to run it as written")
+    return fitted
+
+
+def _check_world(world: int, ep: int, pc: ParallelConfig, parallel: Parallel, moe: dict | None) -> None:
+    if moe is not None and world % moe["expert_parallel"]:
+        raise ConfigError("parallel_config.expert_parallel", f"{moe['expert_parallel']} does not divide the world "
+                          f"size {world} (DeepSpeed builds expert-parallel groups inside data parallelism)")
+    strategy = parallel.dataset_strategy
+    if not parallel.full_batch and isinstance(strategy, list) and strategy:
+        first = strategy[0]
+        if not (isinstance(first, list) and first and isinstance(first[0], int)):
+            raise ConfigError("parallel.dataset_strategy[0]", f"expected [dp, 1], got {show(first)}")
+        if first[0] != pc.data_parallel:
+            raise ConfigError("parallel.dataset_strategy[0][0]", f"{first[0]} does not match "
+                              f"parallel_config.data_parallel {pc.data_parallel} (MindFormers checks this too)")
+
+
+def _check_callbacks(callbacks: dict, moe: dict | None, ledger: Ledger) -> None:
+    for slot, name in (("topk_bias_balance", "TopkBiasBalanceCallback"), ("moe_drop_rate", "MoEDropRateCallback")):
+        args = callbacks[slot]
+        if args is None:
+            continue
+        if moe is None:
+            ledger.differs("callbacks", f"{name} on a dense model: nothing to do")
+            callbacks[slot] = None
+        elif args.get("expert_num") not in (None, moe["num_experts"]):
+            raise ConfigError("callbacks", f"{name}.expert_num {args['expert_num']} does not match the model's "
+                              f"{moe['num_experts']} routed experts")
+    if moe is not None and callbacks["moe_drop_rate"] is not None and not moe["drop_rate_callback"]:
+        ledger.differs("callbacks", "MoEDropRateCallback without moe_config.callback_moe_droprate: True logs "
+                       "nothing in MindFormers; mf_ds logs the drop rate")
+    if moe is not None and moe["router"]["bias_balance"] and callbacks["topk_bias_balance"] is None:
+        ledger.differs("moe_config.balance_via_topk_bias", "no TopkBiasBalanceCallback: the bias never moves "
+                       "(as in MindFormers)")

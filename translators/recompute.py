@@ -1,0 +1,478 @@
+"""MindFormers' recompute settings, resolved to global layer ids and to the HF modules they name.
+
+Reimplements, in plain Python, the normalisation of r1.5.0 `mindformers/models/utils.py` (`LayerSetting`:
+`_format_recompute_list`, `_alloc_recompute_layer`, `_format_recompute_dict`, `_check_repeat_recompute`,
+`_check_layer_rule`, `set`, and the swap-mode `_format_recompute_list_select_layer_index`), as recompute.md §3-§7
+describes it, with the `Formative ...` log lines MindFormers prints. Two master additions
+(`parallel_core/training_graph/transformer/utils.py`) are taken too: the zero_bubble_v row reversal, and the
+shallow copy that lets a bool row in a 2-D list serve several default patterns (r1.5.0 crashes on the second).
+
+Where MindFormers would crash (IndexError, ValueError, an endless loop on a negative count) or silently misread a
+value, a ConfigError names the YAML key. The reprs in the log lines are numpy 1.x's, as under MindSpore: a bool
+row of a 2-D list becomes a numpy row and prints as `array([4, 5], dtype=int32)`.
+
+The second half maps MindFormers op patterns (`feed_forward\\.w1\\.activation\\.silu`) to the HF modules of one
+decoder layer (`mlp.act_fn`), one table per style, matched the way `LayerSetting.set_pattern_recompute` matches:
+split on the two characters `\\.`, and fullmatch each component against the path component.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from translators.errors import ConfigError, join, show
+from translators.layout import ZERO_BUBBLE_V, LayerLayout
+
+DEFAULT_SELECT = (r"feed_forward\.mul", r"feed_forward\.w1\.activation\.silu")
+DEFAULT_SELECT_MCORE = (r"mlp\.shared_experts\.mul", r"mlp\.shared_experts\.activation_func\.silu", r"mlp\.mul",
+                        r"mlp\.activation_func\.silu")
+DEFAULT_COMM = (r".*\.norm",)
+MAX_INT32 = 2**31 - 1  # what a True entry of a 1-D list becomes: "the whole stage"
+
+
+@dataclass(frozen=True)
+class RecomputeResult:
+    """What LayerSetting would do to each global layer."""
+
+    formative: tuple[str, str, str]
+    """The `Formative layer_recompute / select_recompute / select_comm_recompute` log lines, verbatim."""
+    full: frozenset[int]
+    """Global layer ids fully recomputed."""
+    select: dict[str, frozenset[int]]
+    """Select pattern -> layer ids (patterns an exclude matches are gone; fully recomputed layers left out)."""
+    comm: dict[str, frozenset[int]]
+    """Comm pattern -> layer ids, the same way."""
+    slice_activation: bool
+    """recompute_slice_activation as applied: only when `recompute` is the bool True."""
+    select_exclude: dict[str, frozenset[int]] = field(default_factory=dict)
+    """Exclude pattern -> layer ids it is switched off in, fully recomputed layers included (none in swap mode)."""
+    comm_exclude: dict[str, frozenset[int]] = field(default_factory=dict)
+    """Comm exclude pattern -> layer ids, the same way."""
+
+
+class _NumpyRow:
+    """A row MindFormers replaced by a numpy int32 array (a bool row of a 2-D list); repr as numpy 1.x prints it."""
+
+    def __init__(self, values):
+        self.values = tuple(values)
+
+    def __getitem__(self, index: int) -> int:
+        return self.values[index]
+
+    def __repr__(self) -> str:
+        # numpy's array_repr: elements right-aligned to one width, lines wrapped at 75 columns
+        width = max(len(str(v)) for v in self.values)
+        indent = " " * len("array([")
+        lines, line = [], indent
+        for i, value in enumerate(self.values):
+            word = str(value).rjust(width)
+            if len(line) + len(word) > 73 and len(line) > len(indent):
+                lines.append(line.rstrip())
+                line = indent
+            line += word + (", " if i < len(self.values) - 1 else "")
+        text = "array([" + "\n".join(lines + [line])[len(indent):] + "],"
+        last_line = len(text) - (text.rfind("\n") + 1)
+        spacer = "\n      " if last_line + len(" dtype=int32)") > 75 else " "
+        return text + spacer + "dtype=int32)"
+
+
+def _spread(counts: list[int], layout: LayerLayout) -> list[list[int]]:
+    """`_alloc_recompute_layer`: per-stage counts dealt round-robin over the interleaves, lowest first."""
+    res = [[0] * layout.pp for _ in range(layout.vpp)]
+    for s, num in enumerate(counts):
+        num = min(num, sum(row[s] for row in layout.layer_list))
+        while num:
+            for v in range(layout.vpp):
+                if not num:
+                    break
+                if res[v][s] < layout.layer_list[v][s]:
+                    res[v][s] += 1
+                    num -= 1
+    return res
+
+
+def _check_count(value: int, path: str) -> None:
+    if value < 0:  # MindFormers: min(-1, n) selects nothing in a 2-D list, and never ends spreading a 1-D one
+        raise ConfigError(path, f"a layer count cannot be negative, got {value}")
+
+
+def _format_counts(value, layout: LayerLayout, path: str):
+    """`_format_recompute_list`: one value -> a [vpp][pp] count table. `value` is our own copy; rows change in place."""
+    layer_list = [list(row) for row in layout.layer_list]
+    if isinstance(value, bool):
+        return layer_list if value else [[0] * layout.pp for _ in range(layout.vpp)]
+    if not isinstance(value, list):
+        raise ConfigError(path, f"expected a bool, a per-stage list or a [pp_interleave_num][pipeline_stage] list, "
+                          f"got {show(value)}")
+    if layout.scheduler == ZERO_BUBBLE_V:
+        # master: `select_recompute[1] = select_recompute[1][::-1]` before anything else
+        if len(value) < 2 or not isinstance(value[1], (list, str)):
+            raise ConfigError(path, "under pipeline_scheduler zero_bubble_v MindFormers reverses row 1 of every "
+                              f"recompute list, so it needs a second row (a list), got {show(value)}")
+        value[1] = value[1][::-1]
+    if all(isinstance(item, int) for item in value):  # bools are ints here, as in MindFormers
+        if len(value) > layout.pp:
+            raise ConfigError(path, f"1-D list has {len(value)} entries but pipeline_stage is {layout.pp}")
+        for s, item in enumerate(value):
+            _check_count(item, join(path, s))
+        return _spread([MAX_INT32 if item is True else int(item) for item in value], layout)
+    if all(isinstance(item, str) for item in value):
+        return layer_list
+    if not any(isinstance(item, list) for item in value):
+        s, item = next((s, item) for s, item in enumerate(value) if not isinstance(item, int))
+        hint = "a list holds op patterns (str) or layer counts, not both" if isinstance(item, str) else None
+        raise ConfigError(join(path, s), f"expected int or bool, got {show(item)}", hint)
+    if len(value) != layout.vpp:
+        raise ConfigError(path, f"2-D list has {len(value)} rows but pp_interleave_num is {layout.vpp}")
+    for v, row in enumerate(value):
+        if isinstance(row, bool):
+            value[v] = _NumpyRow(layer_list[v] if row else [0] * layout.pp)
+        elif isinstance(row, list):
+            if len(row) != layout.pp:
+                raise ConfigError(join(path, v), f"row has {len(row)} entries but pipeline_stage is {layout.pp}")
+            for s, item in enumerate(row):
+                if isinstance(item, bool):
+                    row[s] = layer_list[v][s] if item else 0
+                elif isinstance(item, int):
+                    _check_count(item, join(join(path, v), s))
+                    row[s] = min(item, layer_list[v][s])
+                else:
+                    raise ConfigError(join(join(path, v), s), f"expected int or bool, got {show(item)}")
+        else:
+            raise ConfigError(join(path, v), f"expected a row (list) or bool in a 2-D list, got {show(row)}")
+    return value
+
+
+def _format_indices(value, layout: LayerLayout, path: str):
+    """Swap mode (`_format_recompute_list_select_layer_index`): True, or a list of global layer indices."""
+    if isinstance(value, bool):
+        return True if value else []
+    if not isinstance(value, list):
+        raise ConfigError(path, f"with swap_config.swap on, expected a bool or a list of global layer indices, "
+                          f"got {show(value)}")
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise ConfigError(join(path, i), f"with swap_config.swap on, expected a global layer index (int), "
+                              f"got {show(item)}")
+        if not 0 <= item < layout.num_layers:  # MindFormers silently never matches it
+            raise ConfigError(join(path, i), f"layer index {item} is out of range: the model has "
+                              f"{layout.num_layers} layers")
+    return value
+
+
+def _check_pattern(pattern: object, path: str) -> str:
+    if not isinstance(pattern, str):
+        raise ConfigError(path, f"an op pattern must be a string, got {show(pattern)}")
+    for part in pattern.split(r"\."):
+        try:
+            re.compile(part)
+        except re.error as exc:
+            raise ConfigError(path, f"invalid regex {part!r} in op pattern {pattern!r}: {exc}") from None
+    return pattern
+
+
+def _format_dict(value, defaults: tuple[str, ...], layout: LayerLayout, path: str, *, swap: bool) -> dict:
+    """`_format_recompute_dict`: a dict, a list of patterns, or one value for every default pattern."""
+    fmt = _format_indices if swap else _format_counts
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):  # [] too: no patterns at all
+        if swap and value:  # MindFormers hands the pattern list itself to the index reader, which rejects it
+            raise ConfigError(path, "with swap_config.swap on, MindFormers cannot read a list of op patterns; "
+                              "write a dict {pattern: True or [global layer ids]}")
+        return {_check_pattern(p, join(path, i)): fmt(copy.deepcopy(value), layout, path)
+                for i, p in enumerate(value)}
+    if isinstance(value, dict):
+        return {_check_pattern(p, path): fmt(copy.deepcopy(v), layout, join(path, p)) for p, v in value.items()}
+    return {p: fmt(copy.deepcopy(value), layout, path) for p in defaults}
+
+
+def _same_op(exclude: str, pattern: str) -> bool:
+    """`_check_repeat_pattern`: same number of `\\.` parts, each pair fullmatching in either direction."""
+    a, b = exclude.split(r"\."), pattern.split(r"\.")
+    return len(a) == len(b) and all(re.fullmatch(x, y) or re.fullmatch(y, x) for x, y in zip(a, b, strict=True))
+
+
+def _drop_excluded(patterns: dict, excludes: dict) -> None:
+    """`_check_repeat_recompute`: each exclude removes the FIRST select pattern it matches."""
+    for exclude in excludes:
+        match = next((p for p in patterns if _same_op(exclude, p)), None)
+        if match is not None:
+            del patterns[match]
+
+
+def _layers(counts, layout: LayerLayout) -> frozenset[int]:
+    """`_check_layer_rule`: a count N picks the first N layers of each mini-stage."""
+    return frozenset(i for i in range(layout.num_layers)
+                     if 0 <= i - layout.start[layout.interleave_ids[i]][layout.pp_ids[i]]
+                     < counts[layout.interleave_ids[i]][layout.pp_ids[i]])
+
+
+def _indices(value, layout: LayerLayout) -> frozenset[int]:
+    return frozenset(range(layout.num_layers)) if value is True else frozenset(value)
+
+
+def normalise(recompute, select_recompute, select_comm_recompute, select_recompute_exclude,
+              select_comm_recompute_exclude, recompute_slice_activation: bool, layout: LayerLayout, *,
+              mcore: bool = False, swap: bool = False, path: str = "recompute_config") -> RecomputeResult:
+    """Resolve the raw `recompute_config` values (MindFormers' defaults filled in) over `layout`.
+
+    Counts pick the first N layers of each mini-stage; with `swap` (swap_config.swap) `recompute` and the select
+    values are True or lists of global layer ids instead. Full recompute wins over select and comm; the excludes
+    win last. `mcore` picks the mcore default select patterns.
+    """
+    if not isinstance(recompute_slice_activation, bool):
+        raise ConfigError(join(path, "recompute_slice_activation"),
+                          f"expected a bool, got {show(recompute_slice_activation)}")
+    to_layers = _indices if swap else _layers
+    fmt = _format_indices if swap else _format_counts
+    layer_recompute = fmt(copy.deepcopy(recompute), layout, join(path, "recompute"))
+    select = _format_dict(select_recompute, DEFAULT_SELECT_MCORE if mcore else DEFAULT_SELECT, layout,
+                          join(path, "select_recompute"), swap=swap)
+    comm = _format_dict(select_comm_recompute, DEFAULT_COMM, layout, join(path, "select_comm_recompute"), swap=swap)
+    # the excludes keep their count meaning in swap mode too, and default to no patterns at all
+    select_exclude = _format_dict(select_recompute_exclude, (), layout, join(path, "select_recompute_exclude"),
+                                  swap=False)
+    comm_exclude = _format_dict(select_comm_recompute_exclude, (), layout,
+                                join(path, "select_comm_recompute_exclude"), swap=False)
+    formative_layer = f"Formative layer_recompute: {layer_recompute}"
+    _drop_excluded(select, select_exclude)
+    _drop_excluded(comm, comm_exclude)
+    # the value's own truthiness decides (`if self.recompute.recompute:`): [] is off, [[0, 0]] is on but picks none
+    full = to_layers(layer_recompute, layout) if recompute else frozenset()
+    if swap:
+        # set_recompute_select_layer_index never applies the excludes; they only removed matching patterns above
+        excluded = {p: frozenset() for p in select_exclude}, {p: frozenset() for p in comm_exclude}
+    else:
+        excluded = ({p: _layers(c, layout) for p, c in select_exclude.items()},
+                    {p: _layers(c, layout) for p, c in comm_exclude.items()})
+    return RecomputeResult(
+        formative=(formative_layer, f"Formative select_recompute: {select}",
+                   f"Formative select_comm_recompute: {comm}"),
+        full=full,
+        select={p: to_layers(v, layout) - full for p, v in select.items()},
+        comm={p: to_layers(v, layout) - full for p, v in comm.items()},
+        slice_activation=recompute is True and recompute_slice_activation,
+        select_exclude=excluded[0],
+        comm_exclude=excluded[1],
+    )
+
+
+def gpt2_full_layers(recompute, num_layers: int, pp: int, offset, *,
+                     path: str = "recompute_config.recompute") -> frozenset[int]:
+    """GPT-2's `set_parallel_configure_for_layer` (r1.5.0 gpt2.py:352-376): any truthy `recompute` recomputes every
+    layer; per-stage counts and select settings are never read, so [1, 0] recomputes all layers too.
+
+    `pp` and `offset` only place layers on stages there (`pp_id = min((layer_id + offset) // pp_dis, pp - 1)`), which
+    does not change the answer; that formula does need an int offset (a list fails in MindFormers).
+    """
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise ConfigError("model.model_config.offset", f"GPT-2 takes an int offset (it places layer i on stage "
+                          f"min((i + offset) // pp_dis, {pp - 1})), got {show(offset)}")
+    if not isinstance(recompute, (bool, list)):
+        raise ConfigError(path, f"expected a bool or a list, got {show(recompute)}")
+    return frozenset(range(num_layers)) if recompute else frozenset()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MindFormers op paths -> HF module paths of one decoder layer.
+#
+# `cells` are nn.Cell children: select recompute recomputes the whole cell; comm recompute and the excludes ignore
+# them ("is expected to be operation but got cell, this configuration will not be effective"). `prims` are
+# primitives, which all three act on. `mlp.mul` and `mlp.shared_experts.mul` name the SwiGLU product
+# act_fn(gate) * up, which HF computes inline and the runtime recomputes as an op.
+
+class _Table(NamedTuple):
+    cells: dict[str, tuple[str, ...]]
+    prims: dict[str, tuple[str, ...]]
+    hf: tuple[str, ...]  # every HF path of the layer a pattern may name directly
+
+
+def _merge(*parts: tuple[dict, dict]) -> tuple[dict, dict]:
+    cells, prims = {}, {}
+    for c, p in parts:
+        cells.update(c)
+        prims.update(p)
+    return cells, prims
+
+
+def _norm(mf: str, *hf: str) -> tuple[dict, dict]:
+    """LlamaRMSNorm: the fused `norm` op, or the input `cast` (the whole HF norm holds both)."""
+    return {mf: hf}, {f"{mf}.norm": hf, f"{mf}.cast": hf}
+
+
+def _linears(mf: str, names: dict[str, tuple[str, ...]]) -> tuple[dict, dict]:
+    """MindFormers Linear cells (each with its `matmul` primitive) under `mf`."""
+    return ({f"{mf}.{n}": hf for n, hf in names.items()},
+            {f"{mf}.{n}.matmul": hf for n, hf in names.items()})
+
+
+def _feed_forward(mf: str, hf: str) -> tuple[dict, dict]:
+    """LlamaFeedForward: w1 (carrying the SiLU: `activation=hidden_act`), w3, w2, mul; or w_gate_hidden + activate
+    under ffn_concat; or the fused swiglu primitive."""
+    gate, up, down, act, mul = (f"{hf}.{n}" for n in ("gate_proj", "up_proj", "down_proj", "act_fn", "mul"))
+    return _merge(
+        ({mf: (hf,), f"{mf}.w1": (gate, act), f"{mf}.w1.activation": (act,), f"{mf}.activate": (act,)},
+         {f"{mf}.w1.matmul": (gate,), f"{mf}.w1.activation.silu": (act,), f"{mf}.activate.silu": (act,),
+          f"{mf}.mul": (mul,), f"{mf}.swiglu": (act, mul)}),
+        _linears(mf, {"w3": (up,), "w2": (down,), "w_gate_hidden": (gate, up)}),
+    )
+
+
+def _moe(shared_hf: str) -> tuple[dict, dict]:
+    """MoEV2 as the feed_forward (router + ffn) or LlamaFeedForwardWithMoE (routed_experts + shared_experts)."""
+    gate, experts = "mlp.gate", "mlp.experts"
+    return _merge(
+        ({"feed_forward.router": (gate,), "feed_forward.router.dense": (gate,), "feed_forward.ffn": (experts,),
+          "feed_forward.routed_experts": (gate, experts), "feed_forward.routed_experts.router": (gate,),
+          "feed_forward.routed_experts.router.dense": (gate,), "feed_forward.routed_experts.ffn": (experts,)}, {}),
+        _feed_forward("feed_forward.shared_experts", shared_hf),
+    )
+
+
+def _mlp_hf(prefix: str) -> tuple[str, ...]:
+    return (prefix,) + tuple(f"{prefix}.{n}" for n in ("gate_proj", "up_proj", "down_proj", "act_fn", "mul"))
+
+
+def _mcore_mlp(mf: str, hf: str) -> tuple[dict, dict]:
+    """mcore MLP / SharedExpertMLP: linear_fc1 (gate and up fused), activation_func, mul, linear_fc2."""
+    return _merge(
+        ({mf: (hf,), f"{mf}.activation_func": (f"{hf}.act_fn",)},
+         {f"{mf}.activation_func.silu": (f"{hf}.act_fn",), f"{mf}.mul": (f"{hf}.mul",)}),
+        _linears(mf, {"linear_fc1": (f"{hf}.gate_proj", f"{hf}.up_proj"), "linear_fc2": (f"{hf}.down_proj",)}),
+    )
+
+
+_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+_NORMS_HF = ("input_layernorm", "post_attention_layernorm")
+_QKVO_HF = ("self_attn",) + _QKV + ("self_attn.o_proj",)
+_ATTN_HF = _QKVO_HF + ("self_attn.q_norm", "self_attn.k_norm")
+_MLA_HF = ("self_attn", "self_attn.q_a_proj", "self_attn.q_a_layernorm", "self_attn.q_b_proj", "self_attn.q_proj",
+           "self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm", "self_attn.kv_b_proj", "self_attn.o_proj")
+_MOE_HF = ("mlp.gate", "mlp.experts")
+
+_TABLES: dict[str, _Table] = {
+    # Llama/Qwen/Mixtral/Qwen2-MoE legacy models (llama_transformer.py, llama_layer.py) -> HF Llama family
+    "llama": _Table(*_merge(
+        _norm("attention_norm", "input_layernorm"), _norm("ffn_norm", "post_attention_layernorm"),
+        ({"attention": ("self_attn",)}, {}),
+        _linears("attention", {"wq": _QKV[:1], "wk": _QKV[1:2], "wv": _QKV[2:], "wo": ("self_attn.o_proj",),
+                               "w_qkv": _QKV}),
+        _feed_forward("feed_forward", "mlp"), _moe("mlp.shared_expert"),
+        _linears("feed_forward", {"shared_experts_gate": ("mlp.shared_expert_gate",)}),
+    ), _NORMS_HF + _ATTN_HF + _mlp_hf("mlp") + _MOE_HF + _mlp_hf("mlp.shared_expert") + ("mlp.shared_expert_gate",)),
+    # research/deepseek3/deepseek2_model.py (DeepSeekV2Attention; both the fused and the split q/kv names)
+    "deepseek": _Table(*_merge(
+        _norm("attention_norm", "input_layernorm"), _norm("ffn_norm", "post_attention_layernorm"),
+        _norm("attention.lq_norm", "self_attn.q_a_layernorm"), _norm("attention.lkv_norm", "self_attn.kv_a_layernorm"),
+        ({"attention": ("self_attn",)}, {}),
+        _linears("attention", {
+            "q2l_proj": ("self_attn.q_a_proj",), "q_proj": ("self_attn.q_proj",), "wo": ("self_attn.o_proj",),
+            **dict.fromkeys(("l2q_proj", "l2q_nope_proj", "l2q_pe_proj"), ("self_attn.q_b_proj",)),
+            **dict.fromkeys(("kv2l", "kv2l_k_pe", "kv2l_latent_kv"), ("self_attn.kv_a_proj_with_mqa",)),
+            **dict.fromkeys(("lkv2kv", "lkv2kv_k_nope", "lkv2kv_v"), ("self_attn.kv_b_proj",))}),
+        _feed_forward("feed_forward", "mlp"), _moe("mlp.shared_experts"),
+    ), _NORMS_HF + _MLA_HF + _mlp_hf("mlp") + _MOE_HF + _mlp_hf("mlp.shared_experts")),
+    # ChatGLM2Block (glm2_transformer.py: GLM2/3/4) -> HF Glm / Glm4, whose MLP fuses gate and up
+    "glm": _Table(*_merge(
+        _norm("input_layernorm", "input_layernorm"), _norm("post_attention_layernorm", "post_attention_layernorm"),
+        ({"self_attention": ("self_attn",), "mlp": ("mlp",), "mlp.activation_func": ("mlp.activation_fn", "mlp.mul"),
+          "mlp.activation_func.silu": ("mlp.activation_fn",)},
+         {"mlp.activation_func.silu.silu": ("mlp.activation_fn",), "mlp.activation_func.mul": ("mlp.mul",)}),
+        _linears("self_attention", {"query_key_value": _QKV, "dense": ("self_attn.o_proj",)}),
+        _linears("mlp", {"dense_h_to_4h": ("mlp.gate_up_proj",), "dense_4h_to_h": ("mlp.down_proj",)}),
+    ), _NORMS_HF + ("post_self_attn_layernorm", "post_mlp_layernorm") + _QKVO_HF
+       + ("mlp", "mlp.gate_up_proj", "mlp.down_proj", "mlp.activation_fn", "mlp.mul")),
+    # MindFormers mcore models (parallel_core, Megatron names) -> HF Llama/Qwen3(-MoE) or DeepSeek names; a model
+    # has one attention kind, so the runtime finds one of q_layernorm's two targets
+    "mcore": _Table(*_merge(
+        _norm("input_layernorm", "input_layernorm"), _norm("pre_mlp_layernorm", "post_attention_layernorm"),
+        _norm("self_attention.q_layernorm", "self_attn.q_norm", "self_attn.q_a_layernorm"),
+        _norm("self_attention.k_layernorm", "self_attn.k_norm"),
+        _norm("self_attention.kv_layernorm", "self_attn.kv_a_layernorm"),
+        ({"self_attention": ("self_attn",), "mlp.router": ("mlp.gate",), "mlp.experts": ("mlp.experts",)}, {}),
+        _linears("self_attention", {
+            "linear_qkv": _QKV, "linear_proj": ("self_attn.o_proj",), "linear_q_proj": ("self_attn.q_proj",),
+            "linear_q_down_proj": ("self_attn.q_a_proj",), "linear_q_up_proj": ("self_attn.q_b_proj",),
+            "linear_kv_down_proj": ("self_attn.kv_a_proj_with_mqa",), "linear_kv_up_proj": ("self_attn.kv_b_proj",)}),
+        _mcore_mlp("mlp", "mlp"), _mcore_mlp("mlp.shared_experts", "mlp.shared_experts"),
+    ), tuple(dict.fromkeys(_NORMS_HF + _ATTN_HF + _MLA_HF + _mlp_hf("mlp") + _MOE_HF
+                           + _mlp_hf("mlp.shared_experts")))),
+    # GPT-2 in MindFormers honours only the full-recompute bool (§1), so there are no op names to translate
+    "gpt2": _Table({}, {}, ("ln_1", "attn", "attn.c_attn", "attn.c_proj", "ln_2", "mlp", "mlp.c_fc", "mlp.act",
+                            "mlp.c_proj")),
+}
+STYLES = tuple(_TABLES)
+
+_NO_MODULE = ("flash_attention", "apply_rotary_emb", "core_attention", "softmax", "batch_matmul", "batch_matmul_q_k")
+_NO_MODULE_NOTE = "runs inside HF self_attn's forward with no module of its own; nothing to recompute on its own"
+RESHAPE_NOTE = "a reshape saves no activation; nothing to recompute"
+
+
+def _fullmatch(parts: list[str], path: str) -> bool:
+    names = path.split(".")
+    return len(names) == len(parts) and all(re.fullmatch(p, n) for p, n in zip(parts, names, strict=True))
+
+
+@functools.cache
+def _resolve(pattern: str, style: str, *, prims_only: bool) -> tuple[tuple[str, ...], str | None]:
+    if style not in _TABLES:
+        raise ValueError(f"unknown recompute style {style!r}; expected one of {', '.join(STYLES)}")
+    table = _TABLES[style]
+    parts = pattern.split(r"\.")
+    sources = (table.prims,) if prims_only else (table.cells, table.prims)
+    targets = {hf for src in sources for mf, hfs in src.items() if _fullmatch(parts, mf) for hf in hfs}
+    targets |= {hf for hf in table.hf if hf == pattern or _fullmatch(parts, hf)}
+    if targets:
+        return tuple(sorted(targets)), None
+    if re.fullmatch(parts[-1], "reshape"):
+        return (), RESHAPE_NOTE
+    if prims_only and any(_fullmatch(parts, mf) for mf in table.cells):
+        return (), (f"'{pattern}' names a cell; MindFormers applies comm recompute and excludes to primitives only "
+                    "(\"this configuration will not be effective\")")
+    if any(re.fullmatch(parts[-1], name) for name in _NO_MODULE):
+        return (), f"'{pattern}' {_NO_MODULE_NOTE}"
+    return (), f"'{pattern}' matches no MindFormers op or HF module of a {style} decoder layer; nothing recomputed"
+
+
+def hf_targets(pattern: str, style: str) -> tuple[list[str], str | None]:
+    """HF module paths (within one decoder layer) that a select pattern denotes, and a note when there are none."""
+    paths, note = _resolve(pattern, style, prims_only=False)
+    return list(paths), note
+
+
+def layer_plan(result: RecomputeResult, num_layers: int, style: str, *,
+               first_mtp_layer: int | None = None) -> tuple[list[dict], list[tuple[str, str]]]:
+    """One entry per global layer for the runtime, and (pattern, note) for each pattern in use that maps to nothing.
+
+    `full_recompute_exclude` lists the ops an exclude keeps out of a fully recomputed layer (MindFormers switches
+    their primitives back off inside the recomputed cell).
+    """
+    unmapped: dict[str, str] = {}
+
+    def targets(patterns: dict[str, frozenset[int]], layer: int, *, prims_only: bool) -> set[str]:
+        found = set()
+        for pattern, layers in patterns.items():
+            if layer in layers:
+                paths, note = _resolve(pattern, style, prims_only=prims_only)
+                found.update(paths)
+                if note:
+                    unmapped.setdefault(pattern, note)
+        return found
+
+    plan = []
+    for i in range(num_layers):
+        excluded = targets(result.select_exclude, i, prims_only=True)
+        full = i in result.full
+        plan.append({
+            "index": i,
+            "full_recompute": full,
+            "select_recompute": sorted(targets(result.select, i, prims_only=False) - excluded),
+            "comm_recompute": sorted(targets(result.comm, i, prims_only=True)
+                                     - targets(result.comm_exclude, i, prims_only=True)),
+            "full_recompute_exclude": sorted(excluded) if full else [],
+            "mtp": first_mtp_layer is not None and i >= first_mtp_layer,
+        })
+    return plan, list(unmapped.items())
