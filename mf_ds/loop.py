@@ -167,6 +167,7 @@ class Trainer:
             start = time.perf_counter()
             total = torch.zeros((), dtype=torch.float64)
             manual_norm = None
+            lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (the scheduler moves in step())
             for _ in range(self.ga):
                 batch = next(data)
                 out = self.engine(input_ids=batch["input_ids"], labels=batch["labels"])
@@ -180,7 +181,6 @@ class Trainer:
             loss = (total / (self.ga * self.world)).item()
             self.step += 1
             elapsed = time.perf_counter() - start
-            lr = self.scheduler.get_last_lr()[0] if self.scheduler else float("nan")
             losses.append(loss)
             if not math.isfinite(loss):
                 raise RunError(f"step {self.step}: the loss is {loss}; stopping before a bad checkpoint is written")

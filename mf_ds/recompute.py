@@ -24,8 +24,9 @@ What each form keeps for backward (T tokens, H hidden, I MLP width; 4 bytes an e
     down_proj: keeps the product as before; its output is saved only if its reader needs it.
 - select, any other module (norms, attention projections, the router, the experts, a whole `self_attn` or `mlp`):
   the module is checkpointed: it keeps its inputs and drops its internals (an RMSNorm drops x * rsqrt(var) and
-  rsqrt(var), T x (H + 1) in fp32, and in bf16 also its fp32 copy of x); its output is still saved wherever a reader needs it (q_proj's output in
-  Llama is read by RoPE, which keeps only cos and sin, so checkpointing q_proj saves nothing).
+  rsqrt(var), T x (H + 1) in fp32, and in bf16 also its fp32 copy of x); its output is still saved wherever a
+  reader needs it (q_proj's output in Llama is read by RoPE, which keeps only cos and sin: checkpointing q_proj
+  saves nothing).
 - comm recompute: there is no sequence-parallel communication on this stack, so the op itself (the norm feeding
   the communication, in MindFormers' default `.*\\.norm`) is recomputed as a select entry would be.
 Select regions always use torch's non-reentrant checkpoint: they take keyword tensors, nest, and need early stop.
@@ -36,8 +37,8 @@ Everything is set on instances (no class is touched, parameters and state-dict k
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -96,8 +97,9 @@ _GRAPHS = (
      _Op("down_proj", "module", ("mul",), ("down_proj",))),
     # GlmMLP / Phi3MLP: gate and up are the two halves of one projection
     (_Op("gate_up_proj", "module", ("input",), ("gate_up_proj",)),
-     _Op("chunk", "view", ("gate_up_proj",), ("gate", "up")), _Op("activation_fn", "act", ("gate",), ("activation_fn",)),
-     _Op("mul", "mul", ("activation_fn", "up"), ("mul",)), _Op("down_proj", "module", ("mul",), ("down_proj",))),
+     _Op("chunk", "view", ("gate_up_proj",), ("gate", "up")),
+     _Op("activation_fn", "act", ("gate",), ("activation_fn",)), _Op("mul", "mul", ("activation_fn", "up"), ("mul",)),
+     _Op("down_proj", "module", ("mul",), ("down_proj",))),
 )
 
 
@@ -165,7 +167,7 @@ def _run_ops(mlp: nn.Module, ops: tuple[_Op, ...], values: dict[str, torch.Tenso
             continue
         args = [values[t] for t in op.inputs]
         if op.kind == "view":
-            values.update(zip(op.outputs, args[0].chunk(2, dim=-1)))
+            values.update(zip(op.outputs, args[0].chunk(2, dim=-1), strict=True))
         elif op.kind == "mul":
             values[op.outputs[0]] = args[0] * args[1]
         else:
@@ -192,14 +194,14 @@ class _SwiGLUForward:
             # no random op in an MLP: skip stashing the RNG state
             outs = checkpoint(functools.partial(self._region, unit), *(values[t] for t in unit.inputs),
                               use_reentrant=False, preserve_rng_state=False)
-            values.update(zip(unit.outputs, outs))
+            values.update(zip(unit.outputs, outs, strict=True))
         return values["down_proj"]  # both graphs end there
 
     def _fused(self, unit: _Unit) -> bool:
         return _is_silu(getattr(self.mlp, next(op.name for op in unit.ops if op.kind == "act")))
 
     def _region(self, unit: _Unit, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        values = dict(zip(unit.inputs, tensors))
+        values = dict(zip(unit.inputs, tensors, strict=True))
         _run_ops(self.mlp, unit.ops, values)
         return tuple(values[t] for t in unit.outputs)
 
@@ -222,7 +224,7 @@ class _CheckpointedForward:
 
         def run(*tensors):
             filled = list(leaves)
-            for i, tensor in zip(where, tensors):
+            for i, tensor in zip(where, tensors, strict=True):
                 filled[i] = tensor
             a, k = tree_unflatten(filled, spec)
             return self._forward(*a, **k)
@@ -303,8 +305,8 @@ def _kept(graph: tuple[_Op, ...], units: list[_Unit]) -> str:
     owner = {t: op.inputs[0] for op in graph if op.kind == "view" for t in op.outputs}
     kept = dict.fromkeys(owner.get(t, t) for u in units if u.recompute for t in u.inputs)
     outputs = [t for t in kept if t != "input"]
-    parts = (["the MLP input"] if "input" in kept else []) + ([f"the outputs of {', '.join(outputs)}"] if outputs else [])
-    return " and ".join(parts)
+    parts = ["the MLP input"] if "input" in kept else []
+    return " and ".join(parts + ([f"the outputs of {', '.join(outputs)}"] if outputs else []))
 
 
 def _resolve(model_name: str, prefix: str, decoder: nn.ModuleList, layers: list[dict]) -> dict:
@@ -316,7 +318,10 @@ def _resolve(model_name: str, prefix: str, decoder: nn.ModuleList, layers: list[
                 routes[entry["index"], path] = _route(decoder[entry["index"]], path)
     for path in dict.fromkeys(path for _, path in routes):
         outcomes = {i: route for (i, p), route in routes.items() if p == path}
-        if all(kind == "missing" for kind, _ in outcomes.values()):
+        # MoE layers hold `mlp.experts`, not `mlp.act_fn`: their SwiGLU belongs to the MoE layer (another
+        # issue), so a dense-MLP path missing only from MoE layers is reported per layer, not raised.
+        moe_only = all(hasattr(getattr(decoder[i], "mlp", None), "experts") for i in outcomes)
+        if all(kind == "missing" for kind, _ in outcomes.values()) and not moe_only:
             i, (_, why) = next(iter(outcomes.items()))
             raise ValueError(f"recompute path {path!r} exists in none of the layers it is planned for "
                              f"({', '.join(f'{prefix}.{i}' for i in outcomes)}): {prefix}.{i}.{path}: {why} "
@@ -359,6 +364,8 @@ def apply_recompute(model: nn.Module, layers: list[dict], checkpoint_fn: Callabl
     """Apply the Plan's per-layer recompute settings to `model` (before `deepspeed.initialize`); return the report.
 
     `checkpoint_fn` checkpoints the fully recomputed layers (default: torch's non-reentrant checkpoint, as HF).
+    A path a layer lacks (an MoE layer has `mlp.experts`, not `mlp.gate_proj`) is reported as not applicable
+    there; MTP entries are reported and skipped (transformers' causal LMs do not build MTP layers).
     Raises ValueError for a malformed plan, a planned path that exists in none of the layers it is planned for,
     a model already under activation checkpointing, or a second apply without `revert_recompute`; a bad plan
     changes nothing.

@@ -105,13 +105,18 @@ def precision(compute_dtype: str, param_dtype: str, wrapper: RunnerWrapper, ledg
     ledger.mapped("model.model_config.compute_dtype", {"bfloat16": "deepspeed.bf16.enabled = true",
                                                        "float16": "deepspeed.fp16.enabled = true",
                                                        "float32": "fp32 training (no bf16/fp16 block)"}[compute_dtype])
+    unscaled = not isinstance(scale, dict) and scale == 1.0
     if compute_dtype == "bfloat16":
-        if isinstance(scale, dict) or scale != 1.0:
+        if unscaled:
+            ledger.mapped("runner_wrapper.scale_sense", "1.0: no loss scaling (bf16 needs none)")
+        else:
             ledger.differs("runner_wrapper.scale_sense", "bf16 needs no loss scaling; DeepSpeed's bf16 mode has "
                            "none, so the loss is not scaled")
         return {"bf16": {"enabled": True}}
     if compute_dtype == "float32":
-        if isinstance(scale, dict) or scale != 1.0:
+        if unscaled:
+            ledger.mapped("runner_wrapper.scale_sense", "1.0: no loss scaling (fp32)")
+        else:
             ledger.dropped("runner_wrapper.scale_sense", "fp32 training needs no loss scaling")
         return {}
     if not isinstance(scale, dict):

@@ -1,0 +1,138 @@
+"""The main job end to end: gradient accumulation, clipping, resume, checkpoints, data parallelism, configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import CONFIGS, CORPUS, ROOT
+
+LLAMA = str(CONFIGS / "tiny_llama.yaml")
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
+
+
+def train(tmp: Path, *args: str, config: str = LLAMA, launcher: list[str] | None = None,
+          check: bool = True) -> subprocess.CompletedProcess:
+    cmd = (launcher or [sys.executable, "-m", "mf_ds.cli", config]) + ["--output_dir", str(tmp), *args]
+    if launcher:
+        cmd = launcher + ["--mf-config", config, "--output_dir", str(tmp), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def metrics(tmp: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(tmp: Path) -> dict[str, torch.Tensor]:
+    latest = (tmp / "checkpoint" / "latest").read_text().strip()
+    return load_file(str(tmp / "checkpoint" / latest / "model.safetensors"))
+
+
+def test_gradient_accumulation_equals_a_bigger_micro_batch(tmp_path):
+    """GA 4 x micro batch 1 == GA 1 x micro batch 4 after 3 steps (fp32, 1e-5)."""
+    common = ["--max_steps", "3", "--set", "parallel_config.data_parallel=1"]
+    train(tmp_path / "ga", *common, "--set", "runner_config.batch_size=1",
+          "--set", "runner_config.gradient_accumulation_steps=4")
+    train(tmp_path / "mb", *common, "--set", "runner_config.batch_size=4",
+          "--set", "runner_config.gradient_accumulation_steps=1")
+    a, b = weights(tmp_path / "ga"), weights(tmp_path / "mb")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5, msg=name)
+    losses_a = [m["loss"] for m in metrics(tmp_path / "ga")]
+    losses_b = [m["loss"] for m in metrics(tmp_path / "mb")]
+    assert losses_a == pytest.approx(losses_b, rel=1e-5)
+
+
+def test_resume_continues_with_the_same_losses(tmp_path):
+    """6 steps straight == 3 steps, stop, resume, 3 steps."""
+    save_every = ["--set", "callbacks=[{type: MFLossMonitor}, {type: CheckpointMonitor, prefix: t, "
+                  "save_checkpoint_steps: 3, keep_checkpoint_max: 2}]"]
+    train(tmp_path / "straight", "--max_steps", "6", *save_every)
+    train(tmp_path / "split", "--max_steps", "3", *save_every)
+    train(tmp_path / "split", "--max_steps", "6", "--resume_training", *save_every)
+    straight = [m["loss"] for m in metrics(tmp_path / "straight")]
+    split = [m["loss"] for m in metrics(tmp_path / "split")]
+    assert [m["step"] for m in metrics(tmp_path / "split")] == [1, 2, 3, 4, 5, 6]
+    assert split == pytest.approx(straight, rel=1e-6)
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "split")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_checkpoint_is_hf_layout_and_atomic(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    train(tmp_path, "--max_steps", "2")
+    latest = tmp_path / "checkpoint" / (tmp_path / "checkpoint" / "latest").read_text().strip()
+    model = AutoModelForCausalLM.from_pretrained(str(latest))
+    assert model.config.num_hidden_layers == 2
+    assert not list((tmp_path / "checkpoint").glob("*.tmp"))
+    # A save interrupted after the engine state: the stale .tmp is ignored and the last complete one wins.
+    stale = tmp_path / "checkpoint" / "tiny_llama-step9.tmp"
+    shutil.copytree(latest, stale)
+    (stale / "trainer_state.json").unlink()
+    from mf_ds.checkpoint import latest as find_latest
+
+    assert find_latest(tmp_path / "checkpoint") == latest
+
+
+def test_weights_from_an_hf_directory(tmp_path):
+    train(tmp_path / "a", "--max_steps", "2")
+    src = tmp_path / "a" / "checkpoint" / (tmp_path / "a" / "checkpoint" / "latest").read_text().strip()
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(src, hf_dir, ignore=shutil.ignore_patterns("engine", "trainer_state.json", "rng.pt"))
+    first = metrics(tmp_path / "a")[-1]["loss"]
+    train(tmp_path / "b", "--max_steps", "1", "--load_checkpoint", str(hf_dir))
+    assert metrics(tmp_path / "b")[0]["loss"] < first + 0.5  # starts where the first run was, not at ~5.8
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--set", "runner_config.batch_size=zero"], "runner_config.batch_size"),
+    (["--train_dataset_dir", "/nonexistent/data"], "/nonexistent/data"),
+    (["--load_checkpoint", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
+])
+def test_bad_input_is_one_line(tmp_path, args, expected):
+    proc = train(tmp_path, "--max_steps", "1", *args, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert expected in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
+
+
+def test_family_without_hf_architecture_is_a_clear_error(tmp_path):
+    proc = train(tmp_path, config=str(CORPUS / "r1.5.0__research__telechat__finetune_telechat_52b.yaml"),
+                 check=False)
+    assert proc.returncode == 2
+    assert "no Hugging Face architecture" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.deepspeed
+def test_two_ranks_with_the_launcher_equal_one_rank(tmp_path):
+    """deepspeed mf_ds/train.py on 2 CPU ranks: same global batch, same losses as 1 rank."""
+    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", "29631", str(ROOT / "mf_ds" / "train.py")]
+    train(tmp_path / "two", "--max_steps", "3", launcher=launcher)
+    train(tmp_path / "one", "--max_steps", "3")
+    two, one = metrics(tmp_path / "two"), metrics(tmp_path / "one")
+    assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5)
+    assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe", "tiny_deepseek_v3"])
+def test_configs_train_with_the_loss_falling(tmp_path, name):
+    proc = train(tmp_path, config=str(CONFIGS / f"{name}.yaml"))
+    rows = metrics(tmp_path)
+    assert len(rows) == 150
+    first = sum(r["loss"] for r in rows[:5]) / 5
+    last = sum(r["loss"] for r in rows[-10:]) / 10
+    assert first > 5.0 and last < first - 1.5, (first, last)
+    assert "Epoch:[" in proc.stderr
