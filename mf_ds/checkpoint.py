@@ -78,9 +78,11 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
     engine.save_checkpoint(str(tmp / ENGINE), tag="state", save_latest=False)
     # The RNG state differs per rank only through the data order, which the step count fixes; rank 0's is kept.
     rngs = rng_state()
+    # Under ZeRO-3 each rank holds a shard of every weight: gather them whole (collective) for the HF save.
+    weights = engine._zero3_consolidated_16bit_state_dict() if engine.zero_optimization_stage() == 3 else None
     _barrier()
     if _rank() == 0:
-        engine.module.save_pretrained(str(tmp), safe_serialization=True)
+        engine.module.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)
         payload = {**state, "step": step}
         torch.save(rngs, tmp / "rng.pt")
         _atomic_write(tmp / STATE, json.dumps(payload, indent=2))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from mf_ds import checkpoint
 from mf_ds.errors import RunError
@@ -71,6 +72,7 @@ class Trainer:
         hf = plan["hf_config"]
         self.dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], hf["vocab_size"],
                                            tokenizer_dir=run.get("tokenizer_dir"), override_dir=dataset_dir)
+        self.pad_id = run["loss_mask_pad_id"]
         self.micro = run["micro_batch_size"]
         self.ga = run["gradient_accumulation_steps"]
         global_batch = run["global_batch_size"]
@@ -89,6 +91,9 @@ class Trainer:
         config.pop("optimizer", None)  # built above, with MindFormers' parameter groups
         config.pop("scheduler", None)  # built above, with MindFormers' exact formula
         config["zero_allow_untested_optimizer"] = True
+        if "fp16" in config and not torch.cuda.is_available():
+            raise RunError("model_config.compute_dtype float16 needs a GPU: DeepSpeed's CPU accelerator has no "
+                           "fp16; train here with --set model.model_config.compute_dtype=bfloat16 (or float32)")
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False)
         callbacks = run["callbacks"]
@@ -105,6 +110,9 @@ class Trainer:
             state = checkpoint.load(self.engine, resume_from)
             self.step = state["step"]
             _log(f"mf-ds: resumed from {resume_from} at step {self.step}")
+        # A progress bar for people at a terminal; logs and CI get the MFLossMonitor lines only.
+        self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
+                        disable=self.rank != 0 or not sys.stderr.isatty())
         self.metrics_path = self.output_dir / "metrics.jsonl"
         if self.rank == 0:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +178,10 @@ class Trainer:
             lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (the scheduler moves in step())
             for _ in range(self.ga):
                 batch = next(data)
-                out = self.engine(input_ids=batch["input_ids"], labels=batch["labels"])
+                labels = batch["labels"]
+                if self.pad_id is not None:
+                    labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
+                out = self.engine(input_ids=batch["input_ids"], labels=labels)
                 self.engine.backward(out.loss)
                 total += out.loss.detach().double()
                 if self.engine.is_gradient_accumulation_boundary() and not self._engine_records_norm:
@@ -204,6 +215,9 @@ class Trainer:
         epoch = (self.step - 1) // self.steps_per_epoch + 1
         row = {"step": self.step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                "tokens_per_s": tokens_per_s}
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", grad_norm=f"{grad_norm:.3f}",
+                             tok_s=f"{tokens_per_s:.0f}", refresh=False)
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         if self.step % self.print_every == 0 or self.step == self.total_steps:
@@ -219,5 +233,6 @@ class Trainer:
                                {"consumed_micro_batches": self.step * self.ga}, self.ckpt["keep_checkpoint_max"])
 
     def close(self) -> None:
+        self.bar.close()
         if dist.is_initialized():
             dist.barrier()

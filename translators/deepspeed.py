@@ -143,8 +143,18 @@ def precision(compute_dtype: str, param_dtype: str, wrapper: RunnerWrapper, ledg
                      "loss_scale_window": cell.scale_window, "hysteresis": 1, "min_loss_scale": 1}}
 
 
-def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, ledger: Ledger) -> dict[str, Any]:
-    if po_shard:
+def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, override: int | None,
+         ledger: Ledger) -> dict[str, Any]:
+    if override is not None:
+        if override == 3 and ep > 1:
+            raise ConfigError("mf_ds.zero_stage", "ZeRO-3 with expert parallelism is not supported (DeepSpeed "
+                              "expert groups need ZeRO-1 or -2)")
+        if override == 0 and mixed:
+            raise ConfigError("mf_ds.zero_stage", "bf16/fp16 training needs ZeRO >= 1 here (DeepSpeed keeps fp32 "
+                              "master weights only through a ZeRO optimizer)")
+        ledger.mapped("mf_ds.zero_stage", f"deepspeed.zero_optimization.stage = {override}")
+        stage, why = override, "mf_ds.zero_stage"
+    elif po_shard:
         stage, why = 2, "gradient_accumulation_shard shards gradients too"
     elif parallel.enable_parallel_optimizer:
         stage, why = 1, "optimizer states sharded over data parallel"
@@ -153,12 +163,18 @@ def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, ledger: Ledge
     else:
         stage, why = 0, "no optimizer sharding"
     ledger.mapped("parallel.enable_parallel_optimizer", f"deepspeed.zero_optimization.stage = {stage} ({why})")
-    if parallel.enable_parallel_optimizer:
+    if parallel.enable_parallel_optimizer and stage < 3:
         ledger.differs("parallel.enable_parallel_optimizer", "MindSpore also shards the weights (ZeRO-3-like); "
                        f"ZeRO-{stage} keeps whole weights per rank" + (" (expert parallelism allows at most ZeRO-2)"
-                                                                          if ep > 1 else ""))
+                                                                          if ep > 1 else " (mf_ds.zero_stage: 3 "
+                                                                                         "shards them too)"))
+    if stage == 0:
+        return {"stage": 0}
     # overlap_comm off: with gloo on CPU it buys nothing and its bucket handling has bitten CPU runs.
-    return {"stage": stage, "overlap_comm": False, "contiguous_gradients": True} if stage else {"stage": 0}
+    block = {"stage": stage, "overlap_comm": False, "contiguous_gradients": True}
+    if stage == 3:
+        block["stage3_gather_16bit_weights_on_model_save"] = True  # HF weights are gathered whole for saving
+    return block
 
 
 def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -452,8 +452,6 @@ PARALLEL_OPT = "lets MindFormers' optimizer parallel shard these weights; ZeRO (
                "decides here"
 FFN_GIVEN = "ignored: intermediate_size is set (llama_layer.py:312-319 derives the width only when it is None)"
 NO_EXTEND = "ignored: extend_method is 'None' (FreqsMgr reads scaling_factor only for PI/NTK/YARN/LLAMA3)"
-PAD_MASK = "MindFormers also drops from the loss every position whose input token is pad_token_id (llama.py:671); " \
-           "HF masks only labels == -100"
 SOFTMAX = "softmax dtype of MindFormers' non-flash attention; transformers' attention keeps the softmax in float32"
 INERT = "not a {cls} argument: stored through **kwargs and never read"
 FP32_MASTER = "fp32 parameters cast to compute_dtype in each layer: DeepSpeed mixed precision's fp32 master weights"
@@ -516,7 +514,7 @@ LLAMA: dict[str, Rule | str] = {
     "rms_norm_eps": "rms_norm_eps",
     "bos_token_id": "bos_token_id",
     "eos_token_id": "eos_token_id",
-    "pad_token_id": Differs(PAD_MASK, hf="pad_token_id"),
+    "pad_token_id": Map("pad_token_id"),  # and run.loss_mask_pad_id: the runtime masks input pads (plan.py)
     "ignore_token_id": Expect(*IGNORE_100),
     "theta": Feeds(),
     "extend_method": Feeds(),

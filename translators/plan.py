@@ -129,7 +129,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     param_dtype = shape.param_init_type if shape else "float32"
     precision = ds.precision(compute_dtype, param_dtype, wrapper, ledger)
     zero = ds.zero(parallel, po.gradient_accumulation_shard, compute_dtype != "float32",
-                   moe["expert_parallel"] if moe else 1, ledger)
+                   moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger)
 
     opt_given = "optimizer" in tree
     opt = Optimizer.parse(tree["optimizer"] if opt_given else Optimizer.TEMPLATE, ledger)
@@ -207,6 +207,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "family": family.name,
         "layer_style": family.layer_style,
         "tokenizer_dir": extra.tokenizer_dir,
+        "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, ledger),
     }
     notes = ledger.finish()
     plan = {"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe, "kernels": kernels,
@@ -275,6 +276,18 @@ def _layers(rc: RecomputeConfig, pc: ParallelConfig, pipe: PipelineConfig, shape
         if ledger.present(f"recompute_config.{name}"):
             ledger.dropped(f"recompute_config.{name}", why)
     return layers, result.formative
+
+
+def _loss_mask_pad_id(hf_config: dict | None, family: Any, ledger: Ledger) -> int | None:
+    """MindFormers' Llama and DeepSeek models leave out of the loss every position whose *input* token is the pad
+    id (llama.py:671, input_mask = tokens != pad_token_id); HF masks only labels == -100, so the runtime adds it."""
+    if hf_config is None or family.mcore or family.layer_style not in ("llama", "deepseek"):
+        return None
+    pad = hf_config.get("pad_token_id")
+    if isinstance(pad, int) and ledger.present("model.model_config.pad_token_id"):
+        ledger.runtime("model.model_config.pad_token_id", f"run.loss_mask_pad_id = {pad}: positions whose input "
+                       "token is the pad id are left out of the loss, as in MindFormers (llama.py:671)")
+    return pad if isinstance(pad, int) else None
 
 
 def _layout_free(rc: RecomputeConfig) -> bool:

@@ -260,3 +260,5 @@ class MfDs(Section):
     STRICT = True
     gmm_capacity: bool = key(False, "keep capacity dropping with use_gmm (MindFormers ignores the capacity there)")
     tokenizer_dir: str | None = key(None, "local HF tokenizer directory for JSON-lines data")
+    zero_stage: int | None = key(None, "ZeRO stage instead of the one the YAML implies (3 shards the weights too, "
+                                       "as MindSpore's optimizer parallel does)", check=one_of(0, 1, 2, 3))

@@ -116,15 +116,43 @@ def test_family_without_hf_architecture_is_a_clear_error(tmp_path):
     assert "no Hugging Face architecture" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one_rank")
+    train(out, "--max_steps", "3")
+    return metrics(out)
+
+
 @pytest.mark.deepspeed
-def test_two_ranks_with_the_launcher_equal_one_rank(tmp_path):
-    """deepspeed mf_ds/train.py on 2 CPU ranks: same global batch, same losses as 1 rank."""
-    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", "29631", str(ROOT / "mf_ds" / "train.py")]
-    train(tmp_path / "two", "--max_steps", "3", launcher=launcher)
-    train(tmp_path / "one", "--max_steps", "3")
-    two, one = metrics(tmp_path / "two"), metrics(tmp_path / "one")
-    assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5)
-    assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-4)
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_two_ranks_with_the_launcher_equal_one_rank(tmp_path, one_rank, stage):
+    """deepspeed mf_ds/train.py on 2 CPU ranks under ZeRO-1/2/3: same global batch, same losses as 1 rank."""
+    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(29640 + stage), str(ROOT / "mf_ds" / "train.py")]
+    train(tmp_path, "--max_steps", "3", "--set", f"mf_ds.zero_stage={stage}", launcher=launcher)
+    two = metrics(tmp_path)
+    assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one_rank], rel=1e-5)
+    assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one_rank], rel=1e-4)
+    from transformers import AutoModelForCausalLM
+
+    latest = tmp_path / "checkpoint" / (tmp_path / "checkpoint" / "latest").read_text().strip()
+    assert AutoModelForCausalLM.from_pretrained(str(latest)).num_parameters() > 0  # whole weights, even at ZeRO-3
+
+
+def test_fp16_on_cpu_is_a_clear_error(tmp_path):
+    proc = train(tmp_path, "--max_steps", "1", "--set", "model.model_config.compute_dtype=float16", check=False)
+    assert proc.returncode == 2 and "needs a GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_megatron_data(tmp_path):
+    from mf_ds.data import write_indexed
+
+    rng = torch.Generator().manual_seed(0)
+    docs = [torch.randint(3, 259, (int(n),), generator=rng).tolist() for n in torch.randint(50, 400, (60,))]
+    write_indexed(str(tmp_path / "corpus_text_document"), docs)
+    loader = ("train_dataset.data_loader={type: BlendedMegatronDatasetDataLoader, datasets_type: GPTDataset, "
+              f"sizes: [64, 0, 0], config: {{seq_length: 128, data_path: ['1', '{tmp_path}/corpus_text_document']}}}}")
+    train(tmp_path / "run", "--max_steps", "2", "--set", loader)
+    assert len(metrics(tmp_path / "run")) == 2
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe", "tiny_deepseek_v3"])
