@@ -181,7 +181,9 @@ class Trainer:
                 labels = batch["labels"]
                 if self.pad_id is not None:
                     labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
-                out = self.engine(input_ids=batch["input_ids"], labels=labels)
+                # The labels are already the next tokens (Megatron / MindFormers samples): shift_labels stops HF's
+                # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
+                out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels)
                 self.engine.backward(out.loss)
                 total += out.loss.detach().double()
                 if self.engine.is_gradient_accumulation_boundary() and not self._engine_records_norm:
