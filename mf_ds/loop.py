@@ -9,7 +9,6 @@ schedule are built here (mf_ds/optim.py) and handed to deepspeed.initialize.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 import sys
@@ -25,6 +24,7 @@ from tqdm.auto import tqdm
 
 from mf_ds import checkpoint
 from mf_ds.errors import RunError
+from mf_ds.monitor import Monitor
 
 
 def seed_everything(seed: int) -> None:
@@ -113,10 +113,8 @@ class Trainer:
         # A progress bar for people at a terminal; logs and CI get the MFLossMonitor lines only.
         self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
                         disable=self.rank != 0 or not sys.stderr.isatty())
-        self.metrics_path = self.output_dir / "metrics.jsonl"
-        if self.rank == 0:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            self._truncate_metrics()
+        # metrics.jsonl and TensorBoard (rank 0); on resume the rows after the checkpoint are dropped
+        self.monitor = Monitor(self.output_dir, enabled=self.rank == 0, resume_step=self.step)
 
     @classmethod
     def from_args(cls, args: Any) -> Trainer:
@@ -138,14 +136,6 @@ class Trainer:
                 _log(f"mf-ds: note: {note.line()}")
         return cls(result.plan, max_steps=args.max_steps, load_checkpoint=args.load_checkpoint,
                    resume=args.resume_training, dataset_dir=args.train_dataset_dir)
-
-    def _truncate_metrics(self) -> None:
-        """On resume, drop the lines of steps after the checkpoint so metrics.jsonl reads as one run."""
-        if not self.metrics_path.exists():
-            return
-        kept = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= self.step]
-        self.metrics_path.write_text("".join(line + "\n" for line in kept))
 
     def _batches(self):
         from mf_ds.data import batches
@@ -220,8 +210,7 @@ class Trainer:
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", grad_norm=f"{grad_norm:.3f}",
                              tok_s=f"{tokens_per_s:.0f}", refresh=False)
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        self.monitor.record(row)
         if self.step % self.print_every == 0 or self.step == self.total_steps:
             # MindFormers' MFLossMonitor line, shortened to what PyTorch knows.
             _log(f"{{ Epoch:[{epoch:3d}/{self.run['epochs']:3d}], step:[{self.step:5d}/{self.total_steps:5d}], "
@@ -235,6 +224,9 @@ class Trainer:
                                {"consumed_micro_batches": self.step * self.ga}, self.ckpt["keep_checkpoint_max"])
 
     def close(self) -> None:
+        """Flush the logs and write the run report (mf-report's PNGs) into <output_dir>/report/."""
         self.bar.close()
+        for name in self.monitor.close():
+            _log(f"mf-ds: report: {self.output_dir / 'report' / name}")
         if dist.is_initialized():
             dist.barrier()

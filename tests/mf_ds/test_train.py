@@ -164,3 +164,10 @@ def test_configs_train_with_the_loss_falling(tmp_path, name):
     last = sum(r["loss"] for r in rows[-10:]) / 10
     assert first > 5.0 and last < first - 1.5, (first, last)
     assert "Epoch:[" in proc.stderr
+    # TensorBoard events and the PNG report, written by the run itself
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/loss")] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
+    assert {p.name for p in (tmp_path / "report").glob("*.png")} >= {"loss.png", "throughput.png"}

@@ -1,0 +1,60 @@
+"""The DeepSpeed loop in a page: a MindFormers YAML, the translated HF model, mf_ds's data and optimizer.
+
+    python examples/train_deepspeed.py configs/tiny_llama.yaml --max_steps 20
+(`mf-train` / `deepspeed mf_ds/train.py` add checkpoints, resume, metrics and reports to this loop.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
+for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                    ("MASTER_PORT", "29691")):
+    os.environ.setdefault(name, value)
+
+import deepspeed  # noqa: E402
+
+from mf_ds.data import batches, build_train_dataset  # noqa: E402
+from mf_ds.model import build_model  # noqa: E402
+from mf_ds.optim import build_optimizer, build_scheduler  # noqa: E402
+from mf_ds.recompute import apply_recompute  # noqa: E402
+from translators import translate_file  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("config", nargs="?", default=str(Path(__file__).parents[1] / "configs" / "tiny_llama.yaml"))
+    p.add_argument("--max_steps", type=int, default=20)
+    args = p.parse_args()
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    plan = translate_file(args.config, world_size=torch.distributed.get_world_size()).plan
+    run = plan["run"]
+    torch.manual_seed(run["seed"])
+    model = build_model(plan)  # AutoModelForCausalLM.from_config(plan["hf_config"])
+    apply_recompute(model, plan["layers"])  # MindFormers' per-layer / per-op recompute
+    optimizer = build_optimizer(model, run["optimizer"])  # AdamW or AdamWeightDecay, decay on matrices only
+    scheduler = build_scheduler(optimizer, run["lr_schedule"], run["lr_schedule"]["total_steps"] or args.max_steps)
+    config = {k: v for k, v in plan["deepspeed"].items() if k not in ("optimizer", "scheduler")}
+    config["zero_allow_untested_optimizer"] = True
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                   config=config)
+    data = batches(build_train_dataset(run["data"], run["seq_length"], run["seed"], plan["hf_config"]["vocab_size"]),
+                   run["micro_batch_size"], engine.global_rank, engine.world_size, passes=None)
+    for step in range(1, args.max_steps + 1):
+        for _ in range(run["gradient_accumulation_steps"]):
+            batch = next(data)
+            # labels are already the next tokens (Megatron samples): shift_labels stops HF shifting them again
+            loss = engine(input_ids=batch["input_ids"], labels=batch["labels"], shift_labels=batch["labels"]).loss
+            engine.backward(loss)  # divides by gradient_accumulation_steps
+            engine.step()          # the optimizer steps (with clipping) at the accumulation boundary
+        if engine.global_rank == 0:
+            print(f"step {step}: loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""The same MindFormers YAML, trained by the Hugging Face `Trainer`.
+
+    setup = mf_ds.hf.from_mf_yaml("x.yaml", output_dir="out", max_steps=100,
+                                  **{"moe_config.capacity_factor": -1})
+    setup.trainer().train()            # MFTrainer: MindFormers' optimizer and exact LR formula
+    # or Trainer(model=setup.model, args=setup.args, callbacks=setup.callbacks, train_dataset=setup.train_dataset)
+
+`setup.args` carries batch size, gradient accumulation, clipping, bf16, seed, the LR schedule (as the HF scheduler
+type with the same formula where one exists), output dir, logging and save steps; `deepspeed=` is the translated
+config with the values the Trainer checks set equal to the arguments, so it raises no mismatch. The optimizer and
+scheduler are built by `MFTrainer` exactly as mf_ds/train.py builds them (mf_ds/optim.py): MindSpore's
+AdamWeightDecay without bias correction where the YAML asks for it, decay only on matrices, and every MindFormers
+schedule, also those HF has no type for. `train_dataset` yields the samples in the order mf_ds/train.py consumes
+them, so both paths see the same data (one rank; with several, accelerate splits the stream across ranks).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from mf_ds.errors import RunError
+
+
+class _OrderedSamples(torch.utils.data.IterableDataset):
+    """The training samples in mf_ds/train.py's order, with the label masking it applies."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset, micro: int, pad_id: int | None, drop_last: bool):
+        self.dataset, self.micro, self.pad_id, self.drop_last = dataset, micro, pad_id, drop_last
+
+    def __iter__(self):
+        from mf_ds.data import batches
+
+        for batch in batches(self.dataset, self.micro, 0, 1, start=0, passes=None, drop_last=self.drop_last):
+            labels = batch["labels"]
+            if self.pad_id is not None:
+                labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
+            for i in range(len(labels)):
+                # shift_labels: the labels are already the next tokens (see mf_ds/loop.py)
+                yield {"input_ids": batch["input_ids"][i], "labels": labels[i], "shift_labels": labels[i]}
+
+
+class MFLossMonitor(TrainerCallback):
+    """MindFormers' MFLossMonitor line and metrics.jsonl (+ TensorBoard, plots at the end) under the Trainer."""
+
+    def __init__(self, output_dir: Path, per_print_times: int, tokens_per_step: int, epochs: int):
+        self.output_dir, self.every, self.tokens_per_step, self.epochs = output_dir, per_print_times, \
+            tokens_per_step, epochs
+        self.monitor = None
+        self._start = self._elapsed = float("nan")
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from mf_ds.monitor import Monitor
+
+        self.monitor = Monitor(self.output_dir, enabled=state.is_world_process_zero, resume_step=state.global_step)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._elapsed = time.perf_counter() - self._start
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs or not state.is_world_process_zero:
+            return
+        elapsed = self._elapsed
+        row = {"step": state.global_step, "epoch": 1, "loss": logs["loss"], "lr": logs.get("learning_rate"),
+               "grad_norm": logs.get("grad_norm"), "tokens_per_s": self.tokens_per_step / elapsed}
+        self.monitor.record(row)
+        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+            print(f"{{ Epoch:[{1:3d}/{self.epochs:3d}], step:[{state.global_step:5d}/{state.max_steps:5d}], "
+                  f"loss: {row['loss']:.6f}, lr: {row['lr']:.6e}, global_norm: [{row['grad_norm'] or 0:.6f}], "
+                  f"tokens/s: {row['tokens_per_s']:.1f} }}", file=sys.stderr, flush=True)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.monitor is not None:
+            self.monitor.close()
+
+
+class SaveAtEnd(TrainerCallback):
+    """MindFormers' CheckpointMonitor also saves when training ends, not only every save_checkpoint_steps."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_save = True
+
+
+class MFTrainer(Trainer):
+    """The HF Trainer with MindFormers' optimizer (parameter groups, bias correction) and exact LR schedule."""
+
+    def __init__(self, *args: Any, plan: dict, **kwargs: Any):
+        self.plan = plan
+        super().__init__(*args, **kwargs)
+
+    def create_optimizer(self, model=None):
+        from mf_ds.optim import build_optimizer
+
+        if self.optimizer is None:
+            self.optimizer = build_optimizer(model or self.model, self.plan["run"]["optimizer"])
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        from mf_ds.optim import build_scheduler
+
+        if self.lr_scheduler is None:
+            spec = self.plan["run"]["lr_schedule"]
+            self.lr_scheduler = build_scheduler(optimizer or self.optimizer, spec,
+                                                spec["total_steps"] or num_training_steps)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+
+@dataclass
+class MFSetup:
+    """What a Trainer needs, built from a MindFormers YAML."""
+
+    model: torch.nn.Module
+    args: TrainingArguments
+    callbacks: list[TrainerCallback]
+    train_dataset: torch.utils.data.IterableDataset
+    plan: dict
+    report: list[str] = field(default_factory=list)
+
+    def trainer(self, **kwargs: Any) -> MFTrainer:
+        return MFTrainer(model=self.model, args=self.args, callbacks=self.callbacks,
+                         train_dataset=self.train_dataset, plan=self.plan, **kwargs)
+
+
+def _scheduler_args(spec: dict) -> tuple[str, dict]:
+    """The HF scheduler type with MindFormers' formula, for a plain `Trainer` (MFTrainer uses the formula itself)."""
+    if spec["warmup_lr_init"] or spec["decay_steps"] is not None:
+        return "constant_with_warmup", {}  # no HF type has these; MFTrainer applies them
+    if spec["type"] == "cosine":
+        return "cosine_with_min_lr", {"min_lr": spec["lr_end"], "num_cycles": spec["num_cycles"]}
+    if spec["type"] == "polynomial":
+        return "polynomial", {"lr_end": spec["lr_end"], "power": spec["power"]}
+    if spec["type"] == "linear" and spec["lr_end"] == 0:
+        return "linear", {}
+    return "constant_with_warmup", {}
+
+
+def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
+    """Translate `path` (dotted YAML overrides as keyword names; also output_dir= and max_steps=) for the Trainer."""
+    from translators.plan import translate_file
+
+    from mf_ds.data import build_train_dataset
+    from mf_ds.loop import seed_everything
+    from mf_ds.model import build_model, pending_features
+    from mf_ds.recompute import apply_recompute
+
+    output_dir = overrides.pop("output_dir", None)
+    max_steps = overrides.pop("max_steps", None)
+    sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]  # JSON is YAML
+    if output_dir is not None:
+        sets.append(f"output_dir={json.dumps(str(output_dir))}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    plan = translate_file(str(path), sets, world_size=world).plan
+    run = plan["run"]
+    seed_everything(run["seed"])
+    model = build_model(plan, run["load_checkpoint"])
+    report = pending_features(plan) + apply_recompute(model, plan["layers"])
+    dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], plan["hf_config"]["vocab_size"],
+                                  tokenizer_dir=run["tokenizer_dir"])
+    steps = len(dataset) // run["global_batch_size"] * run["epochs"]
+    for limit in (max_steps, run["stop_step"]):
+        if limit:
+            steps = min(steps, limit)
+    if steps < 1:
+        raise RunError(f"the data set holds {len(dataset)} samples, fewer than one global batch")
+    if run["compute_dtype"] == "float16" and not torch.cuda.is_available():
+        raise RunError("model_config.compute_dtype float16 needs a GPU (DeepSpeed's CPU accelerator has no fp16)")
+    ds_config = copy.deepcopy(plan["deepspeed"])
+    ds_config.pop("optimizer", None)  # MFTrainer.create_optimizer builds it
+    ds_config.pop("scheduler", None)  # MFTrainer.create_scheduler builds it
+    ds_config.pop("activation_checkpointing", None)  # the recompute plan is applied to the model directly
+    spec = run["lr_schedule"]
+    sched_type, sched_kwargs = _scheduler_args(spec)
+    callbacks_plan = run["callbacks"]
+    ckpt = callbacks_plan["checkpoint"]
+    optimizer = run["optimizer"]
+    args = TrainingArguments(
+        output_dir=run["output_dir"],
+        per_device_train_batch_size=run["micro_batch_size"],
+        gradient_accumulation_steps=run["gradient_accumulation_steps"],
+        max_grad_norm=run["gradient_clipping"],
+        bf16=run["compute_dtype"] == "bfloat16",
+        use_cpu=not torch.cuda.is_available(),
+        seed=run["seed"],
+        learning_rate=spec["learning_rate"],
+        lr_scheduler_type=sched_type,
+        lr_scheduler_kwargs=sched_kwargs,
+        warmup_steps=spec["warmup_steps"] if spec["warmup_steps"] is not None else int(steps * spec["warmup_ratio"]),
+        weight_decay=optimizer.get("weight_decay", 0.0),
+        adam_beta1=optimizer.get("betas", [0.9, 0.999])[0],
+        adam_beta2=optimizer.get("betas", [0.9, 0.999])[1],
+        adam_epsilon=optimizer.get("eps", 1e-8),
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="steps" if ckpt else "no",
+        save_steps=ckpt["save_checkpoint_steps"] if ckpt else 500,
+        save_total_limit=ckpt["keep_checkpoint_max"] if ckpt else None,
+        save_only_model=False,
+        report_to=[],
+        dataloader_drop_last=True,
+        remove_unused_columns=False,  # keep shift_labels: forward takes it through **kwargs, not by name
+        deepspeed=ds_config,
+    )
+    tokens_per_step = run["global_batch_size"] * run["seq_length"]
+    per_print = (callbacks_plan["loss_monitor"] or {}).get("per_print_times", 1)
+    callbacks: list[TrainerCallback] = [MFLossMonitor(Path(run["output_dir"]), per_print, tokens_per_step,
+                                                      run["epochs"])]
+    if ckpt:
+        callbacks.append(SaveAtEnd())
+    callbacks += _moe_callbacks(plan)
+    samples = _OrderedSamples(dataset, run["micro_batch_size"], run["loss_mask_pad_id"],
+                              run["data"]["drop_remainder"])
+    return MFSetup(model, args, callbacks, samples, plan, report)
+
+
+def _moe_callbacks(plan: dict) -> list[TrainerCallback]:
+    """MoEDropRateCallback and TopkBiasBalanceCallback as TrainerCallbacks, when the Plan asks for them."""
+    if plan["moe"] is None:
+        return []
+    try:
+        from mf_ds.moe.callbacks import trainer_callbacks
+    except ImportError:  # the mf-ds MoE layer is not in this build: pending_features() says so
+        return []
+    return trainer_callbacks(plan)

@@ -1,0 +1,56 @@
+"""mf-report: valid PNGs whose plotted data follow metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from mf_ds.report import main, plot_run
+
+
+def write_metrics(path, moe: bool) -> list[dict]:
+    rows = []
+    for step in range(1, 11):
+        row = {"step": step, "epoch": 1, "loss": 6.0 - 0.3 * step, "lr": 1e-3 * step / 10, "grad_norm": 1.0 / step,
+               "tokens_per_s": 1000.0 + step}
+        if moe:
+            row["moe"] = {str(layer): {"drop_rate": 0.01 * layer * step, "drop_rate_estimate": 0.02 * step,
+                                       "expert_load": [0.5, 0.25, 0.25, 0.0] if layer == 1 else [0.25] * 4}
+                          for layer in (1, 3)}
+        rows.append(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_plots_follow_the_metrics(tmp_path, moe):
+    rows = write_metrics(tmp_path / "metrics.jsonl", moe)
+    plotted = plot_run(tmp_path)
+    expected = {"loss.png", "throughput.png"} | ({"drop_rate.png", "expert_load.png"} if moe else set())
+    assert set(plotted) == expected
+    assert plotted["loss.png"]["loss"] == [r["loss"] for r in rows]
+    assert plotted["loss.png"]["lr"] == [r["lr"] for r in rows]
+    assert plotted["throughput.png"]["tokens_per_s"] == [r["tokens_per_s"] for r in rows]
+    if moe:
+        assert plotted["drop_rate.png"]["drop_rate"]["3"] == [r["moe"]["3"]["drop_rate"] for r in rows]
+        assert plotted["expert_load.png"]["layers"] == ["1", "3"]
+        assert plotted["expert_load.png"]["load"][0] == pytest.approx([0.5, 0.25, 0.25, 0.0])
+    for name in expected:
+        path = tmp_path / "report" / name
+        assert path.stat().st_size > 1000
+        with Image.open(path) as image:
+            image.verify()
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.size[0] >= 400
+            # not a blank canvas: a plotted line leaves more than one colour
+            assert len(image.convert("RGB").getcolors(maxcolors=1 << 16) or []) > 10
+
+
+def test_cli_errors(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert "metrics.jsonl: no such file" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1}\nnot json\n')
+    assert main([str(tmp_path)]) == 2
+    assert "metrics.jsonl:2: not JSON" in capsys.readouterr().err
