@@ -1,23 +1,35 @@
-"""Checkpoints: HF-layout weights plus the DeepSpeed engine state, written atomically.
+"""Checkpoints: HF-layout weights plus the DeepSpeed engine state, written atomically and checksummed.
 
 Layout of `<output_dir>/checkpoint/`:
     <prefix>-step<N>/            one complete checkpoint
         config.json, model.safetensors   AutoModelForCausalLM.from_pretrained(dir) loads it
         engine/                          DeepSpeed engine state (optimizer, scheduler, per-rank shards)
-        trainer_state.json               step, consumed micro batches, RNG states: written last
-    latest                       the name of the newest complete checkpoint
-A checkpoint is written into `<name>.tmp/` and renamed into place only when every rank has finished, so a crash
-mid-save leaves the previous checkpoints intact; `latest` is replaced atomically after the rename. Resume takes
-`latest`, or, if that is missing or damaged, the newest directory holding a trainer_state.json.
+        rng.pt                           Python, numpy and torch RNG states
+        checksums.json                   size and sha256 of every file above
+        trainer_state.json               step, consumed micro batches: written last, it marks the checkpoint complete
+    latest                       the name of the newest checkpoint
+A checkpoint is written into `<name>.tmp/`; `latest` then names it and the directory is renamed into place, so a
+crash at any moment leaves every earlier checkpoint intact and `<name>` either complete or absent. Resume takes
+`latest` when it names a complete checkpoint, else the complete one with the highest step. A checkpoint whose
+files no longer match checksums.json (truncated, bit-flipped, missing) is refused with the file named: loading
+a damaged optimizer state would not fail, it would train on garbage (torch.load checks no CRC).
+
+Test-only fault injection: `MF_DS_TEST_KILL_AT=<point>@<step>` makes the process SIGKILL itself when it reaches
+`fault_point(<point>, <step>)` (points: step.backward, step.update, step.record in loop.py; save.engine,
+save.weights, save.manifest, save.state, save.latest, save.rename and load.engine here). tests/mf_ds/test_kill.py
+uses it to land a kill exactly inside a save; unset, it costs one dictionary lookup.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +38,11 @@ import torch
 import torch.distributed as dist
 
 STATE = "trainer_state.json"
+CHECKSUMS = "checksums.json"
 LATEST = "latest"
 ENGINE = "engine"
 _NAME = re.compile(r"(?P<prefix>.+)-step(?P<step>\d+)$")
+KILL_AT = "MF_DS_TEST_KILL_AT"
 
 
 class CheckpointError(ValueError):
@@ -39,13 +53,32 @@ class CheckpointError(ValueError):
         super().__init__(f"{path}: {message}")
 
 
+def fault_point(point: str, step: int) -> None:
+    """Test-only: SIGKILL this process here when MF_DS_TEST_KILL_AT is `<point>@<step>` (see the module doc)."""
+    if os.environ.get(KILL_AT) == f"{point}@{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _gather(mine: dict) -> dict:
+    """Every rank's dict merged (collective)."""
+    if _world() == 1:
+        return mine
+    parts: list[Any] = [None] * _world()
+    dist.all_gather_object(parts, mine)
+    return {k: v for part in parts for k, v in part.items()}
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -67,6 +100,61 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def _digest(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return {"size": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+
+
+def write_checksums(directory: Path) -> None:
+    """checksums.json for every file under `directory`; the ranks hash a share each (collective)."""
+    names = _files(directory)
+    sums = _gather({name: _digest(directory / name) for name in names[_rank()::_world()]})
+    if _rank() == 0:
+        payload = {"algorithm": "sha256", "files": {name: sums[name] for name in names}}
+        _atomic_write(directory / CHECKSUMS, json.dumps(payload, indent=1))
+
+
+def verify(directory: Path, only: set[str] | None = None) -> tuple[Path, str] | None:
+    """The first file under `directory` that does not match checksums.json, and how; None when all match.
+
+    `only` limits the check to those names (the weights of an HF directory copied out of a checkpoint). A directory
+    without checksums.json (a plain HF download, a checkpoint of an older mf-ds) has nothing to check. Collective:
+    each rank hashes a share and every rank gets the same answer.
+    """
+    listing = directory / CHECKSUMS
+    if not listing.is_file():
+        return None
+    try:
+        files = json.loads(listing.read_text())["files"]
+        entries = sorted((name, files[name]["size"], files[name]["sha256"]) for name in files
+                         if only is None or name in only)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return listing, f"unreadable ({type(exc).__name__}: {exc})"
+    problems = {}
+    for name, size, sha in entries[_rank()::_world()]:
+        path = directory / name
+        if not path.is_file():
+            problems[name] = f"missing (listed in {CHECKSUMS})"
+            continue
+        actual = _digest(path)
+        if actual["size"] != size:
+            problems[name] = f"{actual['size']} bytes, {size} when it was saved (truncated or overwritten)"
+        elif actual["sha256"] != sha:
+            problems[name] = "contents changed since it was saved (sha256 mismatch: a flipped bit?)"
+    problems = _gather(problems)
+    return (directory / min(problems), problems[min(problems)]) if problems else None
+
+
+def _expert_parallel(model: torch.nn.Module) -> bool:
+    from mf_ds.moe import moe_layers
+
+    return any(layer.expert_parallel is not None for layer in moe_layers(model))
+
+
 def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write checkpoint `<prefix>-step<step>` on every rank; returns its final path. Collective."""
     root.mkdir(parents=True, exist_ok=True)
@@ -76,29 +164,49 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
         shutil.rmtree(tmp)  # left by an interrupted save
     _barrier()
     engine.save_checkpoint(str(tmp / ENGINE), tag="state", save_latest=False)
+    fault_point("save.engine", step)
     # The RNG state differs per rank only through the data order, which the step count fixes; rank 0's is kept.
     rngs = rng_state()
     # Under ZeRO-3 each rank holds a shard of every weight: gather them whole (collective) for the HF save.
     weights = engine._zero3_consolidated_16bit_state_dict() if engine.zero_optimization_stage() == 3 else None
+    if weights is None and _expert_parallel(engine.module):
+        # Under expert parallelism each rank holds its own experts: gather them whole for the HF layout.
+        from mf_ds.moe.parallel import gather_full_state_dict
+
+        weights = gather_full_state_dict(engine.module)
     _barrier()
     if _rank() == 0:
         engine.module.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)
-        payload = {**state, "step": step}
+        fault_point("save.weights", step)
         torch.save(rngs, tmp / "rng.pt")
-        _atomic_write(tmp / STATE, json.dumps(payload, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+    _barrier()
+    write_checksums(tmp)
+    fault_point("save.manifest", step)
+    if _rank() == 0:
+        _atomic_write(tmp / STATE, json.dumps({**state, "step": step}, indent=2))
+        fault_point("save.state", step)
+        # `latest` names the checkpoint before it exists: until the rename, resume falls back to the newest
+        # complete one, and after it `latest` is right with no further write.
         _atomic_write(root / LATEST, final.name + "\n")
-        _prune(root, prefix, keep)
+        fault_point("save.latest", step)
+        if final.exists():
+            shutil.rmtree(final)  # the same step saved again (a run restarted from an earlier checkpoint)
+        os.replace(tmp, final)
+        fault_point("save.rename", step)
+        _prune(root, prefix, keep, final)
     _barrier()
     return final
 
 
-def _prune(root: Path, prefix: str, keep: int) -> None:
-    done = sorted(complete(root, prefix), key=lambda p: int(_NAME.match(p.name)["step"]))
-    for old in done[:-keep] if keep > 0 else []:
+def _prune(root: Path, prefix: str, keep: int, current: Path) -> None:
+    """Keep the `keep` newest complete checkpoints, `current` always among them."""
+    others = sorted((p for p in complete(root, prefix) if p != current), key=_step)
+    for old in others[:-(keep - 1)] if keep > 1 else others if keep == 1 else []:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _step(path: Path) -> int:
+    return int(_NAME.match(path.name)["step"])
 
 
 def complete(root: Path, prefix: str | None = None) -> list[Path]:
@@ -117,11 +225,14 @@ def latest(root: Path) -> Path | None:
     """The checkpoint to resume from: `latest` if it names a complete one, else the newest complete one."""
     pointer = root / LATEST
     if pointer.is_file():
-        candidate = root / pointer.read_text().strip()
-        if (candidate / STATE).is_file():
+        try:
+            candidate = root / pointer.read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            candidate = None
+        if candidate is not None and candidate.name and (candidate / STATE).is_file():
             return candidate
     done = complete(root)
-    return max(done, key=lambda p: int(_NAME.match(p.name)["step"])) if done else None
+    return max(done, key=_step) if done else None
 
 
 def load(engine: Any, path: Path) -> dict[str, Any]:
@@ -131,13 +242,24 @@ def load(engine: Any, path: Path) -> dict[str, Any]:
         raise CheckpointError(path, f"not a complete mf-ds checkpoint (no {STATE})")
     try:
         state = json.loads(state_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(state_file, f"unreadable: {exc}") from None
+        step = state["step"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(state_file, f"unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(step, int) or step < 0:
+        raise CheckpointError(state_file, f"step {step!r} is not a step count")
     if not (path / ENGINE).is_dir():
         raise CheckpointError(path, f"has no {ENGINE}/ directory (DeepSpeed state); it holds weights only")
-    loaded, _ = engine.load_checkpoint(str(path / ENGINE), tag="state")
+    problem = verify(path)
+    if problem:
+        raise CheckpointError(problem[0], f"{problem[1]}; checkpoint {path.name} is damaged, not resumed from")
+    try:
+        loaded, _ = engine.load_checkpoint(str(path / ENGINE), tag="state")
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError, AssertionError, pickle.UnpicklingError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(path / ENGINE, f"DeepSpeed could not load the engine state: {message}") from None
     if loaded is None:
         raise CheckpointError(path / ENGINE, "DeepSpeed could not load the engine state")
+    fault_point("load.engine", step)
     rng_file = path / "rng.pt"
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))

@@ -52,9 +52,14 @@ class _OrderedSamples(torch.utils.data.IterableDataset):
 class MFLossMonitor(TrainerCallback):
     """MindFormers' MFLossMonitor line and metrics.jsonl (+ TensorBoard, plots at the end) under the Trainer."""
 
-    def __init__(self, output_dir: Path, per_print_times: int, tokens_per_step: int, epochs: int):
+    def __init__(self, output_dir: Path, per_print_times: int, tokens_per_step: int, epochs: int,
+                 moe: bool = False, drop_rate: TrainerCallback | None = None):
         self.output_dir, self.every, self.tokens_per_step, self.epochs = output_dir, per_print_times, \
             tokens_per_step, epochs
+        # MoE runs: the per-layer drop rate and expert load of each step, from the MoEDropRateCallback when the
+        # YAML lists one (it resets the counters), else read here; step_metrics is collective: every rank calls it.
+        self.moe, self.drop_rate = moe, drop_rate
+        self.moe_metrics: dict = {}
         self.monitor = None
         self._start = self._elapsed = float("nan")
 
@@ -66,8 +71,12 @@ class MFLossMonitor(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self._start = time.perf_counter()
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, model=None, **kwargs):
         self._elapsed = time.perf_counter() - self._start
+        if self.moe:
+            from mf_ds.moe import step_metrics
+
+            self.moe_metrics = self.drop_rate.metrics if self.drop_rate is not None else step_metrics(model)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs or not state.is_world_process_zero:
@@ -75,6 +84,8 @@ class MFLossMonitor(TrainerCallback):
         elapsed = self._elapsed
         row = {"step": state.global_step, "epoch": 1, "loss": logs["loss"], "lr": logs.get("learning_rate"),
                "grad_norm": logs.get("grad_norm"), "tokens_per_s": self.tokens_per_step / elapsed}
+        if self.moe_metrics:
+            row["moe"] = {str(layer): stats for layer, stats in self.moe_metrics.items()}
         self.monitor.record(row)
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
             print(f"{{ Epoch:[{1:3d}/{self.epochs:3d}], step:[{state.global_step:5d}/{state.max_steps:5d}], "
@@ -100,6 +111,17 @@ class MFTrainer(Trainer):
     def __init__(self, *args: Any, plan: dict, **kwargs: Any):
         self.plan = plan
         super().__init__(*args, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The LM loss plus the MoE layers' aux and z losses of this forward (mf_ds.moe.aux_loss)."""
+        from mf_ds.moe import aux_loss
+
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                      num_items_in_batch=num_items_in_batch)
+        extra = aux_loss(model)
+        if extra is None:
+            return result
+        return (result[0] + extra, result[1]) if return_outputs else result + extra
 
     def create_optimizer(self, model=None):
         from mf_ds.optim import build_optimizer
@@ -152,8 +174,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     """Translate `path` (dotted YAML overrides as keyword names; also output_dir= and max_steps=) for the Trainer."""
     from translators.plan import translate_file
 
+    from mf_ds import patch
     from mf_ds.data import build_train_dataset
-    from mf_ds.loop import seed_everything
+    from mf_ds.loop import cpu_numerics, seed_everything
     from mf_ds.model import build_model, pending_features
     from mf_ds.recompute import apply_recompute
 
@@ -166,8 +189,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     plan = translate_file(str(path), sets, world_size=world).plan
     run = plan["run"]
     seed_everything(run["seed"])
+    cpu_numerics()
     model = build_model(plan, run["load_checkpoint"])
-    report = pending_features(plan) + apply_recompute(model, plan["layers"])
+    report = pending_features(plan) + patch.apply(model, plan) + apply_recompute(model, plan["layers"])
     dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], plan["hf_config"]["vocab_size"],
                                   tokenizer_dir=run["tokenizer_dir"])
     steps = len(dataset) // run["global_batch_size"] * run["epochs"]
@@ -216,11 +240,15 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     )
     tokens_per_step = run["global_batch_size"] * run["seq_length"]
     per_print = (callbacks_plan["loss_monitor"] or {}).get("per_print_times", 1)
-    callbacks: list[TrainerCallback] = [MFLossMonitor(Path(run["output_dir"]), per_print, tokens_per_step,
-                                                      run["epochs"])]
+    moe_callbacks = _moe_callbacks(plan)
+    drop_rate = next((c for c in moe_callbacks if type(c).__name__ == "MoEDropRateCallback"), None)
+    # The MoE callbacks run before the monitor at each step end, so it logs the metrics they just measured.
+    callbacks: list[TrainerCallback] = [*moe_callbacks, MFLossMonitor(Path(run["output_dir"]), per_print,
+                                                                      tokens_per_step, run["epochs"],
+                                                                      moe=plan["moe"] is not None,
+                                                                      drop_rate=drop_rate)]
     if ckpt:
         callbacks.append(SaveAtEnd())
-    callbacks += _moe_callbacks(plan)
     samples = _OrderedSamples(dataset, run["micro_batch_size"], run["loss_mask_pad_id"],
                               run["data"]["drop_remainder"])
     return MFSetup(model, args, callbacks, samples, plan, report)
@@ -228,10 +256,6 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
 
 def _moe_callbacks(plan: dict) -> list[TrainerCallback]:
     """MoEDropRateCallback and TopkBiasBalanceCallback as TrainerCallbacks, when the Plan asks for them."""
-    if plan["moe"] is None:
-        return []
-    try:
-        from mf_ds.moe.callbacks import trainer_callbacks
-    except ImportError:  # the mf-ds MoE layer is not in this build: pending_features() says so
-        return []
+    from mf_ds.moe import trainer_callbacks
+
     return trainer_callbacks(plan)

@@ -4,16 +4,28 @@ One optimizer step = `gradient_accumulation_steps` micro batches per rank; `engi
 DeepSpeed averages over data parallel, so the gradient is the mean over the global batch (as MindFormers' mean
 loss). Clipping, loss scaling and ZeRO come from plan.deepspeed; the optimizer and the exact MindFormers LR
 schedule are built here (mf_ds/optim.py) and handed to deepspeed.initialize.
+
+Numerics (issue 7): a step whose gradients hold inf/NaN is skipped, as DeepSpeed's fp16 loss scaler skips an
+overflow: no update, the LR schedule holds, `engine.skipped_steps` counts it and metrics.jsonl carries the count.
+DeepSpeed's ZeRO and bf16/fp16 optimizers do this themselves; the plain fp32 optimizer (ZeRO 0) is given the same
+`optimizer.overflow` contract here. A loss that stays non-finite for `mf_ds.max_nan_steps` steps in a row stops the
+run (RunError, exit 2), and no checkpoint is ever written from weights that hold inf/NaN.
+
+Test-only: `MF_DS_TEST_INJECT_NAN_STEPS=3,4` makes the loss of those steps NaN, and so every gradient
+(tests/mf_ds/test_numerics.py); `MF_DS_TEST_KILL_AT` is described in checkpoint.py.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +34,80 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint
+from mf_ds import checkpoint, patch
+from mf_ds import moe as moe_layer
 from mf_ds.errors import RunError
 from mf_ds.monitor import Monitor
+
+
+def cpu_numerics() -> None:
+    """Flush subnormal floats to zero on CPU. A subnormal in a gradient (the sigmoid router's backward makes them)
+    slows every CPU matmul it touches about 40-fold: tiny_deepseek_v3 ran 2.1 s a step with them and 57 ms
+    without. GPUs' fast paths flush them anyway; values under 1.2e-38 carry nothing a training step needs."""
+    if not torch.cuda.is_available():
+        torch.set_flush_denormal(True)
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+INJECT_NAN = "MF_DS_TEST_INJECT_NAN_STEPS"
+
+
+def _finite_or_none(value: float) -> float | None:
+    """metrics.jsonl stays strict JSON: an inf/NaN is written as null (a skipped step says why)."""
+    return value if math.isfinite(value) else None
+
+
+def _skippable(optimizer: torch.optim.Optimizer) -> None:
+    """Give the plain torch optimizer of a ZeRO-0 fp32 engine the skip that DeepSpeed's own optimizers have.
+
+    DeepSpeed's fp16, bf16 and ZeRO optimizers skip a step whose gradients hold inf/NaN and set `overflow`, which
+    the engine reads after step() to count `skipped_steps` and hold the LR schedule (engine._take_model_step). A
+    torch optimizer would apply the NaN. fit() sets `overflow` from the gradient norm (already averaged over the
+    ranks, so every rank agrees) and this instance's step() then does nothing; the engine discards the gradients.
+    """
+    step = optimizer.step
+
+    def step_unless_overflow(*args, **kwargs):
+        return None if optimizer.overflow else step(*args, **kwargs)
+
+    optimizer.overflow = False
+    optimizer.step = step_unless_overflow
+
+
+class Watchdog:
+    """Ends this rank (exit 2, one line) when the training loop makes no progress for `timeout` seconds.
+
+    The process group's own timeout bounds only the groups made with it: DeepSpeed builds its data-parallel groups
+    with torch.distributed.new_group(), which takes torch's default (30 min for gloo), so a rank that froze would
+    hold the others that long in ZeRO's gradient reduction. fit() beats once per micro batch and after each save.
+    """
+
+    def __init__(self, timeout: float, rank: int):
+        self.timeout, self.rank = timeout, rank
+        self.last = time.monotonic()
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, name="mf-ds-watchdog", daemon=True).start()
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(5.0, self.timeout / 10)):
+            idle = time.monotonic() - self.last
+            if idle > self.timeout:
+                print(f"mf-ds: error: rank {self.rank}: lost contact with another rank (no progress for {idle:.0f} s, "
+                      f"--dist_timeout {self.timeout:g}): it died, froze or was killed; see its log. Resume the run "
+                      "with --resume_training: it starts from the last complete checkpoint", file=sys.stderr,
+                      flush=True)
+                os._exit(2)  # the main thread is blocked inside a collective: nothing else can end it
 
 
 def _log(message: str) -> None:
@@ -42,6 +119,7 @@ class Trainer:
     """Holds the engine, the data and the run settings; `fit()` trains, `close()` tears down."""
 
     def __init__(self, plan: dict, *, max_steps: int | None = None, load_checkpoint: str | None = None,
+                 dist_timeout: float | None = None,
                  resume: bool = False, dataset_dir: str | None = None):
         import deepspeed
 
@@ -59,13 +137,31 @@ class Trainer:
             raise RunError(f"the plan was made for {run['world_size']} ranks, not {self.world}")
         self.output_dir = Path(run["output_dir"])
         seed_everything(run["seed"])
+        cpu_numerics()
+        callbacks = run["callbacks"]
+        self.ckpt = callbacks["checkpoint"]
+        self.ckpt_root = Path(self.ckpt["directory"]) if self.ckpt and self.ckpt["directory"] else \
+            self.output_dir / "checkpoint"
         weights = load_checkpoint or run["load_checkpoint"]
         resume_from = None
         if weights and (Path(weights) / checkpoint.STATE).is_file():
             resume_from, weights = Path(weights), None  # an mf-ds checkpoint: resume from it
+        resume = resume or run["resume_training"] is True
+        if self.ckpt and not resume and resume_from is None and checkpoint.complete(self.ckpt_root):
+            # A fresh run would save its step-N checkpoints over the earlier run's and prune the rest.
+            raise RunError(f"{self.ckpt_root} holds checkpoints of an earlier run: pass --resume_training to "
+                           "continue it, or give another --output_dir")
+        self.max_nan_steps = run["max_nan_steps"]
+        self.inject_nan = {int(s) for s in os.environ.get(INJECT_NAN, "").split(",") if s.strip()}
         model = build_model(plan, weights)
         for line in pending_features(plan):
             _log(f"mf-ds: note: {line}")
+        # The Plan's MoE layer and fused kernels, before recompute wraps the modules and before DeepSpeed
+        # partitions the parameters (ZeRO-3 partitions what exists at initialize).
+        for line in patch.apply(model, plan):
+            _log(f"mf-ds: patch: {line}")
+        self.moe = plan["moe"] is not None
+        self.moe_logs = self.moe and moe_layer.logs_drop_rate(plan)
         for line in apply_recompute(model, plan["layers"]):
             _log(f"mf-ds: recompute: {line}")
         model.train()
@@ -96,13 +192,11 @@ class Trainer:
                            "fp16; train here with --set model.model_config.compute_dtype=bfloat16 (or float32)")
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False)
-        callbacks = run["callbacks"]
+        if not self._engine_records_norm:
+            _skippable(self.engine.optimizer)
         self.print_every = (callbacks["loss_monitor"] or {}).get("per_print_times", 1)
-        self.ckpt = callbacks["checkpoint"]
-        self.ckpt_root = Path(self.ckpt["directory"]) if self.ckpt and self.ckpt["directory"] else \
-            self.output_dir / "checkpoint"
         self.step = 0
-        if resume or run["resume_training"] is True:
+        if resume:
             resume_from = resume_from or checkpoint.latest(self.ckpt_root)
             if resume_from is None:
                 _log(f"mf-ds: no checkpoint under {self.ckpt_root}: starting from step 0")
@@ -115,6 +209,7 @@ class Trainer:
                         disable=self.rank != 0 or not sys.stderr.isatty())
         # metrics.jsonl and TensorBoard (rank 0); on resume the rows after the checkpoint are dropped
         self.monitor = Monitor(self.output_dir, enabled=self.rank == 0, resume_step=self.step)
+        self.watchdog = Watchdog(dist_timeout, self.rank) if dist_timeout and self.world > 1 else None
 
     @classmethod
     def from_args(cls, args: Any) -> Trainer:
@@ -123,7 +218,9 @@ class Trainer:
         from translators.plan import translate_file
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        deepspeed.init_distributed(dist_backend=backend)
+        # Every collective gives up after this long, so a rank that froze cannot hang the others forever
+        # (one that died is noticed at once: its sockets close).
+        deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=args.dist_timeout))
         sets = list(args.set)
         if args.output_dir:
             sets.append(f"output_dir={args.output_dir}")
@@ -135,7 +232,7 @@ class Trainer:
             for note in result.warnings:
                 _log(f"mf-ds: note: {note.line()}")
         return cls(result.plan, max_steps=args.max_steps, load_checkpoint=args.load_checkpoint,
-                   resume=args.resume_training, dataset_dir=args.train_dataset_dir)
+                   resume=args.resume_training, dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout)
 
     def _batches(self):
         from mf_ds.data import batches
@@ -161,12 +258,16 @@ class Trainer:
         losses = []
         data = self._batches()
         tokens_per_step = self.run["global_batch_size"] * self.run["seq_length"]
+        nan_losses = 0  # consecutive steps with a non-finite loss
         while self.step < self.total_steps:
             start = time.perf_counter()
             total = torch.zeros((), dtype=torch.float64)
             manual_norm = None
             lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (the scheduler moves in step())
+            skipped_before = self.engine.skipped_steps
+            poison = self.step + 1 in self.inject_nan
             for _ in range(self.ga):
+                self._beat()
                 batch = next(data)
                 labels = batch["labels"]
                 if self.pad_id is not None:
@@ -174,23 +275,42 @@ class Trainer:
                 # The labels are already the next tokens (Megatron / MindFormers samples): shift_labels stops HF's
                 # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
                 out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels)
-                self.engine.backward(out.loss)
-                total += out.loss.detach().double()
-                if self.engine.is_gradient_accumulation_boundary() and not self._engine_records_norm:
+                loss = out.loss * math.nan if poison else out.loss
+                if self.moe:
+                    extra = moe_layer.aux_loss(self.engine.module)  # MindFormers adds the balance losses
+                    loss = loss if extra is None else loss + extra
+                self.engine.backward(loss)
+                total += loss.detach().double()
+                if not self.engine.is_gradient_accumulation_boundary():
+                    checkpoint.fault_point("step.backward", self.step + 1)
+                elif not self._engine_records_norm:
                     manual_norm = self._manual_norm()
+                    self.engine.optimizer.overflow = not math.isfinite(manual_norm)  # see _skippable
                 self.engine.step()
+            skipped = self.engine.skipped_steps > skipped_before
             grad_norm = manual_norm if manual_norm is not None else float(self.engine.get_global_grad_norm())
             dist.all_reduce(total)
             loss = (total / (self.ga * self.world)).item()
             self.step += 1
+            checkpoint.fault_point("step.update", self.step)
             elapsed = time.perf_counter() - start
             losses.append(loss)
-            if not math.isfinite(loss):
-                raise RunError(f"step {self.step}: the loss is {loss}; stopping before a bad checkpoint is written")
-            self._record(loss, lr, grad_norm, tokens_per_step / elapsed)
-            if self._save_due() or should_stop():
+            if skipped:
+                _log(f"mf-ds: step {self.step}: the gradients hold inf/NaN; update skipped "
+                     f"({self.engine.skipped_steps} skipped so far)")
+            moe_metrics = self._moe_step()
+            self._record(loss, lr, grad_norm, tokens_per_step / elapsed, moe_metrics)
+            checkpoint.fault_point("step.record", self.step)
+            nan_losses = 0 if math.isfinite(loss) else nan_losses + 1
+            if nan_losses >= self.max_nan_steps:
+                raise RunError(f"step {self.step}: the loss has been {loss} for {nan_losses} steps in a row "
+                               f"(mf_ds.max_nan_steps: {self.max_nan_steps}); stopped without writing a "
+                               f"checkpoint{self._last_checkpoint_note()}")
+            stop = self._agree(should_stop())
+            if self._save_due() or stop:
                 self.save()
-            if should_stop():
+                self._beat()
+            if stop:
                 _log(f"mf-ds: stopped by a signal at step {self.step} (checkpoint saved)")
                 break
         else:
@@ -198,15 +318,51 @@ class Trainer:
                 self.save()
         return losses
 
+    def _beat(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat()
+
+    def _agree(self, flag: bool) -> bool:
+        """True on every rank when it is True on any (a signal reaches the ranks at slightly different steps)."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([int(flag)], device=self.engine.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _weights_finite(self) -> bool:
+        """Whether every weight is finite, on every rank (ZeRO-3 ranks check their own shards)."""
+        ok = all(bool(torch.isfinite(getattr(p, "ds_tensor", p)).all()) for p in self.engine.module.parameters())
+        return not self._agree(not ok)
+
+    def _last_checkpoint_note(self) -> str:
+        last = checkpoint.latest(self.ckpt_root) if self.ckpt else None
+        return f"; the last checkpoint is {last}" if last else ""
+
     def _save_due(self) -> bool:
         return bool(self.ckpt) and self.step % self.ckpt["save_checkpoint_steps"] == 0
 
-    def _record(self, loss: float, lr: float, grad_norm: float, tokens_per_s: float) -> None:
+    def _moe_step(self) -> dict:
+        """Per MoE layer: measured drop rate, MindFormers' estimate, expert load; then the top-k bias update.
+        Both are collectives, so every rank runs them every step."""
+        if not self.moe:
+            return {}
+        metrics = moe_layer.step_metrics(self.engine.module)
+        moe_layer.update_topk_bias(self.engine.module, self.plan)
+        if self.moe_logs:  # MoEDropRateCallback with callback_moe_droprate: True
+            for line in moe_layer.drop_rate_lines(metrics):
+                _log(line)
+        return metrics
+
+    def _record(self, loss: float, lr: float, grad_norm: float, tokens_per_s: float, moe: dict) -> None:
         if self.rank != 0:
             return
         epoch = (self.step - 1) // self.steps_per_epoch + 1
-        row = {"step": self.step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-               "tokens_per_s": tokens_per_s}
+        row = {"step": self.step, "epoch": epoch, "loss": _finite_or_none(loss), "lr": lr,
+               "grad_norm": _finite_or_none(grad_norm), "tokens_per_s": tokens_per_s,
+               "skipped_steps": self.engine.skipped_steps}
+        if moe:
+            row["moe"] = {str(layer): stats for layer, stats in moe.items()}
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", grad_norm=f"{grad_norm:.3f}",
                              tok_s=f"{tokens_per_s:.0f}", refresh=False)
@@ -220,12 +376,17 @@ class Trainer:
     def save(self) -> Path | None:
         if not self.ckpt:
             return None
+        if not self._weights_finite():
+            raise RunError(f"step {self.step}: the weights hold inf/NaN; no checkpoint written"
+                           f"{self._last_checkpoint_note()}")
         return checkpoint.save(self.engine, self.ckpt_root, self.ckpt["prefix"], self.step,
                                {"consumed_micro_batches": self.step * self.ga}, self.ckpt["keep_checkpoint_max"])
 
     def close(self) -> None:
         """Flush the logs and write the run report (mf-report's PNGs) into <output_dir>/report/."""
         self.bar.close()
+        if self.watchdog is not None:
+            self.watchdog.stop()
         for name in self.monitor.close():
             _log(f"mf-ds: report: {self.output_dir / 'report' / name}")
         if dist.is_initialized():

@@ -6,9 +6,11 @@ settings the runtime cannot honour yet are reported, never silently ignored.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mf_ds.errors import RunError
@@ -28,39 +30,66 @@ def hf_config(plan: dict):
 def build_model(plan: dict, load_checkpoint: str | None = None) -> torch.nn.Module:
     """fp32 parameters (DeepSpeed casts to bf16/fp16 and keeps fp32 masters in its optimizer)."""
     config = hf_config(plan)
-    if load_checkpoint:
-        path = Path(load_checkpoint)
-        if not path.is_dir():
-            raise RunError(f"{path}: load_checkpoint must be an HF-layout safetensors directory")
-        if not any(path.glob("*.safetensors")):
-            raise RunError(f"{path}: no *.safetensors weights in this directory")
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32,
-                                                         local_files_only=True)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise RunError(f"{path}: cannot load the weights: {str(exc).splitlines()[0]}") from None
-    else:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if not load_checkpoint:
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path = Path(load_checkpoint)
+    if not path.is_dir():
+        raise RunError(f"{path}: load_checkpoint must be an HF-layout safetensors directory")
+    files = weight_files(path)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32,
+                                                           local_files_only=True, output_loading_info=True)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        raise RunError(f"{path}: cannot load the weights: {str(exc).splitlines()[0]}") from None
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise RunError(f"{path}: {len(missing)} weights of the model are not in the checkpoint (first: "
+                       f"{missing[0]}); is it a checkpoint of another model?")
+    for name, param in model.named_parameters():
+        if not torch.isfinite(param).all():
+            raise RunError(f"{files.get(name, path)}: weight {name} holds inf/NaN (a damaged file?)")
     return model
 
 
+def weight_files(path: Path) -> dict[str, Path]:
+    """Check the safetensors files of an HF directory before transformers reads them; {tensor name: file}.
+
+    Each damage gets one error naming the file: an index that is not JSON or names a missing shard, a header that
+    does not parse or promises more bytes than the file holds (a truncated copy), and, when the directory came out
+    of an mf-ds checkpoint (checksums.json), any byte that changed since the save.
+    """
+    from mf_ds.checkpoint import verify
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RunError(f"{index}: not a safetensors index ({type(exc).__name__}: {exc})") from None
+        for shard in shards:
+            if not (path / shard).is_file():
+                raise RunError(f"{path / shard}: missing (named by {index.name})")
+    else:
+        shards = sorted(p.name for p in path.glob("*.safetensors"))
+        if not shards:
+            raise RunError(f"{path}: no *.safetensors weights in this directory")
+    problem = verify(path, only={index.name, *shards})
+    if problem:
+        raise RunError(f"{problem[0]}: {problem[1]}")
+    owners = {}
+    for shard in shards:
+        try:
+            with safe_open(str(path / shard), framework="pt") as f:
+                owners.update(dict.fromkeys(f.keys(), path / shard))
+        except (OSError, SafetensorError) as exc:
+            raise RunError(f"{path / shard}: not a readable safetensors file ({exc}); truncated or damaged?") from None
+    return owners
+
+
 def pending_features(plan: dict) -> list[str]:
-    """Plan features this runtime does not apply yet, each as a report line (a note, not a silent no-op)."""
+    """Plan features this runtime does not apply, each as a report line (a note, not a silent no-op)."""
     lines = []
-    kernels = plan["kernels"]
-    if kernels["fused_rope"]:
-        lines.append("use_fused_rope: the fused RoPE kernel is not in this version; HF's RoPE runs (same numbers)")
-    if kernels["fused_swiglu"]:
-        lines.append("use_fused_swiglu: the fused SwiGLU kernel is not in this version; HF's MLP runs (same "
-                     "numbers)")
-    moe = plan["moe"]
-    if moe is not None:
-        lines.append("moe: the mf-ds MoE layer is not in this version; transformers' own dropless MoE block runs "
-                     f"(capacity_factor {moe['capacity_factor']}, gmm {moe['gmm']}, expert_parallel "
-                     f"{moe['expert_parallel']} are not applied)")
-        if moe["expert_parallel"] > 1:
-            raise RunError("parallel_config.expert_parallel > 1 needs the mf-ds MoE layer, which is not in this "
-                           "version; set parallel_config.expert_parallel: 1")
     if any(layer["mtp"] for layer in plan["layers"]):
-        lines.append("mtp: transformers' DeepSeek-V3 has no MTP layers; the MTP loss is not trained")
+        lines.append("mtp: transformers' DeepSeek-V3 builds no MTP layers; the MTP loss is not trained")
     return lines

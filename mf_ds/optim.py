@@ -19,7 +19,12 @@ import torch
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: matrices decay, vectors (norms, biases) do not; frozen parameters are left out."""
+    """Two groups: matrices decay, vectors (norms, biases) do not; frozen parameters are left out.
+
+    Expert-parallel shards (mf_ds/moe/parallel.py: `allreduce=False`, `group_name`) go to DeepSpeed's separate
+    `moe: True` groups, one per expert-parallel size, which ZeRO-1/2 reduces over the expert-data-parallel group
+    (deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer; ZeRO asserts such a group exists).
+    """
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -27,6 +32,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         (decay if param.ndim > 1 and not name.endswith(".bias") else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
               {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+    if any(getattr(p, "allreduce", True) is False for g in groups for p in g["params"]):
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+        groups = split_params_into_different_moe_groups_for_optimizer(groups)
     return [g for g in groups if g["params"]]
 
 

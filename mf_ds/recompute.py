@@ -42,12 +42,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 from transformers.activations import SiLUActivation
 from transformers.modeling_layers import GradientCheckpointingLayer
+
+from mf_ds.ops.swiglu import fused_swiglu
 
 _APPLIED = "_mf_ds_recompute"  # model attribute holding what apply_recompute changed, for revert_recompute
 _MISSING = object()
@@ -57,28 +58,10 @@ _COMM_NOTE = "comm recompute: no sequence-parallel communication on this stack, 
 _MODULE_NOTE = "keeps its input, drops its internals; its output stays saved where a reader needs it"
 
 
-class SwiGLURecompute(torch.autograd.Function):
-    """silu(gate) * up, keeping only gate and up for backward: act(gate) is recomputed there."""
-
-    @staticmethod
-    def forward(ctx, gate, up):
-        ctx.save_for_backward(gate, up)
-        return F.silu(gate) * up
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        gate, up = ctx.saved_tensors
-        grad_gate = grad_up = None
-        if ctx.needs_input_grad[0]:  # gate: the kernel autograd runs for F.silu, fed d(out)/d(act) = grad * up
-            grad_gate = torch.ops.aten.silu_backward(grad_out * up, gate)
-        if ctx.needs_input_grad[1]:  # up: silu(gate), recomputed
-            grad_up = grad_out * F.silu(gate)
-        return grad_gate, grad_up
-
-
 def swiglu_recomputed(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """The SwiGLU product silu(gate) * up whose backward recomputes silu; the fused kernel shares this contract."""
-    return SwiGLURecompute.apply(gate, up)
+    """The SwiGLU product silu(gate) * up whose backward recomputes silu: mf_ds.ops.swiglu's fused op, one mechanism
+    for the recompute plan and the fused-SwiGLU kernel."""
+    return fused_swiglu(gate, up)
 
 
 # --- the SwiGLU MLP as a graph of ops, so any selection of them becomes checkpoint regions -----------------------

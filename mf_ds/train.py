@@ -3,12 +3,17 @@
 YAML -> translators.translate (at the real world size) -> Plan -> HF model + recompute plan -> DeepSpeed engine
 -> steps with MindFormers' semantics -> metrics.jsonl, HF-layout checkpoints. With no GPU it takes DeepSpeed's CPU
 accelerator and gloo by itself.
+
+Exit codes: 0 trained (or stopped by SIGTERM after saving a checkpoint, as MindFormers' graceful exit does);
+2 a one-line error: bad YAML, damaged checkpoint or data, a loss that stays NaN, or a rank that died or froze (the
+run resumes with --resume_training from its last checkpoint); 1 a bug, with its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import sys
@@ -37,6 +42,10 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     p.add_argument("--resume_training", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--train_dataset_dir", help="Megatron .bin/.idx prefix or directory, or JSON-lines data")
     p.add_argument("--gradient_accumulation_steps", type=int, help="override the gradient accumulation")
+    p.add_argument("--dist_timeout", type=float, metavar="SECONDS",
+                   default=float(os.environ.get("MF_DS_DIST_TIMEOUT", 600)),
+                   help="how long a collective waits for the other ranks before the run stops with an error "
+                        "(default: $MF_DS_DIST_TIMEOUT or 600; raise it when saving a big checkpoint takes longer)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
                    help="set by the deepspeed launcher")
     return p
@@ -52,32 +61,52 @@ def _single_process_env() -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
+def lost_rank(exc: BaseException) -> str | None:
+    """The one-line story of a collective that failed because another rank died or froze, else None."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return None
+    if not (isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and re.search(
+            r"gloo|NCCL|Connection (reset|closed)|Timed out|Broken pipe", text))):
+        return None
+    detail = re.sub(r"^\[[^\]]*\]\s*", "", text.strip().splitlines()[0] if text.strip() else type(exc).__name__)
+    detail = detail.split(". This is typically")[0]  # gloo's advice names the other rank's logs, as we do
+    rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+    return (f"rank {rank}: lost contact with another rank ({detail}): it died, froze or was killed; see its log. "
+            "Resume the run with --resume_training: it starts from the last complete checkpoint")
+
+
 def main(argv: list[str] | None = None, prog: str = "mf_ds/train.py", positional: bool = False) -> int:
     args = parser(prog, positional).parse_args(argv)
-    from translators.errors import ConfigError
+    stop = {"signal": None}
 
+    def on_signal(signum, _frame):  # SIGTERM: save and exit cleanly, as MindFormers' graceful exit does
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)  # before the slow start-up, so an early SIGTERM is not fatal
     from mf_ds.checkpoint import CheckpointError
+    from mf_ds.data import DataError
     from mf_ds.errors import RunError
+    from translators.errors import ConfigError
 
     try:
         _single_process_env()
         from mf_ds.loop import Trainer
 
-
         trainer = Trainer.from_args(args)
-        stop = {"signal": None}
-
-        def on_signal(signum, _frame):  # SIGTERM: save and exit cleanly, as MindFormers' graceful exit does
-            stop["signal"] = signum
-
-        signal.signal(signal.SIGTERM, on_signal)
         trainer.fit(should_stop=lambda: stop["signal"] is not None)
         trainer.close()
+    except (ConfigError, CheckpointError, RunError, DataError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
-        if isinstance(exc, (ConfigError, CheckpointError, RunError)) or type(exc).__name__ == "DataError":
-            print(f"{prog}: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+        story = lost_rank(exc)
+        if story is None:
+            raise
+        print(f"{prog}: error: {story}", file=sys.stderr)
+        return 2
     return 0
 
 

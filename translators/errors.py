@@ -44,5 +44,8 @@ def join(path: str, key: str | int) -> str:
 
 def show(value: object) -> str:
     """A value as an error message shows it: strings quoted, long values cut."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int with more digits than Python prints (sys.get_int_max_str_digits())
+        text = f"<an int of {value.bit_length()} bits>"
     return text if len(text) <= 60 else text[:57] + "..."

@@ -131,9 +131,16 @@ def _int(minimum: int) -> Conv:
 def _number(value: Any, path: str) -> float:
     if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value.strip()):
         value = float(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         raise ConfigError(path, f"expected a number, got {show(value)}")
     return float(value)
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond the float range (10**400)
+        return False
 
 
 def _positive(value: Any, path: str) -> float:
@@ -213,7 +220,7 @@ _EXTEND_METHODS = {"None": "None", "PI": "PI", "NTK": "NTK", "YARN": "YARN", "LL
 def _extend(value: Any, path: str) -> str:
     if value is None:
         return "None"
-    if value not in _EXTEND_METHODS:
+    if not isinstance(value, str) or value not in _EXTEND_METHODS:
         raise ConfigError(path, f"expected one of {', '.join(_EXTEND_METHODS)}; got {show(value)}",
                           did_you_mean(value, _EXTEND_METHODS))
     return _EXTEND_METHODS[value]

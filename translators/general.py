@@ -176,6 +176,9 @@ def parse_trainer(tree: dict, ledger: Ledger) -> Trainer:
 
 def check_section_types(tree: dict) -> None:
     """Sections that must be mappings (a list or a scalar there is a typo, not a configuration)."""
+    for name in tree:
+        if not isinstance(name, str):  # load_yaml refuses these too; a tree built in Python may hold them
+            raise ConfigError(show(name), "a top-level key must be a string")
     for name in SECTIONS:
         if name in tree and tree[name] is not None and name != "callbacks" and name != "eval_callbacks":
             if not isinstance(tree[name], dict):

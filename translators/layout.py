@@ -37,6 +37,9 @@ NUM_LAYERS_PATH = "model.model_config.num_layers"
 PP_PATH = "parallel_config.pipeline_stage"
 VPP_PATH = "model.model_config.pp_interleave_num"
 SCHEDULER_PATH = "parallel.pipeline_config.pipeline_scheduler"
+# The layout and the Plan hold one entry per layer and per mini-stage. Real models stay far below this (DeepSeek-V3
+# has 61 layers, Llama-3.1-405B 126); a count beyond it is a typo, and building it would exhaust memory.
+MAX_LAYERS = 10_000
 ZERO_BUBBLE_V = "zero_bubble_v"
 
 
@@ -101,6 +104,11 @@ def build_layout(num_layers: int, pp: int, vpp: int, offset, *, offset_path: str
     _check_positive(num_layers, NUM_LAYERS_PATH)
     _check_positive(pp, PP_PATH)
     _check_positive(vpp, VPP_PATH)
+    if num_layers > MAX_LAYERS:
+        raise ConfigError(NUM_LAYERS_PATH, f"expected at most {MAX_LAYERS} layers, got {num_layers}")
+    if pp * vpp > MAX_LAYERS:
+        raise ConfigError(PP_PATH, f"pipeline_stage {pp} x pp_interleave_num {vpp} = {pp * vpp} mini-stages: "
+                          f"expected at most {MAX_LAYERS}")
     offsets, offset_sum = _offset_table(offset, pp, vpp, offset_path)
     slots = pp * vpp
     if offset_sum != num_layers % slots:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from typing import Any
 
 import yaml
@@ -45,6 +46,18 @@ class _Loader(yaml.SafeLoader):
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            value = super().construct_yaml_int(node)
+            str(value)  # hex and base-60 ints convert without Python's digit limit, but could not be printed
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of more than {sys.get_int_max_str_digits()} digits", node.start_mark) from None
+        return value
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:
     """Parse YAML text safely; any problem becomes a ConfigError naming `source` and the line."""
@@ -58,8 +71,13 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
             problem = f"{problem.split(' for the tag ')[-1]}: tags that construct objects are not allowed " \
                       "(MindFormers loads with safe_load too)"
         raise ConfigError(where, f"invalid YAML: {problem}") from None
+    except yaml.reader.ReaderError as exc:  # a control character: PyYAML knows its offset, not its line
+        line = text.count("\n", 0, exc.position) + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise ConfigError(f"{source}:{line}", f"invalid YAML: unacceptable character #x{char:04x}: "
+                          f"{exc.reason}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(source, f"invalid YAML: {exc}") from None
+        raise ConfigError(source, f"invalid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
         raise ConfigError(source, "invalid YAML: nested too deeply") from None
 

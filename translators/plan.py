@@ -207,6 +207,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "family": family.name,
         "layer_style": family.layer_style,
         "tokenizer_dir": extra.tokenizer_dir,
+        "max_nan_steps": extra.max_nan_steps,
         "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, ledger),
     }
     notes = ledger.finish()

@@ -84,7 +84,8 @@ def load_tokenizer(tokenizer_dir: str | None):
     try:
         return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError... for a broken directory
-        raise DataError(tokenizer_dir, f"cannot load the tokenizer: {type(exc).__name__}: {exc}") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise DataError(tokenizer_dir, f"cannot load the tokenizer: {type(exc).__name__}: {first}") from None
 
 
 def read_jsonl(path: str, tokenizer) -> TokenArray:
@@ -93,8 +94,12 @@ def read_jsonl(path: str, tokenizer) -> TokenArray:
         raise DataError(path, "missing")
     eos = tokenizer.eos_token_id
     documents = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:  # bytes, so that text which is not UTF-8 is named by its line
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{number}", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
             try:

@@ -1,8 +1,229 @@
-"""Fused RoPE and SwiGLU (mf_ds/ops/rope.py, mf_ds/ops/swiglu.py) injected per model type."""
+"""Fused RoPE and SwiGLU (mf_ds/ops/rope.py, mf_ds/ops/swiglu.py) injected per model type: ROPE_PATCHES, SWIGLU_PATCHES.
+
+RoPE. HF attention modules call a function of their modeling module (`query_states, key_states =
+apply_rotary_pos_emb(query_states, key_states, cos, sin)` in LlamaAttention.forward, transformers 5.23). That module
+global is the only hook: `use_kernelized_func` on the attention classes needs the `kernels` package and hub kernels.
+So the patch rebinds that one attribute (recorded, so `revert` puts the original back) to an adapter with the same
+signature, which raises on anything it cannot do exactly (extra arguments, tables that need grad, odd shapes). The
+rebinding holds for every model of that family in the process until revert. Before rebinding, a probe runs the
+original and the adapter on small random tensors: a transformers release whose function computes something else
+raises PatchError rather than changing the numbers.
+
+SwiGLU. Every dense SwiGLU MLP (LlamaMLP's `down_proj(act_fn(gate_proj(x)) * up_proj(x))` and its copies; GlmMLP's
+`gate_up_proj` halves) gets an instance forward: the same modules in the same order (state-dict keys and module hooks,
+ZeRO-3's included, unchanged), with `act_fn(gate) * up` replaced by `mf_ds.ops.swiglu`. In training the product is
+not kept either: `down_proj(swiglu(gate, up))` runs under torch's non-reentrant checkpoint, whose early stop rebuilds
+the product in backward and ends before down_proj's matmul. What is kept is gate and up (2 T I fewer elements than
+HF's MLP: silu(gate) and the product). That is MindFormers' select_recompute of `feed_forward.w1.activation.silu` +
+`feed_forward.mul`, the same mechanism as mf_ds.recompute's SwiGLU region. MoE experts' SwiGLU is the MoE layer's
+(mf_ds/moe/layer.py calls mf_ds.ops.swiglu.fused_swiglu_packed); here it is a report line.
+"""
 
 from __future__ import annotations
 
-from mf_ds.patch import PatchFn
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
-ROPE_PATCHES: dict[str, PatchFn] = {}
-SWIGLU_PATCHES: dict[str, PatchFn] = {}
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers.activations import SiLUActivation
+
+from mf_ds.ops.rope import fused_rope
+from mf_ds.ops.swiglu import fused_swiglu, fused_swiglu_packed
+from mf_ds.patch import PatchError, PatchFn
+from mf_ds.patch.core import Recorder
+
+# --- RoPE adapters: HF's signatures, mf_ds.ops.rope inside ------------------------------------------------------------
+
+def _out_dtype(q, cos, sin) -> torch.dtype:
+    """The dtype HF's `q * cos + rotate_half(q) * sin` has: q's, promoted by the tables (fp32 under autocast)."""
+    return torch.promote_types(torch.promote_types(q.dtype, cos.dtype), sin.dtype)
+
+
+def rope_split_half(q, k, cos, sin, unsqueeze_dim=1):
+    """HF `apply_rotary_pos_emb` (Llama, Qwen2/3, Mixtral, Qwen2/3-MoE, DeepSeek-V3 without rope_interleave)."""
+    return fused_rope(q, k, cos, sin, unsqueeze_dim, "split_half", _out_dtype(q, cos, sin))
+
+
+def rope_glm(q, k, cos, sin, unsqueeze_dim=1):
+    """GLM's `apply_rotary_pos_emb`: interleaved pairs over the first cos.shape[-1] columns, the rest passed through."""
+    return fused_rope(q, k, cos, sin, unsqueeze_dim, "interleaved", _out_dtype(q, cos, sin))
+
+
+def rope_deepseek_v3_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """DeepSeek-V3's `apply_rotary_pos_emb_interleave`: interleaved pairs in, split halves out."""
+    if position_ids is not None:  # HF's function takes it and never reads it; a caller passing one expects an effect
+        raise ValueError("fused RoPE: apply_rotary_pos_emb_interleave ignores position_ids; pass None (cos and sin "
+                         "already hold the positions)")
+    return fused_rope(q, k, cos, sin, unsqueeze_dim, "interleaved_to_split", _out_dtype(q, cos, sin))
+
+
+def rope_deepseek_v2(xq, xk, freqs_cis):
+    """DeepSeek-V2's `apply_rotary_emb`: complex `freqs_cis [B, S, D/2]` on interleaved pairs, fp32 math, q's dtype."""
+    if not freqs_cis.is_complex() or freqs_cis.dim() != 3:
+        raise ValueError(f"fused RoPE: apply_rotary_emb expects complex freqs_cis [B, S, D/2], got "
+                         f"{tuple(freqs_cis.shape)} {freqs_cis.dtype}")
+    cos, sin = freqs_cis.real, freqs_cis.imag
+    cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)  # HF's table layout; B S D, tiny
+    return fused_rope(xq, xk, cos, sin, 1, "interleaved", xq.dtype)
+
+
+# --- the families -----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Family:
+    """Where a model type's RoPE function and SwiGLU MLPs are."""
+
+    module: str  # the transformers modeling module
+    rope: Callable[[nn.Module], tuple[str, Callable]]  # model -> (function name in `module`, adapter)
+    mlps: tuple[str, ...]  # dense SwiGLU MLP classes (shared experts included)
+    experts: str | None = None  # the MoE experts class, whose SwiGLU the MoE layer fuses
+
+
+def _fixed(name: str, adapter: Callable) -> Callable[[nn.Module], tuple[str, Callable]]:
+    return lambda model: (name, adapter)
+
+
+def _deepseek_v3_rope(model: nn.Module) -> tuple[str, Callable]:
+    # DeepseekV3Attention.forward picks the function by config.rope_interleave (default True)
+    if model.config.rope_interleave:
+        return "apply_rotary_pos_emb_interleave", rope_deepseek_v3_interleave
+    return "apply_rotary_pos_emb", rope_split_half
+
+
+_SPLIT = _fixed("apply_rotary_pos_emb", rope_split_half)
+_MODELS = "transformers.models"
+FAMILIES: dict[str, Family] = {
+    "llama": Family(f"{_MODELS}.llama.modeling_llama", _SPLIT, ("LlamaMLP",)),
+    "qwen2": Family(f"{_MODELS}.qwen2.modeling_qwen2", _SPLIT, ("Qwen2MLP",)),
+    "qwen3": Family(f"{_MODELS}.qwen3.modeling_qwen3", _SPLIT, ("Qwen3MLP",)),
+    "mixtral": Family(f"{_MODELS}.mixtral.modeling_mixtral", _SPLIT, (), "MixtralExperts"),
+    "qwen2_moe": Family(f"{_MODELS}.qwen2_moe.modeling_qwen2_moe", _SPLIT, ("Qwen2MoeMLP",), "Qwen2MoeExperts"),
+    "qwen3_moe": Family(f"{_MODELS}.qwen3_moe.modeling_qwen3_moe", _SPLIT, ("Qwen3MoeMLP",), "Qwen3MoeExperts"),
+    "deepseek_v2": Family(f"{_MODELS}.deepseek_v2.modeling_deepseek_v2", _fixed("apply_rotary_emb", rope_deepseek_v2),
+                          ("DeepseekV2MLP",), "DeepseekV2Experts"),
+    "deepseek_v3": Family(f"{_MODELS}.deepseek_v3.modeling_deepseek_v3", _deepseek_v3_rope, ("DeepseekV3MLP",),
+                          "DeepseekV3Experts"),
+    "glm": Family(f"{_MODELS}.glm.modeling_glm", _fixed("apply_rotary_pos_emb", rope_glm), ("GlmMLP",)),
+}
+# known families where a kernel has nothing to replace: a report line, not an error
+NOT_APPLICABLE = {
+    "gpt2": {"fused_rope": "GPT-2 has learned absolute position embeddings (wpe), no rotary embedding",
+             "fused_swiglu": "GPT-2's MLP is c_fc -> GELU -> c_proj, no gated unit"},
+}
+
+
+# --- RoPE -------------------------------------------------------------------------------------------------------------
+
+def _probe(model_type: str, where: str, original: Callable, adapter: Callable) -> None:
+    """The adapter against the function it replaces, on small random fp32 CPU tensors with HF-shaped tables."""
+    gen = torch.Generator().manual_seed(0)
+    head_dim, rot = 8, (4 if model_type == "glm" else 8)  # GLM rotates part of the head (partial_rotary_factor)
+    q, k = torch.randn(2, 3, 5, head_dim, generator=gen), torch.randn(2, 1, 5, head_dim, generator=gen)
+    angles = torch.rand(2, 5, rot // 2, generator=gen) * 6
+    if adapter is rope_deepseek_v2:
+        args = (torch.polar(torch.ones_like(angles), angles),)
+    else:
+        angles = torch.cat((angles, angles), dim=-1)
+        args = (angles.cos(), angles.sin())
+    with torch.no_grad():
+        expected, got = original(q, k, *args), adapter(q, k, *args)
+    if not all(torch.allclose(g, e, atol=1e-5, rtol=1e-5) for g, e in zip(got, expected, strict=True)):
+        raise PatchError(f"fused_rope: {where} in this transformers version does not compute what "
+                         f"{adapter.__name__} does; not patched")
+
+
+def _patch_rope(model_type: str, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
+    family = FAMILIES[model_type]
+    modeling = importlib.import_module(family.module)
+    name, adapter = family.rope(model)
+    original = getattr(modeling, name, None)
+    if original is None:
+        raise PatchError(f"fused_rope: {family.module} has no {name} in this transformers version")
+    if original is adapter:
+        return [f"{family.module}.{name}: already {adapter.__name__} (another patched {model_type} model)"]
+    _probe(model_type, f"{family.module}.{name}", original, adapter)
+    recorder.set(modeling, name, adapter)
+    return [f"{family.module}.{name} -> mf_ds.patch.kernels.{adapter.__name__} (mf_ds.ops.rope; every {model_type} "
+            "model in this process until revert)"]
+
+
+# --- SwiGLU -----------------------------------------------------------------------------------------------------------
+
+def _is_silu(module: nn.Module | None) -> bool:
+    return isinstance(module, (nn.SiLU, SiLUActivation))
+
+
+@dataclass
+class FusedSwiGLUForward:
+    """Instance forward of a SwiGLU MLP with the fused SwiGLU (an object, so deepcopy rebinds it to the copy)."""
+
+    mlp: nn.Module
+    packed: bool  # GlmMLP: gate and up are the halves of gate_up_proj's output
+
+    def __call__(self, *args, **kwargs):
+        (x,) = (*args, *kwargs.values())  # HF calls mlp(hidden_states); LlamaMLP names it x, GlmMLP hidden_states
+        mlp = self.mlp
+        inputs = (mlp.gate_up_proj(x),) if self.packed else (mlp.gate_proj(x), mlp.up_proj(x))
+        if mlp.training and torch.is_grad_enabled():
+            # keeps gate and up only; no random op here, so no RNG state to stash
+            return checkpoint(self._product_down, *inputs, use_reentrant=False, preserve_rng_state=False)
+        return self._product_down(*inputs)
+
+    def _product_down(self, *inputs: torch.Tensor) -> torch.Tensor:
+        product = fused_swiglu_packed(*inputs) if self.packed else fused_swiglu(*inputs)
+        return self.mlp.down_proj(product)
+
+
+def _swiglu_mlp(module: nn.Module) -> tuple[bool, str | None]:
+    """(packed, why not) for a dense MLP class of the table: None when it is a SiLU-gated MLP this patch can fuse."""
+    children = module._modules
+    if {"gate_up_proj", "down_proj", "activation_fn"} <= children.keys():
+        packed, act = True, children["activation_fn"]
+    elif {"gate_proj", "up_proj", "down_proj", "act_fn"} <= children.keys():
+        packed, act = False, children["act_fn"]
+    else:
+        return False, f"{type(module).__name__} has neither gate_proj/up_proj/act_fn nor gate_up_proj/activation_fn"
+    if not _is_silu(act):
+        return packed, f"its activation is {type(act).__name__}, not SiLU (hidden_act), so it is no SwiGLU"
+    return packed, None
+
+
+def _patch_swiglu(model_type: str, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
+    family = FAMILIES[model_type]
+    report, experts = [], []
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if kind == family.experts:
+            experts.append(name)
+        if kind not in family.mlps:
+            continue
+        if "forward" in module.__dict__:  # recompute.py's regions wrap this forward, never the other way round
+            raise PatchError(f"fused_swiglu: {name} already has an instance forward (apply mf_ds.patch before "
+                             "mf_ds.recompute)")
+        packed, why = _swiglu_mlp(module)
+        if why is not None:
+            report.append(f"{name}: {kind} not fused: {why}")
+            continue
+        recorder.set(module, "forward", FusedSwiGLUForward(module, packed))
+        op = "fused_swiglu_packed" if packed else "fused_swiglu"
+        report.append(f"{name}: {kind}.forward -> fused SwiGLU (mf_ds.ops.swiglu.{op}; keeps gate and up, silu and "
+                      "the product recomputed in backward)")
+    if experts:
+        report.append(f"{len(experts)} {family.experts} ({experts[0]}, ...): not fused by this patch: the experts' "
+                      "SwiGLU is fused by the mf-ds MoE layer (plan.moe) where it replaces them")
+    return report
+
+
+def _not_applicable(feature: str, model_type: str, model, plan, recorder) -> list[str]:
+    return [f"{feature}: not applicable to {model_type}: {NOT_APPLICABLE[model_type][feature]}; nothing replaced"]
+
+
+ROPE_PATCHES: dict[str, PatchFn] = {t: functools.partial(_patch_rope, t) for t in FAMILIES}
+SWIGLU_PATCHES: dict[str, PatchFn] = {t: functools.partial(_patch_swiglu, t) for t in FAMILIES}
+for _type in NOT_APPLICABLE:
+    ROPE_PATCHES[_type] = functools.partial(_not_applicable, "fused_rope", _type)
+    SWIGLU_PATCHES[_type] = functools.partial(_not_applicable, "fused_swiglu", _type)

@@ -1,7 +1,161 @@
-"""The mf-ds MoE layer (mf_ds/moe/) injected in place of transformers' MoE blocks, per model type."""
+"""The mf-ds MoE layer (mf_ds/moe/) injected in place of transformers' MoE blocks, per model type.
+
+Each decoder layer the Plan lists in `moe.layers` gets its HF sparse block replaced by an `MFMoE` holding the same
+tensors under the same names (`mlp.gate.weight`, `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`, the shared
+expert modules themselves), so state-dict keys and checkpoints are unchanged. The Plan, not the HF config, decides
+the routing (MindFormers' semantics: it may differ from the HF block's, e.g. greedy top-k on DeepSeek-V3 YAMLs);
+translators/ builds the HF config from the same YAML, so the shapes agree, and a disagreement is an error here.
+
+Per family (transformers 5.23 `models/<type>/modeling_<type>.py`):
+  qwen3_moe    Qwen3MoeSparseMoeBlock   no shared expert
+  qwen2_moe    Qwen2MoeSparseMoeBlock   shared_expert, scaled by sigmoid(shared_expert_gate(x)) when the Plan's
+                                        shared_expert_gating is on (MindFormers' use_shared_expert_gating)
+  mixtral      MixtralSparseMoeBlock    no shared expert (router_jitter_noise is not applied: MindFormers has none)
+  deepseek_v2  DeepseekV2Moe            shared_experts; layers < first_k_dense_replace stay dense (HF builds them so)
+  deepseek_v3  DeepseekV3MoE            shared_experts, dense first layers, `gate.e_score_correction_bias` is the
+                                        selection bias that TopkBiasBalanceCallback updates
+Other families with balance_via_topk_bias get that bias as a new buffer, `mlp.gate.e_score_correction_bias` (one
+state-dict key more per MoE layer: it is training state, and HF ignores it on load). MTP layers in the Plan have
+no module in transformers' models and are reported as such.
+"""
 
 from __future__ import annotations
 
-from mf_ds.patch import PatchFn
+import functools
+from dataclasses import dataclass
 
-PATCHES: dict[str, PatchFn] = {}
+import torch
+from torch import nn
+
+from mf_ds.moe.layer import MFExperts, MFMoE, MoESpec
+from mf_ds.moe.router import MFRouter
+from mf_ds.patch import PatchError, PatchFn
+from mf_ds.patch.core import Recorder
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a model type keeps its MoE block's parts."""
+
+    block: str
+    """Class name of the HF sparse MoE block."""
+    shared: str | None = None
+    """Attribute of the shared-expert MLP."""
+    shared_gate: str | None = None
+    """Attribute of the shared expert's sigmoid gate (Linear H -> 1)."""
+    native_bias: bool = False
+    """The HF router has `e_score_correction_bias`."""
+
+
+FAMILIES = {
+    "qwen3_moe": Family("Qwen3MoeSparseMoeBlock"),
+    "qwen2_moe": Family("Qwen2MoeSparseMoeBlock", shared="shared_expert", shared_gate="shared_expert_gate"),
+    "mixtral": Family("MixtralSparseMoeBlock"),
+    "deepseek_v2": Family("DeepseekV2Moe", shared="shared_experts"),
+    "deepseek_v3": Family("DeepseekV3MoE", shared="shared_experts", native_bias=True),
+}
+
+
+def _decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    base_name = model.base_model_prefix if hasattr(model, model.base_model_prefix) else ""
+    base = getattr(model, base_name) if base_name else model
+    return (f"{base_name}.layers" if base_name else "layers"), base.layers
+
+
+def _patch(family: Family, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
+    moe = plan["moe"]
+    spec = MoESpec.from_plan(moe, plan["run"]["callbacks"]["moe_drop_rate"])
+    prefix, layers = _decoder_layers(model)
+    wanted = set(moe["layers"])
+    report, ep = [], None
+    if moe["expert_parallel"] > 1:
+        from mf_ds.moe.parallel import ExpertParallel
+
+        ep = ExpertParallel(moe["expert_parallel"], moe["num_experts"])
+    for index, layer in enumerate(layers):
+        block = layer.mlp
+        sparse = type(block).__name__ == family.block
+        if sparse != (index in wanted):
+            raise PatchError(f"{prefix}.{index}.mlp is {type(block).__name__}, but the plan makes layer {index} "
+                             f"{'a MoE' if index in wanted else 'a dense'} layer")
+        if sparse:
+            new, notes = _build(family, block, spec, moe, index, ep, f"{prefix}.{index}.mlp")
+            recorder.set(layer, "mlp", new)
+            report.append(f"{prefix}.{index}.mlp: {type(block).__name__} -> MFMoE ({new.extra_repr()})")
+            report += notes
+    missing = sorted(wanted - set(range(len(layers))))
+    if missing:
+        report.append(f"moe layers {missing}: MTP layers, which transformers' {model.config.model_type} does not "
+                      f"build; they are not trained")
+    if getattr(model.config, "output_router_logits", False):
+        recorder.set(model.config, "output_router_logits", False)
+        report.append("config.output_router_logits: off; the plan's aux losses apply instead (mf_ds.moe.aux_loss)")
+    return report
+
+
+def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: int, ep, path: str) \
+        -> tuple[MFMoE, list[str]]:
+    notes = []
+    experts = block.experts
+    if experts.gate_up_proj.shape[0] != moe["num_experts"]:
+        raise PatchError(f"{path}.experts holds {experts.gate_up_proj.shape[0]} experts, the plan "
+                         f"{moe['num_experts']}")
+    if getattr(experts, "has_bias", False) or not getattr(experts, "has_gate", True) or \
+            getattr(experts, "is_transposed", False):
+        raise PatchError(f"{path}.experts: only gated, bias-free [E, 2I, H] experts are supported")
+    act = getattr(experts.config, "hidden_act", "silu") if hasattr(experts, "config") else "silu"
+    act_fn = None if act in ("silu", "swish") else experts.act_fn
+    if ep is None:
+        gate_up, down = experts.gate_up_proj, experts.down_proj
+    else:
+        gate_up, down = ep.shard(experts.gate_up_proj), ep.shard(experts.down_proj)
+    mf_experts = MFExperts(gate_up, down, act_fn, safe_tokens=spec.safe_tokens)
+
+    bias = getattr(block.gate, "e_score_correction_bias", None) if family.native_bias else None
+    if bias is None and spec.router.bias_balance:
+        bias = torch.zeros(moe["num_experts"], dtype=torch.float32, device=block.gate.weight.device)
+        notes.append(f"{path}.gate.e_score_correction_bias: new fp32 buffer for balance_via_topk_bias")
+    if bias is not None and not spec.router.bias_balance and bool(bias.any()):
+        notes.append(f"{path}.gate.e_score_correction_bias: kept but not used for selection "
+                     f"(balance_via_topk_bias is off)")
+    gate = MFRouter(block.gate.weight, bias)
+
+    shared, names = {}, ("", None)
+    if family.shared:
+        shared[family.shared] = getattr(block, family.shared)
+        if family.shared_gate:
+            shared[family.shared_gate] = getattr(block, family.shared_gate)
+        use_gate = family.shared_gate if spec.shared_gating else None
+        if family.shared_gate and not spec.shared_gating:
+            notes.append(f"{path}.{family.shared_gate}: kept, not applied (use_shared_expert_gating is off)")
+        if moe["shared_experts"]:
+            names = (family.shared, use_gate)
+        elif any(p.numel() for p in shared[family.shared].parameters()):
+            raise PatchError(f"{path}.{family.shared} has weights, but the plan has no shared experts")
+    elif moe["shared_experts"]:
+        raise PatchError(f"{path} ({family.block}) has no shared expert, but the plan asks for "
+                         f"{moe['shared_experts']}")
+    if getattr(block, "jitter_noise", 0):
+        notes.append(f"{path}: router_jitter_noise {block.jitter_noise} not applied (MindFormers has none)")
+
+    new = MFMoE(spec, gate, mf_experts, index, shared=shared, shared_names=names, expert_parallel=ep)
+    # HF's child order, so parameters (and ZeRO's flat groups) come in the unpatched model's order
+    new._modules = {name: new._modules[name] for name in block._modules if name in new._modules}
+    if ep is not None:
+        from mf_ds.moe.parallel import DeepSpeedMoEMarker
+
+        new.deepspeed_moe_marker = DeepSpeedMoEMarker(mf_experts, ep)  # last child: loads after `experts`
+    return new, notes
+
+
+def build_block(model_type: str, block: nn.Module, plan: dict, layer_index: int = 0) -> MFMoE:
+    """The MFMoE for one HF sparse block of `model_type` (sharing its tensors) without touching a model: benches
+    and tests of a single layer. Single-rank (the Plan's expert_parallel must be 1)."""
+    if plan["moe"]["expert_parallel"] != 1:
+        raise PatchError("build_block makes single-rank blocks; patch a whole model for expert parallelism")
+    new, _ = _build(FAMILIES[model_type], block, MoESpec.from_plan(plan["moe"]), plan["moe"], layer_index, None,
+                    type(block).__name__)
+    return new
+
+
+PATCHES: dict[str, PatchFn] = {name: functools.partial(_patch, family) for name, family in FAMILIES.items()}

@@ -1,0 +1,151 @@
+"""Per-step MoE bookkeeping: the drop rate (MoEDropRateCallback) and the aux-loss-free bias update
+(TopkBiasBalanceCallback), as functions for mf_ds' loop and as HF `TrainerCallback`s.
+
+Drop rate (reference/mindformers/moe.md §5). MindFormers logs, per MoE layer and step, `layer: {i}, drop_rate:
+{r:.5f}` with r its *estimate* sum_i max(0, f_i - cf/E) (f_i: share of the k*N routed pairs on expert i), read
+from the router's `fi_parameter` (the last micro-batch, one DP shard; nothing for use_gmm layers). mf-ds logs the
+*measured* r: dropped (token, choice) pairs / routed pairs over all micro-batches of the step on all data-parallel
+ranks; the estimate (from the actual routing, averaged over the step's micro-batches and ranks) and the per-expert
+load come beside it in `step_metrics`. Layer indices are global (MTP layers follow the decoder layers).
+
+Bias balance (moe.md §6, callback.py r1.5.0 TopkBiasBalanceCallback): at every step end, for each MoE layer,
+    bias_i += u * sign(mean_j load_j - load_i)
+with load the routed pairs per expert over the step (all micro-batches, all data-parallel ranks: the bias stays
+identical everywhere) and u = topk_bias_update_rate. MindFormers' target `micro_batch_num * gas / E` is the mean of
+its loads summed over the step, so the sign is the same; its quirk of taking micro_batch_num from the YAML when
+pipeline_stage is 1 (a target off by that factor) is not reproduced.
+
+Both reductions are collectives over the default process group: every rank calls them at every step end.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import TrainerCallback
+
+from mf_ds.moe.layer import MFMoE, moe_layers
+
+
+def _sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(x)
+    return x
+
+
+def _device(layers: list[MFMoE]) -> torch.device:
+    return layers[0].gate.weight.device
+
+
+def step_metrics(model: nn.Module) -> dict[int, dict]:
+    """{global layer: {"drop_rate", "drop_rate_estimate" (None without a capacity factor), "expert_load"}} over the
+    step, summed over the data-parallel ranks; resets the counters. Collective."""
+    layers = moe_layers(model)
+    if not layers:
+        return {}
+    rows = []
+    for layer in layers:
+        experts = layer.spec.router.num_experts
+        stats = layer.stats
+        if stats is None:
+            rows.append(torch.zeros(4 + experts, dtype=torch.float64, device=_device(layers)))
+            continue
+        rows.append(torch.cat([torch.stack([stats.pairs, stats.dropped, stats.estimate_sum, stats.micro]),
+                               stats.load_E]).to(_device(layers)))
+        for counter in (stats.pairs, stats.dropped, stats.estimate_sum, stats.micro, stats.load_E):
+            counter.zero_()
+    sums = _sum_over_ranks(torch.cat(rows)).tolist()
+    metrics, at = {}, 0
+    for layer, row in zip(layers, rows, strict=True):
+        pairs, dropped, estimate_sum, micro = sums[at:at + 4]
+        load = sums[at + 4:at + row.numel()]
+        at += row.numel()
+        metrics[layer.layer_index] = {
+            "drop_rate": dropped / pairs if pairs else 0.0,
+            "drop_rate_estimate": estimate_sum / micro if micro and (layer.spec.estimate_capacity_factor or 0) > 0
+            else None,
+            "expert_load": [n / pairs if pairs else 0.0 for n in load],
+        }
+    return metrics
+
+
+def drop_rate_lines(metrics: dict[int, dict]) -> list[str]:
+    """MindFormers' MoEDropRateCallback lines (callback.py r1.8.0+ f-string form), one per MoE layer."""
+    return [f"layer: {i}, drop_rate: {m['drop_rate']:.5f}" for i, m in sorted(metrics.items())]
+
+
+@torch.no_grad()
+def update_topk_bias(model: nn.Module, plan: dict) -> None:
+    """TopkBiasBalanceCallback's step-end update of every MoE layer's selection bias; resets its load counter.
+    Collective. A no-op unless the router has bias_balance and the YAML lists a TopkBiasBalanceCallback (as in
+    MindFormers, where nothing else moves the bias); its topk_bias_update_rate, else moe_config's, is u."""
+    entry = plan["run"]["callbacks"]["topk_bias_balance"]
+    layers = [m for m in moe_layers(model) if m.spec.router.bias_balance]
+    if not plan["moe"]["router"]["bias_balance"] or entry is None or entry["balance_via_topk_bias"] is False \
+            or not layers:
+        return
+    rate = entry["topk_bias_update_rate"]
+    rate = plan["moe"]["router"]["bias_update_rate"] if rate is None else rate
+    loads = []
+    for layer in layers:
+        stats = layer.stats
+        experts = layer.spec.router.num_experts
+        if stats is None:
+            loads.append(torch.zeros(experts, dtype=torch.float64, device=_device(layers)))
+        else:
+            loads.append(stats.bias_load_E.to(_device(layers)).clone())
+            stats.bias_load_E.zero_()
+    total = _sum_over_ranks(torch.stack(loads))
+    for layer, load_E in zip(layers, total, strict=True):
+        bias = layer.gate.e_score_correction_bias
+        bias.add_((rate * torch.sign(load_E.mean() - load_E)).to(device=bias.device, dtype=bias.dtype))
+
+
+def logs_drop_rate(plan: dict) -> bool:
+    """MindFormers logs the drop rate only with both `moe_config.callback_moe_droprate: True` and a
+    MoEDropRateCallback entry in `callbacks` (moe.md §5)."""
+    return plan["moe"] is not None and plan["moe"]["drop_rate_callback"] and \
+        plan["run"]["callbacks"]["moe_drop_rate"] is not None
+
+
+def trainer_callbacks(plan: dict) -> list[TrainerCallback]:
+    """The HF Trainer callbacks the Plan asks for (mf_ds/hf.py)."""
+    if plan["moe"] is None:
+        return []
+    callbacks: list[TrainerCallback] = []
+    if logs_drop_rate(plan):
+        callbacks.append(MoEDropRateCallback())
+    if plan["moe"]["router"]["bias_balance"] and plan["run"]["callbacks"]["topk_bias_balance"] is not None:
+        callbacks.append(TopkBiasBalanceCallback(plan))
+    return callbacks
+
+
+def _rank_zero() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+class MoEDropRateCallback(TrainerCallback):
+    """HF Trainer callback: at each step end, MindFormers' `layer: {i}, drop_rate: {r:.5f}` lines on stderr (rank
+    0) from the measured drop rate; `self.metrics` keeps the last step's `step_metrics`."""
+
+    def __init__(self):
+        self.metrics: dict[int, dict] = {}
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.metrics = step_metrics(model)
+        if _rank_zero():
+            for line in drop_rate_lines(self.metrics):
+                print(line, file=sys.stderr, flush=True)
+
+
+class TopkBiasBalanceCallback(TrainerCallback):
+    """HF Trainer callback: the aux-loss-free bias update (`update_topk_bias`) at each step end."""
+
+    def __init__(self, plan: dict):
+        self.plan = plan
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        update_topk_bias(model, self.plan)

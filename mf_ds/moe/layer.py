@@ -1,0 +1,273 @@
+"""MFMoE: the mf-ds MoE block that replaces transformers' sparse MoE blocks (mf_ds/patch/moe.py injects it).
+
+    logits = gate(x)                              fp32 router (router.py): scores, top-k, gates, aux losses
+    perm   = permute(x, ids, E, capacity)         rows sorted by expert; MindFormers' k-drop / s-drop past C
+    y      = down @ swiglu(gate_up @ perm.x)      two grouped matmuls (mf_ds/ops/gmm.py), fused SwiGLU between
+    out    = unpermute(y, perm, gates)            weighted combine; dropped pairs weigh 0, gates not renormalised
+           + [sigmoid(shared_gate(x)) *] shared(x)
+
+Capacity (reference/mindformers/moe.md §3): C = min(ceil(k * N * cf / E), N) per expert, N the tokens of this
+forward on this rank (one micro-batch of one data-parallel shard); `dropless` (cf <= 0, or use_gmm without
+mf_ds.gmm_capacity) keeps every pair. `safe_tokens` (enable_gmm_safe_tokens, moev3.py `_pad_safe_tokens`) puts one
+zero row at the head of every expert's group so no grouped matmul sees an empty group; zero rows give zero
+outputs and zero weight gradients, so the numbers are unchanged. With expert parallelism (parallel.py) the experts
+here are this rank's shard and the permuted rows travel to their owners by all-to-all.
+
+`use_gmm` and `use_fused_ops_permute` (the Plan's kernels.gmm / fused_permute) select no code path here: the block
+always runs mf_ds.ops' grouped matmul, permute and SwiGLU, which take their Triton kernels on CUDA tensors and torch
+on CPU. use_gmm's one effect, dropless by default as MoEV3, is already in the Plan's `dropless`.
+
+Weights keep HF v5's layout and names: `gate.weight` [E, H], `experts.gate_up_proj` [E, 2I, H] (gate rows first),
+`experts.down_proj` [E, H, I], the shared expert modules as HF built them. Unsharded, they are HF's own
+Parameter objects, so `mf_ds.patch.revert` hands back an HF block holding the trained weights.
+
+Aux losses are attached to the block output (Megatron's MoEAuxLossAutoScaler idea) and reported by `aux_loss(model)`,
+whose returned tensor, added to the training loss, carries the scale the engine applies to that loss (1/GA, fp16
+loss scale) back to every layer's aux loss: correct under activation checkpointing, reentrant or not, where a
+returned loss would miss the recomputed graph. Statistics (drops, per-expert load) are counted once per forward in
+training: a recompute inside backward is recognised (`torch._C._current_graph_task_id() != -1`) and not counted.
+
+Legend: T tokens, H hidden, E experts (E_local on this rank), K top-k, I expert width, M permuted rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mf_ds.moe.router import MFRouter, RouterSpec, Routing, aux_losses, route
+from mf_ds.ops.gmm import grouped_mm
+from mf_ds.ops.permute import Permuted, permute, unpermute
+from mf_ds.ops.swiglu import fused_swiglu_packed
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """What one MFMoE block does, from the Plan's `moe`."""
+
+    router: RouterSpec
+    capacity_factor: float
+    """cf of C = min(ceil(k N cf / E), N)."""
+    dropless: bool
+    """Keep every pair (capacity_factor <= 0, or use_gmm without mf_ds.gmm_capacity)."""
+    drop_policy: str = "kdrop"
+    """kdrop (first choices before second choices) | sdrop (token order: enable_sdrop)."""
+    safe_tokens: bool = False
+    """enable_gmm_safe_tokens: a zero row per expert so no group is empty."""
+    shared_gating: bool = False
+    """use_shared_expert_gating: shared output times sigmoid(shared_gate(x))."""
+    estimate_capacity_factor: float | None = None
+    """cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E): MoEDropRateCallback's argument, else
+    capacity_factor; no estimate when <= 0."""
+
+    @classmethod
+    def from_plan(cls, moe: dict, drop_rate_callback: dict | None = None) -> MoESpec:
+        estimate = drop_rate_callback["capacity_factor"] if drop_rate_callback else None
+        return cls(router=RouterSpec.from_plan(moe), capacity_factor=moe["capacity_factor"],
+                   dropless=moe["dropless"] or moe["capacity_factor"] <= 0, drop_policy=moe["drop_policy"],
+                   safe_tokens=moe["safe_tokens"], shared_gating=moe["shared_expert_gating"],
+                   estimate_capacity_factor=moe["capacity_factor"] if estimate is None else estimate)
+
+    def capacity(self, tokens: int) -> int | None:
+        """Pairs each expert keeps out of `tokens` tokens; None when dropless (moe.py calculate_expert_capacity_v2,
+        the same float expression so the ceiling agrees with MindFormers')."""
+        if self.dropless:
+            return None
+        k, experts = self.router.top_k, self.router.num_experts
+        return min(math.ceil(k * tokens * self.capacity_factor / experts), tokens)
+
+
+class MFExperts(nn.Module):
+    """The routed experts as HF v5 stores them: gate_up_proj [E, 2I, H] and down_proj [E, H, I]."""
+
+    def __init__(self, gate_up_proj: nn.Parameter, down_proj: nn.Parameter, act_fn: nn.Module | None,
+                 safe_tokens: bool = False):
+        super().__init__()
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
+        self.act_fn = act_fn  # None: SiLU, through the fused SwiGLU
+        self.safe_tokens = safe_tokens
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate_up_proj.shape[0]
+
+    def forward(self, x_MH: torch.Tensor, tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by expert (groups from row 0, then padding) -> expert outputs, same rows."""
+        x_MH = x_MH.to(self.gate_up_proj.dtype)  # grouped_mm is not autocast-aware (HF casts the same way)
+        if self.safe_tokens:
+            return self._with_safe_tokens(x_MH, tokens_per_expert_E)
+        return self._ffn(x_MH, tokens_per_expert_E)
+
+    def _ffn(self, x_MH: torch.Tensor, tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        gate_up_MI2 = grouped_mm(x_MH, self.gate_up_proj.transpose(1, 2), tokens_per_expert_E)
+        if self.act_fn is None:
+            h_MI = fused_swiglu_packed(gate_up_MI2)
+        else:
+            gate_MI, up_MI = gate_up_MI2.chunk(2, dim=-1)
+            h_MI = self.act_fn(gate_MI) * up_MI
+        return grouped_mm(h_MI, self.down_proj.transpose(1, 2), tokens_per_expert_E)
+
+    def _with_safe_tokens(self, x_MH: torch.Tensor, tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        """Insert a zero row at the head of every group (row r of group e moves to r + e + 1, padding rows to
+        r + E), run the experts on M + E rows with every count + 1, and take the real rows back."""
+        rows, experts = x_MH.shape[0], self.num_experts
+        ends_E = torch.cumsum(tokens_per_expert_E, 0)
+        row_M = torch.arange(rows, device=x_MH.device)
+        expert_of_row_M = torch.searchsorted(ends_E, row_M, right=True)  # E for the padding rows
+        moved_M = row_M + expert_of_row_M + (expert_of_row_M < experts).long()
+        padded = x_MH.new_zeros(rows + experts, x_MH.shape[1]).index_copy(0, moved_M, x_MH)
+        y_padded = self._ffn(padded, tokens_per_expert_E + 1)
+        return y_padded.index_select(0, moved_M)
+
+
+class _AuxSlot:
+    """Where `aux_loss(model)`'s tensor leaves the gradient scale the engine gave the loss, for one forward."""
+
+    __slots__ = ("scale",)
+
+    def __init__(self):
+        self.scale: torch.Tensor | None = None
+
+
+class _AttachAux(torch.autograd.Function):
+    """Identity on the block output whose backward also feeds the layer's aux loss with its slot's scale."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, slot: _AuxSlot) -> torch.Tensor:
+        ctx.slot = slot
+        ctx.aux_shape = aux.shape
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        scale = ctx.slot.scale
+        grad_aux = torch.zeros(ctx.aux_shape, device=grad_out.device) if scale is None else \
+            scale.to(grad_out.device).float().expand(ctx.aux_shape)
+        return grad_out, grad_aux, None  # out: identity; aux: d(loss)/d(aux) = the engine's scale on the loss
+
+
+class _AuxHandle(torch.autograd.Function):
+    """The value of the summed aux losses; its backward records the incoming gradient in the layers' slots."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, total: torch.Tensor, slots: list[_AuxSlot]) -> torch.Tensor:
+        ctx.slots = slots
+        return total.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        for slot in ctx.slots:
+            slot.scale = grad.detach()
+        return torch.zeros((), device=grad.device), None, None
+
+
+class LayerStats:
+    """Per-layer counters over one optimizer step, on the device (no host sync until read)."""
+
+    def __init__(self, num_experts: int, device: torch.device):
+        zeros = dict(dtype=torch.float64, device=device)
+        self.pairs = torch.zeros((), **zeros)  # routed (token, choice) pairs
+        self.dropped = torch.zeros((), **zeros)  # of which dropped by the capacity
+        self.load_E = torch.zeros(num_experts, **zeros)  # routed pairs per expert (before dropping)
+        self.estimate_sum = torch.zeros((), **zeros)  # MindFormers' estimate, summed over micro-batches
+        self.micro = torch.zeros((), **zeros)  # micro-batches counted
+        self.bias_load_E = torch.zeros(num_experts, **zeros)  # the bias balance's own load, reset by its update
+
+
+class MFMoE(nn.Module):
+    """The routed experts (with capacity and drop rules), plus the shared experts when the model has them."""
+
+    def __init__(self, spec: MoESpec, gate: MFRouter, experts: MFExperts, layer_index: int,
+                 shared: dict[str, nn.Module] | None = None, shared_names: tuple[str, str | None] = ("", None),
+                 expert_parallel=None):
+        super().__init__()
+        self.spec = spec
+        self.gate = gate
+        self.experts = experts
+        self.layer_index = layer_index  # global decoder layer index (MTP layers follow the decoder layers)
+        for name, module in (shared or {}).items():  # under HF's names: shared_expert(_gate) / shared_experts
+            self.add_module(name, module)
+        self._shared_name, self._shared_gate_name = shared_names
+        self.expert_parallel = expert_parallel  # parallel.ExpertParallel, or None
+        self._aux_slot = _AuxSlot()
+        self._aux_value: torch.Tensor | None = None
+        self.stats: LayerStats | None = None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        shape = hidden_states.shape
+        x_TH = hidden_states.reshape(-1, shape[-1])
+        spec = self.spec
+        bias_E = self.gate.e_score_correction_bias if spec.router.bias_balance else None
+        logits_TE = self.gate(x_TH)
+        routing = route(logits_TE, spec.router, bias_E)
+        perm = permute(x_TH, routing.expert_ids_TK, spec.router.num_experts, capacity=spec.capacity(x_TH.shape[0]),
+                       drop_policy=spec.drop_policy)
+        if self.expert_parallel is None:
+            y_MH = self.experts(perm.x_MH, perm.tokens_per_expert_E)
+        else:
+            y_MH = self.expert_parallel.run(perm.x_MH, perm.tokens_per_expert_E, self.experts)
+        out_TH = unpermute(y_MH.to(x_TH.dtype), perm, routing.gates_TK)
+        counted = self.training and torch._C._current_graph_task_id() == -1  # not a recompute inside backward
+        if counted:
+            self._count(routing, perm)
+        if self.training and spec.router.has_aux:
+            aux = aux_losses(logits_TE, routing.scores_TE, spec.router)
+            if counted:  # a new forward; a recompute in backward keeps the slot of the forward it repeats
+                self._aux_value, self._aux_slot = aux.detach(), _AuxSlot()
+            out_TH = _AttachAux.apply(out_TH, aux, self._aux_slot)
+        if self._shared_name:
+            shared_TH = getattr(self, self._shared_name)(x_TH)
+            if self._shared_gate_name:
+                shared_TH = torch.sigmoid(getattr(self, self._shared_gate_name)(x_TH)) * shared_TH
+            out_TH = out_TH + shared_TH
+        return out_TH.view(shape)
+
+    @torch.no_grad()
+    def _count(self, routing: Routing, perm: Permuted) -> None:
+        ids = routing.expert_ids_TK.flatten()
+        experts = self.spec.router.num_experts
+        if self.stats is None or self.stats.load_E.device != ids.device:
+            self.stats = LayerStats(experts, ids.device)
+        stats = self.stats
+        load_E = torch.zeros(experts, dtype=torch.float64, device=ids.device).index_add_(
+            0, ids, torch.ones_like(ids, dtype=torch.float64))
+        stats.pairs += ids.numel()
+        stats.dropped += (~perm.kept_TK).sum()
+        stats.load_E += load_E
+        stats.bias_load_E += load_E
+        cf = self.spec.estimate_capacity_factor
+        if cf is not None and cf > 0:  # MoEDropRateCallback: sum_i max(0, f_i - cf/E)
+            stats.estimate_sum += (load_E / ids.numel() - cf / experts).clamp(min=0).sum()
+        stats.micro += 1
+
+    def extra_repr(self) -> str:
+        spec = self.spec
+        capacity = "dropless" if spec.dropless else f"capacity_factor={spec.capacity_factor}, {spec.drop_policy}"
+        ep = "" if self.expert_parallel is None else f", expert_parallel={self.expert_parallel.size}"
+        return (f"layer={self.layer_index}, experts={spec.router.num_experts}, top_k={spec.router.top_k}, "
+                f"{capacity}{', safe_tokens' if spec.safe_tokens else ''}{ep}")
+
+
+def moe_layers(model: nn.Module) -> list[MFMoE]:
+    """The model's MFMoE blocks in layer order."""
+    return sorted((m for m in model.modules() if isinstance(m, MFMoE)), key=lambda m: m.layer_index)
+
+
+def aux_loss(model: nn.Module) -> torch.Tensor | None:
+    """The sum of this forward's aux and z losses over the MoE layers (then cleared); None if no layer has one.
+
+    Add it to the training loss: the gradient the engine sends into this tensor (including 1/GA and any loss
+    scale) is what every layer's aux loss receives in backward.
+    """
+    layers = [m for m in moe_layers(model) if m._aux_value is not None]
+    if not layers:
+        return None
+    total = torch.stack([m._aux_value for m in layers]).sum()
+    for m in layers:
+        m._aux_value = None
+    anchor = torch.zeros((), device=total.device, requires_grad=True)
+    return _AuxHandle.apply(anchor, total, [m._aux_slot for m in layers])

@@ -1,0 +1,385 @@
+"""MFMoE injected into tiny HF MoE models: dropless equality with HF, MindFormers' drop rules pair for pair, the
+drop rate, safe tokens, aux losses under activation checkpointing, the bias update and the callbacks."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import yaml
+from torch.testing import assert_close
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import mf_ds.moe
+import mf_ds.moe.layer
+import mf_ds.patch
+from mf_ds.moe.router import aux_losses
+from tests.conftest import CONFIGS
+from tests.moe import FAMILIES, family_plan, grads, moe_plan, tiny_model
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def _batch(seed: int = 0, shape=(2, 13)) -> torch.Tensor:
+    return torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad()
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    return out.logits.detach(), grads(model)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_dropless_equals_hf(family):
+    """Logits and every gradient equal the unpatched HF model's (fp32); keys unchanged; revert restores."""
+    hf = tiny_model(family)
+    ours = copy.deepcopy(hf)
+    keys = list(hf.state_dict())
+    report = mf_ds.patch.apply(ours, family_plan(family))
+    assert any("-> MFMoE" in line for line in report)
+    assert list(ours.state_dict()) == keys
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in hf.named_parameters()]
+    ids = _batch()
+    logits_hf, grads_hf = _loss_and_grads(hf, ids)
+    logits, grads_ours = _loss_and_grads(ours, ids)
+    assert_close(logits, logits_hf, **TOL)
+    assert grads_ours.keys() == grads_hf.keys()
+    for name, grad in grads_hf.items():
+        assert_close(grads_ours[name], grad, **TOL, msg=name)
+    mf_ds.patch.revert(ours)
+    assert not any(isinstance(m, mf_ds.moe.MFMoE) for m in ours.modules())
+    assert_close(ours(ids).logits, logits_hf, **TOL)
+
+
+def test_plan_from_a_mindformers_yaml_equals_hf():
+    """The tiny DeepSeek-V3 YAML through translators (sigmoid, bias, shared expert, dense layer 0, MTP reported),
+    made dropless, builds a model whose patched logits and gradients equal HF's."""
+    from mf_ds.model import build_model
+    from translators.plan import translate
+
+    tree = yaml.safe_load((CONFIGS / "tiny_deepseek_v3.yaml").read_text())
+    tree["moe_config"]["capacity_factor"] = -1
+    plan = translate(tree, world_size=1).plan
+    hf = build_model(plan)
+    with torch.no_grad():
+        for layer in hf.model.layers[1:]:
+            layer.mlp.gate.weight.mul_(20)
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(8) * 0.3)
+    ours = copy.deepcopy(hf)
+    report = mf_ds.patch.apply(ours, plan)
+    assert any("MTP" in line for line in report)
+    ids = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(1))
+    logits_hf, grads_hf = _loss_and_grads(hf, ids)
+    logits, grads_ours = _loss_and_grads(ours, ids)
+    assert_close(logits, logits_hf, **TOL)
+    for name, grad in grads_hf.items():
+        assert_close(grads_ours[name], grad, **TOL, msg=name)
+
+
+# ---- dropping ------------------------------------------------------------------------------------------------------
+def _mindformers_within_capacity(ids_TK: torch.Tensor, experts: int, capacity: int, sdrop: bool) -> torch.Tensor:
+    """TopkRouterV2 `_maskout_overflowed_tokens_sort_kdrop/_sdrop` (moe.py r1.5.0), its mask part, for dp = 1:
+    flatten in priority order, position = cumsum(onehot) * onehot, keep iff 0 < position <= C."""
+    T, K = ids_TK.shape
+    flat = ids_TK.reshape(T * K) if sdrop else ids_TK.t().reshape(K * T)  # (N, k) -> (Nk) / (k, N) -> (kN)
+    onehot = torch.nn.functional.one_hot(flat, experts).float()  # (kN, E)
+    position = torch.cumsum(onehot, 0) * onehot
+    position = position * (position < capacity + 1)
+    within = position.sum(-1) > 0  # (kN)
+    return within.view(T, K) if sdrop else within.view(K, T).t()
+
+
+def _capture_permute(monkeypatch) -> list:
+    seen = []
+    original = mf_ds.moe.layer.permute
+
+    def spy(x_TH, expert_ids_TK, num_experts, **kwargs):
+        perm = original(x_TH, expert_ids_TK, num_experts, **kwargs)
+        seen.append((expert_ids_TK.clone(), perm.kept_TK.clone(), kwargs["capacity"]))
+        return perm
+
+    monkeypatch.setattr(mf_ds.moe.layer, "permute", spy)
+    return seen
+
+
+def _naive_block(block, x_TH, kept_TK):
+    """The MoE block by hand: per token, the kept choices' gate * SwiGLU expert, gates not renormalised."""
+    routing = mf_ds.moe.route(block.gate(x_TH), block.spec.router)
+    out = torch.zeros_like(x_TH)
+    w1, w2 = block.experts.gate_up_proj, block.experts.down_proj
+    for t in range(x_TH.shape[0]):
+        for k in range(routing.expert_ids_TK.shape[1]):
+            if kept_TK[t, k]:
+                e = routing.expert_ids_TK[t, k]
+                gate, up = (w1[e] @ x_TH[t]).chunk(2)
+                out[t] = out[t] + routing.gates_TK[t, k] * (w2[e] @ (torch.nn.functional.silu(gate) * up))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["kdrop", "sdrop"])
+def test_dropping_follows_mindformers_pair_for_pair(monkeypatch, policy):
+    model = tiny_model("qwen3_moe", router_scale=40.0)
+    mf_ds.patch.apply(model, family_plan("qwen3_moe", capacity_factor=0.75, dropless=False, drop_policy=policy))
+    model.train()
+    block = model.model.layers[1].mlp
+    seen = _capture_permute(monkeypatch)
+    x = torch.randn(3, 11, 32, requires_grad=True)
+    out = block(x)
+    (ids, kept, capacity), = seen
+    assert capacity == math.ceil(2 * 33 * 0.75 / 8) == 7
+    expected = _mindformers_within_capacity(ids, 8, capacity, sdrop=policy == "sdrop")
+    assert torch.equal(kept, expected)
+    assert 0 < (~kept).sum() < kept.numel()  # something was dropped, not everything
+    # outputs and gradients equal the hand-made block with the same kept pairs
+    x_ref = x.detach().clone().requires_grad_()
+    ref = _naive_block(block, x_ref.view(-1, 32), kept).view_as(x)
+    assert_close(out, ref, **TOL)
+    weight = torch.randn_like(out)
+    (out * weight).sum().backward()
+    experts_grad = block.experts.gate_up_proj.grad.clone()
+    block.zero_grad()
+    (ref * weight).sum().backward()
+    assert_close(x.grad, x_ref.grad, **TOL)
+    assert_close(experts_grad, block.experts.gate_up_proj.grad, **TOL)
+
+
+def test_logged_drop_rate_equals_the_counted_one(monkeypatch):
+    model = tiny_model("mixtral", router_scale=40.0)
+    plan = family_plan("mixtral", capacity_factor=1.0, dropless=False, drop_policy="sdrop")
+    mf_ds.patch.apply(model, plan)
+    model.train()
+    seen = _capture_permute(monkeypatch)
+    for seed in range(2):  # two micro-batches of one step
+        model(_batch(seed, (2, 9))).logits.sum().backward()
+    metrics = mf_ds.moe.step_metrics(model)
+    assert sorted(metrics) == [0, 1]
+    for layer in (0, 1):
+        micro = seen[layer::2]  # forward order: layer 0, layer 1, layer 0, layer 1
+        dropped = sum(int((~kept).sum()) for _, kept, _ in micro)
+        pairs = sum(kept.numel() for _, kept, _ in micro)
+        assert metrics[layer]["drop_rate"] == pytest.approx(dropped / pairs)
+        assert dropped > 0
+        loads = [torch.bincount(ids.flatten(), minlength=8).double() for ids, _, _ in micro]
+        assert metrics[layer]["expert_load"] == pytest.approx((sum(loads) / pairs).tolist())
+        estimate = sum((load / load.sum() - 1.0 / 8).clamp(min=0).sum().item() for load in loads) / 2
+        assert metrics[layer]["drop_rate_estimate"] == pytest.approx(estimate)
+    lines = mf_ds.moe.drop_rate_lines(metrics)
+    assert lines == [f"layer: {i}, drop_rate: {metrics[i]['drop_rate']:.5f}" for i in (0, 1)]
+    assert mf_ds.moe.step_metrics(model)[0]["drop_rate"] == 0.0  # counters were reset
+
+
+def test_dropless_and_eval_forwards_count_nothing_dropped():
+    model = tiny_model("qwen3_moe")
+    mf_ds.patch.apply(model, family_plan("qwen3_moe"))
+    model.eval()
+    model(_batch())
+    assert all(m["expert_load"] == [0.0] * 8 for m in mf_ds.moe.step_metrics(model).values())
+    model.train()
+    model(_batch())
+    metrics = mf_ds.moe.step_metrics(model)
+    assert all(m["drop_rate"] == 0.0 and m["drop_rate_estimate"] is None for m in metrics.values())
+    assert sum(metrics[0]["expert_load"]) == pytest.approx(1.0)
+
+
+# ---- safe tokens -----------------------------------------------------------------------------------------------------
+def test_safe_tokens_change_nothing_with_an_idle_expert():
+    """Expert 3 never chosen (selection bias -100): safe tokens give the same outputs and gradients."""
+    base = tiny_model("qwen3_moe")
+    runs = []
+    for safe in (False, True):
+        model = copy.deepcopy(base)
+        mf_ds.patch.apply(model, family_plan("qwen3_moe", safe_tokens=safe, capacity_factor=1.5, dropless=False,
+                                             router=dict(bias_balance=True)))
+        for layer in model.model.layers:
+            layer.mlp.gate.e_score_correction_bias[3] = -100.0
+        model.train()
+        runs.append((_loss_and_grads(model, _batch()), mf_ds.moe.step_metrics(model)))
+    ((logits_a, grads_a), metrics_a), ((logits_b, grads_b), metrics_b) = runs
+    assert metrics_a[0]["expert_load"][3] == 0.0 and metrics_a == metrics_b
+    assert_close(logits_b, logits_a, **TOL)
+    for name, grad in grads_a.items():
+        assert_close(grads_b[name], grad, **TOL, msg=name)
+
+
+def test_safe_tokens_give_every_expert_a_row(monkeypatch):
+    model = tiny_model("qwen3_moe")
+    mf_ds.patch.apply(model, family_plan("qwen3_moe", safe_tokens=True))
+    experts = model.model.layers[0].mlp.experts
+    counts_seen = []
+    original = mf_ds.moe.layer.grouped_mm
+    monkeypatch.setattr(mf_ds.moe.layer, "grouped_mm",
+                        lambda x, w, counts: counts_seen.append(counts.clone()) or original(x, w, counts))
+    counts = torch.tensor([3, 0, 2, 0, 0, 4, 1, 0])
+    x = torch.randn(12, 32)  # 10 rows + 2 padding rows
+    y = experts(x, counts)
+    assert all(bool((c >= 1).all()) for c in counts_seen)
+    monkeypatch.setattr(mf_ds.moe.layer, "grouped_mm", original)
+    experts.safe_tokens = False
+    assert_close(y, experts(x, counts), **TOL)
+    assert y[10:].abs().sum() == 0
+
+
+# ---- aux losses ------------------------------------------------------------------------------------------------------
+def _reference_aux_grads(model, ids, monkeypatch):
+    """lm loss + every layer's aux loss as a plain graph-connected sum (valid without checkpointing)."""
+    captured = []
+    monkeypatch.setattr(mf_ds.moe.layer, "aux_losses", lambda *a: captured.append(aux_losses(*a)) or captured[-1])
+    model.zero_grad()
+    out = model(ids, labels=ids)
+    total = out.loss + sum(captured)
+    (total * 0.5).backward()  # as engine.backward under gradient accumulation 2
+    monkeypatch.setattr(mf_ds.moe.layer, "aux_losses", aux_losses)
+    return sum(captured).detach(), grads(model)
+
+
+@pytest.mark.parametrize("checkpointing", [None, "non-reentrant", "reentrant"])
+def test_aux_loss_gradient_reaches_the_router_under_checkpointing(monkeypatch, checkpointing):
+    base = tiny_model("deepseek_v3")
+    plan = family_plan("deepseek_v3", aux_loss={"expert": 0.3, "device": 0.0, "comm": 0.1}, z_loss=0.01)
+    reference = copy.deepcopy(base)
+    mf_ds.patch.apply(reference, plan)
+    reference.train()
+    ids = _batch()
+    aux_ref, grads_ref = _reference_aux_grads(reference, ids, monkeypatch)
+
+    model = copy.deepcopy(base)
+    mf_ds.patch.apply(model, plan)
+    model.train()
+    if checkpointing:
+        model.activation_checkpointing_enable({"use_reentrant": checkpointing == "reentrant"})
+        model.enable_input_require_grads()
+        assert model.model.layers[1].gradient_checkpointing
+    out = model(ids, labels=ids)
+    aux = mf_ds.moe.aux_loss(model)
+    assert_close(aux.detach(), aux_ref, **TOL)
+    assert mf_ds.moe.aux_loss(model) is None  # cleared
+    ((out.loss + aux) * 0.5).backward()
+    router = "model.layers.1.mlp.gate.weight"
+    assert grads_ref[router].abs().sum() > 0
+    for name, grad in grads_ref.items():
+        assert_close(grads(model)[name], grad, **TOL, msg=name)
+    assert mf_ds.moe.step_metrics(model)[1]["expert_load"] != [0.0] * 8  # counted once, not per recompute
+
+
+def test_aux_loss_not_added_means_no_aux_gradient():
+    base = tiny_model("qwen3_moe")
+    plain, with_aux = copy.deepcopy(base), copy.deepcopy(base)
+    mf_ds.patch.apply(plain, family_plan("qwen3_moe"))
+    mf_ds.patch.apply(with_aux, family_plan("qwen3_moe", aux_loss={"expert": 0.5, "device": 0.0, "comm": 0.0}))
+    ids = _batch()
+    _, grads_plain = _loss_and_grads(plain.train(), ids)
+    _, grads_aux = _loss_and_grads(with_aux.train(), ids)
+    for name, grad in grads_plain.items():
+        assert_close(grads_aux[name], grad, **TOL, msg=name)
+
+
+# ---- bias balance and callbacks --------------------------------------------------------------------------------------
+BIAS_CALLBACK = {"balance_via_topk_bias": True, "topk_bias_update_rate": None, "num_layers": 2, "mtp_depth": 0,
+                 "expert_num": 8, "micro_batch_num": 1, "gradient_accumulation_steps": 1}
+DROP_CALLBACK = {"expert_num": 8, "capacity_factor": None, "num_layers": 2, "mtp_depth": 0}
+
+
+@pytest.mark.parametrize("callback_rate, rate", [(None, 0.01), (0.05, 0.05)])
+def test_topk_bias_update_moves_against_the_load(callback_rate, rate):
+    """bias += u * sign(mean load - load), u the callback's rate else moe_config's; only with the callback."""
+    model = tiny_model("deepseek_v3")
+    plan = family_plan("deepseek_v3",
+                       callbacks={"topk_bias_balance": {**BIAS_CALLBACK, "topk_bias_update_rate": callback_rate}})
+    mf_ds.patch.apply(model, plan)
+    model.train()
+    gate = model.model.layers[1].mlp.gate
+    before = gate.e_score_correction_bias.clone()
+    model(_batch()).logits.sum().backward()
+    load = torch.tensor(mf_ds.moe.step_metrics(model)[1]["expert_load"], dtype=torch.float64)
+    mf_ds.moe.update_topk_bias(model, family_plan("deepseek_v3"))  # no TopkBiasBalanceCallback: no move
+    assert torch.equal(gate.e_score_correction_bias, before)
+    mf_ds.moe.update_topk_bias(model, plan)
+    expected = before + rate * torch.sign(load.mean() - load).float()
+    assert_close(gate.e_score_correction_bias, expected)
+    assert gate.e_score_correction_bias.dtype == torch.float32
+    assert not torch.equal(expected, before)
+    mf_ds.moe.update_topk_bias(model, plan)  # its load counter was reset: no tokens, no move
+    assert_close(gate.e_score_correction_bias, expected)
+
+
+def test_bias_balance_on_a_family_without_a_native_bias_adds_one_buffer():
+    model = tiny_model("qwen3_moe")
+    keys = set(model.state_dict())
+    report = mf_ds.patch.apply(model, family_plan("qwen3_moe", router=dict(bias_balance=True)))
+    assert set(model.state_dict()) - keys == {f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in (0, 1)}
+    assert any("new fp32 buffer" in line for line in report)
+
+
+def test_drop_rate_estimate_uses_the_callbacks_capacity_factor():
+    ids = _batch()
+    estimates = []
+    for callback_cf in (None, 0.5):
+        model = tiny_model("qwen3_moe", router_scale=40.0)
+        plan = family_plan("qwen3_moe", capacity_factor=1.5, dropless=False,
+                           callbacks={"moe_drop_rate": {**DROP_CALLBACK, "capacity_factor": callback_cf}})
+        mf_ds.patch.apply(model, plan)
+        model.train()
+        model(ids)
+        metrics = mf_ds.moe.step_metrics(model)[0]
+        load = torch.tensor(metrics["expert_load"])
+        cf = 1.5 if callback_cf is None else callback_cf
+        assert metrics["drop_rate_estimate"] == pytest.approx((load - cf / 8).clamp(min=0).sum().item(), abs=1e-6)
+        estimates.append(metrics["drop_rate_estimate"])
+    assert estimates[1] > estimates[0]
+
+
+def test_hf_trainer_callbacks(capsys):
+    model = tiny_model("deepseek_v3", router_scale=40.0)
+    plan = family_plan("deepseek_v3", capacity_factor=1.0, dropless=False, drop_rate_callback=True,
+                       callbacks={"topk_bias_balance": BIAS_CALLBACK, "moe_drop_rate": DROP_CALLBACK})
+    callbacks = mf_ds.moe.trainer_callbacks(plan)
+    assert [type(c).__name__ for c in callbacks] == ["MoEDropRateCallback", "TopkBiasBalanceCallback"]
+    assert mf_ds.moe.trainer_callbacks(family_plan("deepseek_v3", drop_rate_callback=True)) == []  # no entries
+    assert not mf_ds.moe.logs_drop_rate(family_plan("deepseek_v3", callbacks={"moe_drop_rate": DROP_CALLBACK}))
+    mf_ds.patch.apply(model, plan)
+    model.train()
+    model(_batch()).logits.sum().backward()
+    bias_before = model.model.layers[1].mlp.gate.e_score_correction_bias.clone()
+    for callback in callbacks:
+        callback.on_step_end(None, None, None, model=model)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"layer: 1, drop_rate: {callbacks[0].metrics[1]['drop_rate']:.5f}"]
+    assert callbacks[0].metrics[1]["drop_rate"] > 0
+    assert not torch.equal(model.model.layers[1].mlp.gate.e_score_correction_bias, bias_before)
+
+
+def test_triton_kernels_through_the_interpreter_match_the_torch_path(monkeypatch):
+    """MF_DS_FORCE_TRITON=1: the block's permute, grouped matmuls, SwiGLU and unpermute run their Triton kernels
+    (interpreted on CPU), with dropping and safe tokens; same outputs and gradients as the torch path."""
+    base = tiny_model("qwen3_moe")
+    plan = family_plan("qwen3_moe", capacity_factor=1.0, dropless=False, safe_tokens=True)
+    runs = []
+    for force in ("0", "1"):
+        model = copy.deepcopy(base)
+        mf_ds.patch.apply(model, plan)
+        block = model.model.layers[0].mlp.train()
+        x = torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        monkeypatch.setenv("MF_DS_FORCE_TRITON", force)
+        y = block(x)
+        y.square().sum().backward()
+        runs.append((y.detach(), x.grad, block.experts.gate_up_proj.grad, block.experts.down_proj.grad,
+                     block.gate.weight.grad))
+    for torch_path, triton_path in zip(*runs, strict=True):
+        assert_close(triton_path, torch_path, **TOL)
+
+
+def test_plan_and_model_disagreeing_is_an_error():
+    model = tiny_model("deepseek_v3")
+    with pytest.raises(mf_ds.patch.PatchError, match="layer 0"):
+        mf_ds.patch.apply(model, family_plan("deepseek_v3", layers=[0, 1]))
+    with pytest.raises(mf_ds.patch.PatchError, match="experts"):
+        mf_ds.patch.apply(model, family_plan("deepseek_v3", num_experts=16))
+    assert not any(isinstance(m, mf_ds.moe.MFMoE) for m in model.modules())
+    llama = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=64))
+    with pytest.raises(mf_ds.patch.PatchError, match="no patch for model type 'llama'"):
+        mf_ds.patch.apply(llama, moe_plan())
