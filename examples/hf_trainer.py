@@ -25,6 +25,7 @@ def main() -> None:
     p.add_argument("--max_steps", type=int, default=20)
     p.add_argument("--output_dir", default="out/hf_trainer")
     args = p.parse_args()
+    torch.set_flush_denormal(True)  # CPU: subnormal gradients (MoE routers) slow every matmul ~40x; see mf_ds/loop.py
     # Any YAML key can be overridden by its dotted path, as --set does on the command line.
     setup = from_mf_yaml(args.config, output_dir=args.output_dir, max_steps=args.max_steps,
                          **{"mf_ds.zero_stage": 2})

@@ -121,6 +121,10 @@ class MFTrainer(Trainer):
         extra = aux_loss(model)
         if extra is None:
             return result
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            # The LM loss is already normalised over the whole accumulation window (the Trainer will not divide
+            # it by GA); the aux loss is this micro batch's mean, so it takes its 1/GA share here.
+            extra = extra / self.args.gradient_accumulation_steps
         return (result[0] + extra, result[1]) if return_outputs else result + extra
 
     def create_optimizer(self, model=None):
@@ -176,7 +180,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
 
     from mf_ds import patch
     from mf_ds.data import build_train_dataset
-    from mf_ds.loop import cpu_numerics, seed_everything
+    from mf_ds.loop import seed_everything
     from mf_ds.model import build_model, pending_features
     from mf_ds.recompute import apply_recompute
 
@@ -188,8 +192,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     plan = translate_file(str(path), sets, world_size=world).plan
     run = plan["run"]
+    # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
+    # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.
     seed_everything(run["seed"])
-    cpu_numerics()
     model = build_model(plan, run["load_checkpoint"])
     report = pending_features(plan) + patch.apply(model, plan) + apply_recompute(model, plan["layers"])
     dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], plan["hf_config"]["vocab_size"],

@@ -8,6 +8,7 @@ look; DeepSpeed's own monitor logs only lr and samples (deepspeed-and-hf.md §1.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,17 @@ class Monitor:
         """On resume, drop the rows of steps after the checkpoint so metrics.jsonl reads as one run."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a row torn by a kill mid-write
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+                kept.append(line)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.path)  # a kill here leaves the old file whole
 
     def record(self, row: dict[str, Any]) -> None:
         if not self.enabled:
