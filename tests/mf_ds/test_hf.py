@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,19 @@ def test_setup_carries_the_yaml(monkeypatch, tmp_path):
     assert setup.plan["run"]["output_dir"] == str(tmp_path)
     sample = next(iter(setup.train_dataset))
     assert sample["input_ids"].shape == sample["labels"].shape == (128,)
+
+
+def test_moe_callbacks_fire_under_the_trainer_with_the_loop_lines(tmp_path):
+    """MoEDropRateCallback and TopkBiasBalanceCallback: the Trainer prints the same drop-rate lines as the loop."""
+    yaml = str(CONFIGS / "tiny_deepseek_v3.yaml")
+    hf = run([sys.executable, "examples/hf_trainer.py", yaml, "--max_steps", "2", "--output_dir", str(tmp_path / "hf")])
+    ds = run([sys.executable, "-m", "mf_ds.cli", yaml, "--max_steps", "2", "--output_dir", str(tmp_path / "ds"),
+              "--set", "mf_ds.zero_stage=2"])
+
+    def lines(proc):  # the Trainer's progress bar shares stderr (\r, no newline): find the lines anywhere
+        return re.findall(r"layer: \d+, drop_rate: \d+\.\d{5}", proc.stderr)
+
+    assert len(lines(ds)) == 4  # 2 steps x MoE layers 1 and 2 (the MTP layer is not built by transformers)
+    assert lines(hf) == lines(ds)
+    rows = [json.loads(line) for line in (tmp_path / "hf" / "metrics.jsonl").read_text().splitlines()]
+    assert set(rows[-1]["moe"]) == {"1", "2"} and len(rows[-1]["moe"]["1"]["expert_load"]) == 8
