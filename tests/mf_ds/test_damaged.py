@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT
 
 LLAMA = str(CONFIGS / "tiny_llama.yaml")
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+ENV = QUIET_CPU_ENV
 SMALL = ["--set", "runner_config.batch_size=1", "--set", "parallel_config.data_parallel=1",
          "--set", "model.model_config.seq_length=32", "--set", "recompute_config.recompute=False",
          "--set", "callbacks=[{type: MFLossMonitor}, {type: CheckpointMonitor, prefix: t, save_checkpoint_steps: 1, "

@@ -10,7 +10,6 @@ survivor's next collective fails at once; a frozen one (SIGSTOP) is noticed afte
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT
 
 pytestmark = pytest.mark.deepspeed
 
@@ -30,7 +29,7 @@ ARGS = ["--max_steps", str(STEPS),
                  "keep_checkpoint_max: 2}]",
         "--set", "runner_config.batch_size=1", "--set", "model.model_config.seq_length=32",
         "--set", "recompute_config.recompute=False"]
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+ENV = QUIET_CPU_ENV
 
 
 def _port() -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -11,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS, CPU_ENV, ROOT
 
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}
+ENV = CPU_ENV
 
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess:

@@ -13,7 +13,6 @@ The two chains and the reference run go in parallel threads (each run is a subpr
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from mf_ds import checkpoint
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT
 
 STEPS = 8
 # Small and fast: one rank, micro batch 1 x GA 2 (so a kill can land between the micro batches), 32 tokens.
@@ -37,7 +36,7 @@ ARGS = ["--max_steps", str(STEPS),
         "--set", "runner_config.batch_size=1", "--set", "runner_config.gradient_accumulation_steps=2",
         "--set", "parallel_config.data_parallel=1", "--set", "model.model_config.seq_length=32",
         "--set", "recompute_config.recompute=False"]
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+ENV = QUIET_CPU_ENV
 
 
 @dataclass

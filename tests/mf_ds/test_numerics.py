@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +20,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT
 from translators.cli import run as translate
 
 LLAMA = str(CONFIGS / "tiny_llama.yaml")
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+ENV = QUIET_CPU_ENV
 SMALL = ["--set", "runner_config.batch_size=1", "--set", "parallel_config.data_parallel=1",
          "--set", "model.model_config.seq_length=32", "--set", "recompute_config.recompute=False",
          "--set", "callbacks=[{type: MFLossMonitor}, {type: CheckpointMonitor, prefix: t, save_checkpoint_steps: 1, "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import CONFIGS, CORPUS, ROOT
+from tests.conftest import CONFIGS, CORPUS, CPU_ENV, ROOT
 
 LLAMA = str(CONFIGS / "tiny_llama.yaml")
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
+ENV = CPU_ENV
 
 
 def train(tmp: Path, *args: str, config: str = LLAMA, launcher: list[str] | None = None,

@@ -54,15 +54,6 @@ CASES = {
 }
 
 
-@pytest.fixture(params=["torch", "triton"])
-def path(request, monkeypatch):
-    if request.param == "triton" and DEVICE == "cpu":
-        monkeypatch.setenv("MF_DS_FORCE_TRITON", "1")
-    if request.param == "torch" and DEVICE == "cuda":
-        pytest.skip("the torch path is the CPU path")
-    return request.param
-
-
 def _tables(batch, seq, rot, dtype, seed):
     """HF's tables: cat(freqs, freqs) of random positions (so sequences differ per batch row)."""
     g = torch.Generator().manual_seed(seed)

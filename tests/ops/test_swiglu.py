@@ -30,16 +30,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [(torch.float32, 1e-6, 1e-5), (torch.bfloat16, 1e-2, 1.6e-2), (torch.float16, 1e-3, 2e-3)]
 # one row, non-powers of two, several leading dims, a row wider than one program's block (2048 columns)
 SHAPES = [(1, 1), (7, 40), (3, 5, 33), (2, 2053)]
-PATHS = ["torch", "triton"]
-
-
-@pytest.fixture(params=PATHS)
-def path(request, monkeypatch):
-    if request.param == "triton" and DEVICE == "cpu":
-        monkeypatch.setenv("MF_DS_FORCE_TRITON", "1")
-    if request.param == "torch" and DEVICE == "cuda":
-        pytest.skip("the torch path is the CPU path")
-    return request.param
 
 
 def _inputs(shape, dtype, seed=0):
