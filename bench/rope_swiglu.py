@@ -37,6 +37,7 @@ from transformers.models.glm import modeling_glm  # noqa: E402
 from transformers.models.llama import LlamaConfig, modeling_llama  # noqa: E402
 
 from mf_ds.ops.rope import fused_rope  # noqa: E402
+from mf_ds.ops import swiglu  # noqa: E402
 from mf_ds.ops.swiglu import fused_swiglu, fused_swiglu_packed  # noqa: E402
 from mf_ds.patch.kernels import FusedSwiGLUForward  # noqa: E402
 
@@ -49,7 +50,10 @@ ROPE = {
     "deepseek_v3_mla_64_of_192": (1, 1024, 16, 1, 64, 64, "interleaved_to_split"),
     "glm_partial_d128_r64": (1, 1024, 32, 2, 128, 64, "interleaved"),
 }
-SWIGLU = {"T4096_I1408": (4096, 1408), "T2048_I5632": (2048, 5632), "T512_I768": (512, 768)}
+# the last two sit either side of swiglu.CPU_MIN_ELEMENTS (2**17 elements of gate): eager aten backward below it,
+# the compiled loop from it on
+SWIGLU = {"T4096_I1408": (4096, 1408), "T2048_I5632": (2048, 5632), "T512_I768": (512, 768), "T64_I1024": (64, 1024),
+          "T256_I1024": (256, 1024)}
 MLP = {"llama_H1024_I2816_T2048": (2048, 1024, 2816)}
 QUICK = {"rope": {"llama3_gqa_d128": (1, 128, 8, 2, 128, 128, "split_half"),
                   "deepseek_v3_mla_64_of_192": (1, 128, 4, 1, 64, 64, "interleaved_to_split"),
@@ -154,8 +158,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--quick", action="store_true", help="small shapes, 3 rounds, nothing written")
     args = parser.parse_args()
-    if os.environ.get("MF_DS_FORCE_TRITON", "0") not in ("", "0"):
-        sys.exit("unset MF_DS_FORCE_TRITON: this benchmark measures the CPU torch path")
+    for name in ("MF_DS_FORCE_TRITON", "MF_DS_CPU_COMPILE"):
+        if name in os.environ:
+            sys.exit(f"unset {name}: this benchmark measures the CPU torch path as it runs by default")
     torch.set_num_threads(1)
     rounds = 3 if args.quick else args.rounds
     rope_shapes, swiglu_shapes, mlp_shapes = ((QUICK["rope"], QUICK["swiglu"], QUICK["mlp"]) if args.quick
@@ -191,9 +196,14 @@ def main() -> None:
         "clock": "time.thread_time (thread CPU time), 1 intra-op thread; min and median over rounds, alternated",
         "rounds": rounds,
         "notes": ["speedup = HF / mf_ds on the min over rounds (speedup_on_medians beside it); > 1: mf_ds faster",
-                  "swiglu, swiglu_packed: mf_ds keeps only gate and up and recomputes silu(gate) in backward: one "
-                  "more silu pass than HF's graph, which keeps silu(gate) (T x I elements); in bf16 that pass is "
-                  "the difference",
+                  "swiglu, swiglu_packed: mf_ds keeps only gate and up and recomputes silu(gate) in backward; "
+                  "forward runs HF's two aten kernels; backward, from "
+                  f"{swiglu.CPU_MIN_ELEMENTS} elements of gate on, runs as one torch.compile (Inductor C++) loop "
+                  "(fp32 math rounded once), which makes up for the recompute; below that, eager aten kernels "
+                  "(one more silu pass than HF's graph). A custom autograd op plus a compiled call cost ~40 us per "
+                  "forward+backward that HF's graph does not pay: at small sizes (T64_I1024) that fixed cost shows",
+                  "compiled-loop warm-up (the first call per dtype compiles, ~20 s cold, seconds with Inductor's "
+                  "cache) is outside the timed rounds",
                   "mlp: HF's LlamaMLP.forward vs the fused-SwiGLU patch's forward, which also rebuilds the product "
                   "in backward (2 T I fewer elements kept)"],
         "results": results,

@@ -5,7 +5,7 @@ reference (test oracle and CPU path), launcher, autograd.Function, public functi
     swiglu.py    fused_swiglu(gate, up), fused_swiglu_packed(gate_up)               silu(gate) * up, silu recomputed
     gmm.py       grouped_mm(x, w, tokens_per_expert)                                MoE experts' grouped matmul
     permute.py   permute(...), unpermute(...)                                       MoE token permutation
-    dispatch.py  use_triton(*tensors), on_device(kernel, *tensors)                  CUDA -> Triton, CPU -> torch
+    dispatch.py  use_triton(*tensors), on_device(kernel, *tensors), CompiledCPU     CUDA -> Triton, CPU -> torch
 
 Nothing is imported here, so `import mf_ds.ops.<op>` loads only that op (and Triton).
 """

@@ -5,7 +5,8 @@ the layout of HF v5 MoE experts' `gate_up_proj` and of GlmMLP's `gate_up_proj` o
 `[R, I]` (R = all leading dims) with a row stride, so the two halves of a packed tensor are read in place.
 
 Math, with s = sigmoid(gate) and g the incoming gradient (the kernels compute in fp32 and round once to the
-input dtype; the torch path runs the aten kernels HF's graph runs: F.silu, the product, silu_backward):
+input dtype, and so does the compiled CPU backward; the eager torch path runs the aten kernels HF's graph runs:
+F.silu, the product, silu_backward):
 
     out      = gate * s * up
     d gate   = g * up * s * (1 + gate * (1 - s))          d/dx silu(x) = s (1 + x (1 - s))
@@ -20,8 +21,12 @@ Memory: only gate and up are kept for backward; HF keeps silu(gate) as well. Thi
 of `feed_forward.w1.activation.silu`: mf_ds.recompute's `swiglu_recomputed` is this function, and the fused-SwiGLU
 MLP patch (mf_ds/patch/kernels.py) adds `feed_forward.mul` (the product is rebuilt in backward, not kept).
 
-Dispatch (mf_ds/ops/dispatch.py): CUDA -> Triton; CPU -> the torch path (also the reference); MF_DS_FORCE_TRITON=1
--> Triton on CPU through the interpreter. First derivatives only: backward under create_graph raises.
+Dispatch (mf_ds/ops/dispatch.py): CUDA -> Triton; CPU -> torch: HF's aten kernels forward; backward, from
+CPU_MIN_ELEMENTS on, `_bwd_math` compiled by torch.compile into one C++ loop (dispatch.CompiledCPU: recomputing silu
+in eager costs a fourth aten kernel, one more pass than HF's three; the loop makes one), and below it, in float64,
+with MF_DS_CPU_COMPILE=0 or without a working compiler the eager aten kernels (also the reference);
+MF_DS_FORCE_TRITON=1 -> Triton on CPU through the interpreter. First derivatives only: backward under create_graph
+raises.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from mf_ds.ops.dispatch import on_device, use_triton
+from mf_ds.ops.dispatch import CompiledCPU, on_device, use_triton
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -86,6 +91,28 @@ def swiglu_backward_reference(grad: torch.Tensor, gate: torch.Tensor, up: torch.
     if need_up:
         grad_up = F.silu(gate).mul_(grad)
     return grad_gate, grad_up
+
+
+# --- CPU backward: the same math as one compiled loop (dispatch.CompiledCPU) ---------------------------------------------
+# The forward needs no loop: F.silu and the product are the two aten kernels HF's graph runs. The backward does:
+# recomputing silu in eager takes a fourth aten kernel where HF's graph runs three.
+
+def _bwd_math(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d gate, d up) in fp32, rounded once, silu recomputed: the Triton kernel's arithmetic, for torch.compile."""
+    d, g, u = grad.float(), gate.float(), up.float()
+    s = torch.sigmoid(g)
+    return (d * u * s * (1.0 + g * (1.0 - s))).to(gate.dtype), (d * g * s).to(up.dtype)
+
+
+def _eager_bwd(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return swiglu_backward_reference(grad, gate, up)
+
+
+# Below CPU_MIN_ELEMENTS elements of grad (= of gate) the eager aten kernels win: a compiled call costs ~18 us in
+# dynamo's guards and wrappers, about what the extra silu pass costs over ~10^5 elements (the crossover measured
+# 0.5-1.3 x 10^5 on 1 and 2 threads, bf16 and fp32; bench/results/rope_swiglu-cpu.json has cases either side).
+CPU_MIN_ELEMENTS = 1 << 17
+_cpu_bwd = CompiledCPU(_bwd_math, _eager_bwd, CPU_MIN_ELEMENTS, KERNEL_DTYPES)
 
 
 # --- launchers --------------------------------------------------------------------------------------------------------
@@ -159,6 +186,9 @@ class SwiGLUFunction(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         need_gate, need_up = ctx.needs_input_grad
         if not use_triton(grad, gate, up):
+            if need_gate and need_up and _cpu_bwd.enabled(grad):  # one output alone: two aten kernels, as HF's
+                grad_gate, grad_up = _cpu_bwd(_rows(grad), _rows(gate), _rows(up))
+                return grad_gate.view(gate.shape), grad_up.view(up.shape)
             return swiglu_backward_reference(grad, gate, up, need_gate, need_up)
         grad_gate, grad_up = torch.empty_like(gate, memory_format=torch.contiguous_format), torch.empty_like(
             up, memory_format=torch.contiguous_format)
@@ -187,6 +217,11 @@ class SwiGLUPackedFunction(torch.autograd.Function):
         _no_double_backward()
         (gate_up,) = ctx.saved_tensors
         width = gate_up.shape[-1] // 2
+        if not use_triton(grad, gate_up) and _cpu_bwd.enabled(grad):
+            # two outputs and a concatenation, as HF's graph ends: a loop writing both halves of one buffer comes
+            # out of Inductor as a masked, unvectorised one (measured 1.5x slower than this and serial)
+            gate, up = _rows(gate_up).chunk(2, dim=-1)
+            return torch.cat(_cpu_bwd(_rows(grad), gate, up), dim=-1).view(gate_up.shape)  # gate_up
         grad_gate_up = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
         if not use_triton(grad, gate_up):
             gate, up = gate_up.chunk(2, dim=-1)

@@ -12,8 +12,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def path(request, monkeypatch):
     """Each op on both paths: on CPU the Triton kernels run under the interpreter (MF_DS_FORCE_TRITON=1); on CUDA
     the torch path is only the CPU path, so that variant does not apply there."""
-    if request.param == "triton" and DEVICE == "cpu":
+    return select_path(request.param, monkeypatch)
+
+
+def select_path(name: str, monkeypatch) -> str:
+    """Switch the environment to path `name` ("torch", "triton", or an op's own CPU variant, "compiled" ...)."""
+    if name == "triton" and DEVICE == "cpu":
         monkeypatch.setenv("MF_DS_FORCE_TRITON", "1")
-    if request.param == "torch" and DEVICE == "cuda":
-        pytest.skip("the torch path is the CPU path")
-    return request.param
+    if name != "triton" and DEVICE == "cuda":
+        pytest.skip(f"the {name} path is a CPU path")
+    return name

@@ -1,12 +1,16 @@
-"""mf_ds.ops.swiglu: the Triton kernels and the torch path against the reference and HF's SwiGLU (transformers'
-SiLU activation, then the product), forward and gradients; what is kept for backward; poisoned outputs.
+"""mf_ds.ops.swiglu: the Triton kernels and the torch paths against the reference and HF's SwiGLU (transformers'
+SiLU activation, then the product), forward and gradients; what is kept for backward; poisoned outputs; the
+compiled CPU loop's switches and its fallback.
 
-Triton runs on CUDA where there is one, else on CPU tensors in Triton's interpreter (MF_DS_FORCE_TRITON=1).
+Triton runs on CUDA where there is one, else on CPU tensors in Triton's interpreter (MF_DS_FORCE_TRITON=1). On CPU
+the torch path is two: eager aten kernels (the test shapes are below CPU_MIN_ELEMENTS) and, in the "compiled"
+variant, the torch.compile loop taken at any size.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -18,18 +22,44 @@ from torch.testing import assert_close  # noqa: E402
 from transformers.activations import ACT2FN  # noqa: E402
 
 from mf_ds.ops import swiglu  # noqa: E402
+from mf_ds.ops.dispatch import COMPILE_ENV, CompiledCPU  # noqa: E402
 from mf_ds.ops.swiglu import (  # noqa: E402
+    KERNEL_DTYPES,
     fused_swiglu,
     fused_swiglu_packed,
     swiglu_backward_reference,
     swiglu_reference,
 )
+from tests.ops.conftest import select_path  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # vs HF in the same dtype: HF rounds silu(gate) before the product, the kernel rounds once (1 ulp of bf16 = 2**-8)
 DTYPES = [(torch.float32, 1e-6, 1e-5), (torch.bfloat16, 1e-2, 1.6e-2), (torch.float16, 1e-3, 2e-3)]
 # one row, non-powers of two, several leading dims, a row wider than one program's block (2048 columns)
 SHAPES = [(1, 1), (7, 40), (3, 5, 33), (2, 2053)]
+
+
+COMPILED = (swiglu._cpu_bwd,)
+
+
+@pytest.fixture(params=["torch", "compiled", "triton"])
+def path(request, monkeypatch):
+    """The shared `path` fixture (tests/ops/conftest.py) plus "compiled": the torch.compile CPU loop at any size."""
+    name = select_path(request.param, monkeypatch)
+    monkeypatch.setenv(COMPILE_ENV, "1" if name == "compiled" else "0")
+    calls = {op: op.compiled_calls for op in COMPILED}
+    if name == "compiled":
+        for op in COMPILED:
+            monkeypatch.setattr(op, "min_elements", 0)
+        # three dtypes, one-element dims (which dynamo specialises) and packed strides: more variants than the default
+        # 8 recompiles of one function allow; a model meets one or two dtypes, and sizes past min_elements
+        monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
+    yield name
+    if name == "compiled":  # the loop ran, compiled: no fallback hid behind the eager path
+        assert all(op.failed is None for op in COMPILED), [op.failed for op in COMPILED]
+        assert any(op.compiled_calls > calls[op] for op in COMPILED)
+    else:
+        assert all(op.compiled_calls == calls[op] for op in COMPILED)
 
 
 def _inputs(shape, dtype, seed=0):
@@ -146,3 +176,47 @@ def test_errors(monkeypatch):
     g, u = (torch.randn(2, 4, device=DEVICE, requires_grad=True) for _ in range(2))
     with pytest.raises(RuntimeError, match="no second derivative"):
         torch.autograd.grad(fused_swiglu(g, u).sum(), (g, u), create_graph=True)
+
+
+@pytest.mark.parametrize("path", ["torch", "triton"], indirect=True)  # one gradient alone never takes the loop
+def test_one_gradient(path):
+    """Only gate (or only up) needs a gradient: the other is not computed, the one asked for is HF's."""
+    gate, up, grad = _inputs((3, 40), torch.float32)
+    up.requires_grad_(False)
+    (got,) = torch.autograd.grad(fused_swiglu(gate, up), gate, grad)
+    assert_close(got, torch.autograd.grad(_hf(gate, up), gate, grad)[0], atol=1e-6, rtol=1e-5)
+    gate.requires_grad_(False)
+    up.requires_grad_()
+    (got,) = torch.autograd.grad(fused_swiglu(gate, up), up, grad)
+    assert_close(got, torch.autograd.grad(_hf(gate, up), up, grad)[0], atol=1e-6, rtol=1e-5)
+
+
+def test_compiled_loop_switches(monkeypatch):
+    """When the compiled CPU loop runs: CPU, a kernel dtype, from min_elements on, MF_DS_CPU_COMPILE not 0."""
+    loop = CompiledCPU(swiglu._bwd_math, swiglu._eager_bwd, 64, KERNEL_DTYPES)
+    monkeypatch.delenv(COMPILE_ENV, raising=False)
+    assert loop.enabled(torch.empty(8, 8)) and loop.enabled(torch.empty(64, dtype=torch.bfloat16))
+    assert not loop.enabled(torch.empty(63))  # below min_elements
+    assert not loop.enabled(torch.empty(64, dtype=torch.float64))  # fp32 math would lose float64's precision
+    assert not loop.enabled(torch.empty(64, device="meta"))
+    monkeypatch.setenv(COMPILE_ENV, "0")
+    assert not loop.enabled(torch.empty(8, 8))
+
+
+def test_compile_failure_falls_back_to_eager(monkeypatch):
+    """A failed compile (no C++ compiler, an Inductor bug) warns once, naming the reason, and runs eager for good."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore")
+
+    monkeypatch.setenv(COMPILE_ENV, "1")
+    monkeypatch.setattr(torch, "compile", broken)
+    loop = CompiledCPU(swiglu._bwd_math, swiglu._eager_bwd, 0, KERNEL_DTYPES)
+    gate, up, grad = (t.detach() for t in _inputs((4, 8), torch.float32))
+    want = swiglu_backward_reference(grad, gate, up)
+    with pytest.warns(RuntimeWarning, match=r"compile of _bwd_math for CPU failed \(RuntimeError: InvalidCxxCompiler"):
+        got = loop(grad, gate, up)
+    assert_close(got, want)
+    assert loop.failed.endswith("No working C++ compiler found") and not loop.enabled(grad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_close(loop(grad, gate, up), want)  # no second warning
