@@ -186,7 +186,7 @@ class SwiGLUFunction(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         need_gate, need_up = ctx.needs_input_grad
         if not use_triton(grad, gate, up):
-            if need_gate and need_up and _cpu_bwd.enabled(grad):  # one output alone: two aten kernels, as HF's
+            if need_gate and need_up and _cpu_bwd.enabled(grad):  # one gradient alone is two aten kernels, as HF
                 grad_gate, grad_up = _cpu_bwd(_rows(grad), _rows(gate), _rows(up))
                 return grad_gate.view(gate.shape), grad_up.view(up.shape)
             return swiglu_backward_reference(grad, gate, up, need_gate, need_up)
@@ -217,13 +217,14 @@ class SwiGLUPackedFunction(torch.autograd.Function):
         _no_double_backward()
         (gate_up,) = ctx.saved_tensors
         width = gate_up.shape[-1] // 2
-        if not use_triton(grad, gate_up) and _cpu_bwd.enabled(grad):
-            # two outputs and a concatenation, as HF's graph ends: a loop writing both halves of one buffer comes
-            # out of Inductor as a masked, unvectorised one (measured 1.5x slower than this and serial)
+        triton_path = use_triton(grad, gate_up)
+        if not triton_path and _cpu_bwd.enabled(grad):
+            # two outputs, then the concatenation HF's graph ends with too: one loop writing both halves of a buffer
+            # comes out of Inductor masked and serial (measured 1.5x slower, and no faster on 2 threads)
             gate, up = _rows(gate_up).chunk(2, dim=-1)
             return torch.cat(_cpu_bwd(_rows(grad), gate, up), dim=-1).view(gate_up.shape)  # gate_up
         grad_gate_up = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
-        if not use_triton(grad, gate_up):
+        if not triton_path:
             gate, up = gate_up.chunk(2, dim=-1)
             grad_gate, grad_up = grad_gate_up.chunk(2, dim=-1)  # written in place: no concatenation
             torch.ops.aten.silu_backward.grad_input(torch.mul(grad, up, out=grad_gate), gate, grad_input=grad_gate)
