@@ -36,8 +36,8 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
 from transformers.models.glm import modeling_glm  # noqa: E402
 from transformers.models.llama import LlamaConfig, modeling_llama  # noqa: E402
 
-from mf_ds.ops.rope import fused_rope  # noqa: E402
 from mf_ds.ops import swiglu  # noqa: E402
+from mf_ds.ops.rope import fused_rope  # noqa: E402
 from mf_ds.ops.swiglu import fused_swiglu, fused_swiglu_packed  # noqa: E402
 from mf_ds.patch.kernels import FusedSwiGLUForward  # noqa: E402
 

@@ -176,13 +176,12 @@ def _scheduler_args(spec: dict) -> tuple[str, dict]:
 
 def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     """Translate `path` (dotted YAML overrides as keyword names; also output_dir= and max_steps=) for the Trainer."""
-    from translators.plan import translate_file
-
     from mf_ds import patch
     from mf_ds.data import build_train_dataset
     from mf_ds.loop import seed_everything
     from mf_ds.model import build_model, pending_features
     from mf_ds.recompute import apply_recompute
+    from translators.plan import translate_file
 
     output_dir = overrides.pop("output_dir", None)
     max_steps = overrides.pop("max_steps", None)

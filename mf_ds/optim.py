@@ -122,7 +122,8 @@ def lr_factor(spec: dict, total_steps: int) -> Callable[[int], float]:
     return lambda step: rate(step) / lr
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict,
+                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     for group in optimizer.param_groups:
         group["lr"] = spec["learning_rate"]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(spec, total_steps))

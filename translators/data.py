@@ -86,7 +86,7 @@ def parse_data(tree: dict, ledger: Ledger, seq_length: int | None) -> dict[str, 
         return data
     if not isinstance(raw, dict):
         raise ConfigError("train_dataset", f"expected a mapping, got {show(raw)}")
-    for name, value in raw.items():
+    for name in raw:
         path = join("train_dataset", name)
         if name not in DATASET_KEYS:
             ledger.unknown(path, "not a data set key mf_ds knows; ignored")
@@ -144,7 +144,8 @@ def _megatron(loader: dict, data: dict, ledger: Ledger) -> None:
             ledger.unknown(join(base, name), "not a BlendedMegatronDatasetDataLoader key; ignored")
     if "datasets_type" in loader:
         if loader["datasets_type"] != "GPTDataset":
-            raise ConfigError(join(base, "datasets_type"), f"expected 'GPTDataset', got {show(loader['datasets_type'])}")
+            raise ConfigError(join(base, "datasets_type"),
+                              f"expected 'GPTDataset', got {show(loader['datasets_type'])}")
         ledger.runtime(join(base, "datasets_type"), "GPT-style samples of seq_length + 1 tokens")
     if "sizes" in loader:
         sizes = coerce(loader["sizes"], list[int], join(base, "sizes")).value

@@ -3,8 +3,8 @@
 The batch triad (DeepSpeed asserts `train_batch_size == micro * GA * dp_world`):
   micro   = runner_config.batch_size
   GA      = (parallel_config.micro_batch_num if pipeline_stage > 1 else runner_config.gradient_accumulation_steps)
-            * micro_batch_interleave_num                      # base_trainer.py _check_global_batch_size_for_auto_parallel
-  global  = micro * GA * data_parallel                        # MindFormers' global batch
+            * micro_batch_interleave_num           # base_trainer.py _check_global_batch_size_for_auto_parallel
+  global  = micro * GA * data_parallel             # MindFormers' global batch
 The DeepSpeed run is data parallel over `world_size` ranks (default: parallel_config.data_parallel), and keeps
 MindFormers' global batch: GA = global / (micro * world_size), an error when that does not divide. An explicit
 `--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA instead.

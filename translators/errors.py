@@ -10,7 +10,6 @@ import difflib
 import re
 from collections.abc import Iterable
 
-
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]+")
 
 

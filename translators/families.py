@@ -52,7 +52,9 @@ class Family:
 
     name: str  # e.g. "llama", "qwen2_moe", "deepseek_v3", "glm4", "telechat"
     hf_model_type: str | None  # transformers model_type; None when transformers has no architecture for it
-    layer_style: str  # how MindFormers names ops in a decoder layer: llama|deepseek|mcore|gpt2|glm|other (recompute.STYLES; Telechat names its ops as Llama does)
+    # how MindFormers names ops in a decoder layer: llama|deepseek|mcore|gpt2|glm|other (recompute.STYLES; Telechat
+    # names its ops as Llama does)
+    layer_style: str
     mcore: bool  # the YAML uses the mcore model_config (use_legacy: False)
     reason: str = ""  # why hf_model_type is None
 

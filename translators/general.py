@@ -133,7 +133,7 @@ def parse_general(tree: dict, ledger: Ledger) -> General:
     """Parse the top-level scalars and account for every top-level key that is not a known section."""
     scalars = {k: v for k, v in tree.items() if k in General.fields()}
     general = General.parse(scalars, ledger)
-    for name, value in scalars.items():
+    for name in scalars:
         kind, message = GENERAL_BECOMES.get(name, ("runtime", f"run.{name}"))
         ledger.add(name, kind, message)
     for name in tree:

@@ -135,7 +135,7 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
     if cfg.use_gmm and cfg.capacity_factor > 0 and not gmm_capacity:
         ledger.runtime("moe_config.capacity_factor", "ignored with use_gmm, as in MindFormers (dropless); "
                        "set mf_ds.gmm_capacity: true to keep the capacity with the grouped matmul")
-    aux = dict(zip(cfg.aux_loss_types or [], cfg.aux_loss_factors or []))
+    aux = dict(zip(cfg.aux_loss_types or [], cfg.aux_loss_factors or [], strict=True))  # lengths: _check
     topk_method = cfg.topk_method
     if topk_method == "greedy" and (cfg.n_group or cfg.topk_group) and not mcore:
         # The DeepSeek-V3 YAMLs set n_group/topk_group but keep topk_method greedy: MindFormers ignores them.
@@ -203,7 +203,8 @@ def _check(cfg: MoEConfig, ep: int) -> None:
         if not (n_group and topk_group):
             raise ConfigError("moe_config.n_group", f"topk_method {cfg.topk_method} needs n_group and topk_group")
         if cfg.expert_num % n_group:
-            raise ConfigError("moe_config.n_group", f"expert_num {cfg.expert_num} is not divisible by n_group {n_group}")
+            raise ConfigError("moe_config.n_group",
+                              f"expert_num {cfg.expert_num} is not divisible by n_group {n_group}")
         if topk_group > n_group:
             raise ConfigError("moe_config.topk_group", f"{topk_group} exceeds n_group {n_group}")
         if topk_group * (cfg.expert_num // n_group) < cfg.num_experts_chosen:

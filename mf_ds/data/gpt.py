@@ -77,7 +77,7 @@ class TrainDataset(Dataset):
             raise DataError(self.name, f"too few tokens: no source holds seq_length + 1 = {seq_length + 1} tokens")
         counts = _apportion(n, np.array(weights, dtype=np.float64))
         self.sources = [Samples(source, int(c), seq_length, np.random.default_rng([seed, d]), shuffle)
-                        for d, (source, c) in enumerate(zip(sources, counts))]
+                        for d, (source, c) in enumerate(zip(sources, counts, strict=True))]
         # Sample j of source d sits at (j + 0.5) / count_d of the stream; ties go to the lower d.
         which = np.repeat(np.arange(len(counts)), counts)
         local = np.concatenate([np.arange(c) for c in counts])

@@ -93,7 +93,7 @@ def swiglu_backward_reference(grad: torch.Tensor, gate: torch.Tensor, up: torch.
     return grad_gate, grad_up
 
 
-# --- CPU backward: the same math as one compiled loop (dispatch.CompiledCPU) ---------------------------------------------
+# --- CPU backward: the same math as one compiled loop (dispatch.CompiledCPU) ------------------------------------------
 # The forward needs no loop: F.silu and the product are the two aten kernels HF's graph runs. The backward does:
 # recomputing silu in eager takes a fourth aten kernel where HF's graph runs three.
 

@@ -231,7 +231,7 @@ def test_resume_sees_the_uninterrupted_tail(megatron, drop_last):
             tail = list(batches(ds, 3, r, 2, start=start, passes=2, drop_last=drop_last))
             assert len(tail) == len(full[r]) - start
             assert all(torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
-                       for a, b in zip(tail, full[r][start:]))
+                       for a, b in zip(tail, full[r][start:], strict=True))
     first = {r: torch.cat([b["input_ids"] for b in full[r][:per_pass]]) for r in (0, 1)}
     second = torch.cat([b["input_ids"] for b in full[0][per_pass:]])
     assert not torch.equal(first[0], second)  # a new pass, a new order

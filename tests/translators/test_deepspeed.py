@@ -35,7 +35,8 @@ def notes_on(plan: dict, key: str) -> list[str]:
 def test_pipeline_rule_uses_micro_batch_num():
     plan = plan_of(parallel_config__pipeline_stage=2, parallel_config__micro_batch_num=8)
     assert plan["deepspeed"]["gradient_accumulation_steps"] == 8
-    assert any("ignored under pipeline_stage > 1" in n for n in notes_on(plan, "runner_config.gradient_accumulation_steps"))
+    notes = notes_on(plan, "runner_config.gradient_accumulation_steps")
+    assert any("ignored under pipeline_stage > 1" in n for n in notes)
 
 
 def test_micro_batch_interleave_multiplies_accumulation():
