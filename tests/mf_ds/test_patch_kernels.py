@@ -1,7 +1,8 @@
 """mf_ds.patch with plan.kernels fused_rope / fused_swiglu on tiny from_config models of every family: the same logits
 and gradients as the unpatched model (fp32), a report naming each replaced function and module, state-dict keys
 unchanged, `revert` restoring everything; the bytes a fused-SwiGLU MLP keeps for backward; the same checks with
-every op forced onto its Triton kernel (Triton's interpreter on CPU) for two models; ZeRO-3 training unchanged.
+every op forced onto its Triton kernel (Triton's interpreter on CPU), and with the compiled CPU SwiGLU backward, for
+two models; ZeRO-3 training unchanged.
 """
 
 from __future__ import annotations
@@ -139,6 +140,26 @@ def test_family_forced_triton(family, monkeypatch):
         got = forward_backward(model, IDS)
     finally:
         patch.revert(model)
+    assert_same(base, got, 1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "glm"])  # gate and up apart; packed gate_up_proj halves
+def test_family_compiled_cpu_backward(family, monkeypatch):
+    """The fused SwiGLU's compiled CPU backward (taken at any size here): the whole model still matches HF."""
+    from mf_ds.ops import swiglu
+
+    model_type, overrides, _ = FAMILIES[family]
+    model = build(model_type, **overrides)
+    base = forward_backward(model, IDS)
+    monkeypatch.setenv("MF_DS_CPU_COMPILE", "1")
+    monkeypatch.setattr(swiglu._cpu_bwd, "min_elements", 0)
+    calls = swiglu._cpu_bwd.compiled_calls
+    patch.apply(model, plan(rope=False))
+    try:
+        got = forward_backward(model, IDS)
+    finally:
+        patch.revert(model)
+    assert swiglu._cpu_bwd.failed is None and swiglu._cpu_bwd.compiled_calls - calls == 2  # one per dense MLP
     assert_same(base, got, 1e-5)
 
 
