@@ -104,15 +104,11 @@ def _bwd_math(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple
     return (d * u * s * (1.0 + g * (1.0 - s))).to(gate.dtype), (d * g * s).to(up.dtype)
 
 
-def _eager_bwd(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return swiglu_backward_reference(grad, gate, up)
-
-
 # Below CPU_MIN_ELEMENTS elements of grad (= of gate) the eager aten kernels win: a compiled call costs ~18 us in
 # dynamo's guards and wrappers, about what the extra silu pass costs over ~10^5 elements (the crossover measured
 # 0.5-1.3 x 10^5 on 1 and 2 threads, bf16 and fp32; bench/results/rope_swiglu-cpu.json has cases either side).
 CPU_MIN_ELEMENTS = 1 << 17
-_cpu_bwd = CompiledCPU(_bwd_math, _eager_bwd, CPU_MIN_ELEMENTS, KERNEL_DTYPES)
+_cpu_bwd = CompiledCPU(_bwd_math, swiglu_backward_reference, CPU_MIN_ELEMENTS, KERNEL_DTYPES)
 
 
 # --- launchers --------------------------------------------------------------------------------------------------------

@@ -11,8 +11,7 @@ import torch
 
 from mf_ds.ops import permute as permute_mod
 from mf_ds.ops.permute import permute, permute_reference, unpermute, unpermute_reference
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from tests.ops.conftest import DEVICE
 
 T, H, E, K = 13, 72, 5, 2
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 2e-2, 2e-2), (torch.float16, 2e-3, 2e-3)]

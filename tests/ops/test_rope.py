@@ -23,8 +23,8 @@ from transformers.models.llama import modeling_llama  # noqa: E402
 
 from mf_ds.ops import rope  # noqa: E402
 from mf_ds.ops.rope import fused_rope, rope_reference  # noqa: E402
+from tests.ops.conftest import DEVICE  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # vs HF in the same dtype: HF rounds both products and the sum, the kernel rounds once (bf16: 2**-8 relative)
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 3e-2, 1.6e-2), (torch.float16, 4e-3, 2e-3)]
 ONE_ROUNDING = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}  # kernel vs the fp32 reference

@@ -30,36 +30,34 @@ from mf_ds.ops.swiglu import (  # noqa: E402
     swiglu_backward_reference,
     swiglu_reference,
 )
-from tests.ops.conftest import select_path  # noqa: E402
+from tests.ops.conftest import DEVICE, select_path  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # vs HF in the same dtype: HF rounds silu(gate) before the product, the kernel rounds once (1 ulp of bf16 = 2**-8)
 DTYPES = [(torch.float32, 1e-6, 1e-5), (torch.bfloat16, 1e-2, 1.6e-2), (torch.float16, 1e-3, 2e-3)]
 # one row, non-powers of two, several leading dims, a row wider than one program's block (2048 columns)
 SHAPES = [(1, 1), (7, 40), (3, 5, 33), (2, 2053)]
 
 
-COMPILED = (swiglu._cpu_bwd,)
+LOOP = swiglu._cpu_bwd  # the compiled CPU backward
 
 
 @pytest.fixture(params=["torch", "compiled", "triton"])
 def path(request, monkeypatch):
     """The shared `path` fixture (tests/ops/conftest.py) plus "compiled": the torch.compile CPU loop at any size."""
     name = select_path(request.param, monkeypatch)
-    monkeypatch.setenv(COMPILE_ENV, "1" if name == "compiled" else "0")
-    calls = {op: op.compiled_calls for op in COMPILED}
+    monkeypatch.delenv(COMPILE_ENV, raising=False)  # the default: "torch" stays eager by size (CPU_MIN_ELEMENTS)
+    calls = LOOP.compiled_calls
     if name == "compiled":
-        for op in COMPILED:
-            monkeypatch.setattr(op, "min_elements", 0)
+        monkeypatch.setattr(LOOP, "min_elements", 0)
         # three dtypes, one-element dims (which dynamo specialises) and packed strides: more variants than the default
         # 8 recompiles of one function allow; a model meets one or two dtypes, and sizes past min_elements
         monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
     yield name
     if name == "compiled":  # the loop ran, compiled: no fallback hid behind the eager path
-        assert all(op.failed is None for op in COMPILED), [op.failed for op in COMPILED]
-        assert any(op.compiled_calls > calls[op] for op in COMPILED)
+        assert LOOP.failed is None, LOOP.failed
+        assert LOOP.compiled_calls > calls
     else:
-        assert all(op.compiled_calls == calls[op] for op in COMPILED)
+        assert LOOP.compiled_calls == calls
 
 
 def _inputs(shape, dtype, seed=0):
@@ -193,7 +191,7 @@ def test_one_gradient(path):
 
 def test_compiled_loop_switches(monkeypatch):
     """When the compiled CPU loop runs: CPU, a kernel dtype, from min_elements on, MF_DS_CPU_COMPILE not 0."""
-    loop = CompiledCPU(swiglu._bwd_math, swiglu._eager_bwd, 64, KERNEL_DTYPES)
+    loop = CompiledCPU(swiglu._bwd_math, swiglu_backward_reference, 64, KERNEL_DTYPES)
     monkeypatch.delenv(COMPILE_ENV, raising=False)
     assert loop.enabled(torch.empty(8, 8)) and loop.enabled(torch.empty(64, dtype=torch.bfloat16))
     assert not loop.enabled(torch.empty(63))  # below min_elements
@@ -210,7 +208,7 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
 
     monkeypatch.setenv(COMPILE_ENV, "1")
     monkeypatch.setattr(torch, "compile", broken)
-    loop = CompiledCPU(swiglu._bwd_math, swiglu._eager_bwd, 0, KERNEL_DTYPES)
+    loop = CompiledCPU(swiglu._bwd_math, swiglu_backward_reference, 0, KERNEL_DTYPES)
     gate, up, grad = (t.detach() for t in _inputs((4, 8), torch.float32))
     want = swiglu_backward_reference(grad, gate, up)
     with pytest.warns(RuntimeWarning, match=r"compile of _bwd_math for CPU failed \(RuntimeError: InvalidCxxCompiler"):
