@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from mf_ds.moe.router import MFRouter, RouterSpec, Routing, aux_losses, route
-from mf_ds.ops.gmm import grouped_mm
+from mf_ds.ops.gmm import gather_supported, grouped_mm, grouped_mm_gather
 from mf_ds.ops.permute import Permuted, permute, unpermute
 from mf_ds.ops.swiglu import fused_swiglu_packed
 
@@ -102,8 +102,18 @@ class MFExperts(nn.Module):
             return self._with_safe_tokens(x_MH, tokens_per_expert_E)
         return self._ffn(x_MH, tokens_per_expert_E)
 
-    def _ffn(self, x_MH: torch.Tensor, tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
-        gate_up_MI2 = grouped_mm(x_MH, self.gate_up_proj.transpose(1, 2), tokens_per_expert_E)
+    def forward_gathered(self, x_TH: torch.Tensor, perm: Permuted) -> torch.Tensor:
+        """The same as `forward(permuted x, counts)`, with the permute folded into the first grouped matmul's loads
+        (no [M, H] copy of the permuted rows, in the forward or kept for the backward). Triton path only."""
+        x_TH = x_TH.to(self.gate_up_proj.dtype)
+        gate_up_MI2 = grouped_mm_gather(x_TH, self.gate_up_proj.transpose(1, 2), perm.tokens_per_expert_E,
+                                        perm.token_of_row_M, perm.row_of_pair_TK)
+        return self._ffn(None, perm.tokens_per_expert_E, gate_up_MI2)
+
+    def _ffn(self, x_MH: torch.Tensor | None, tokens_per_expert_E: torch.Tensor,
+             gate_up_MI2: torch.Tensor | None = None) -> torch.Tensor:
+        if gate_up_MI2 is None:
+            gate_up_MI2 = grouped_mm(x_MH, self.gate_up_proj.transpose(1, 2), tokens_per_expert_E)
         if self.act_fn is None:
             h_MI = fused_swiglu_packed(gate_up_MI2)
         else:
@@ -204,9 +214,13 @@ class MFMoE(nn.Module):
         bias_E = self.gate.e_score_correction_bias if spec.router.bias_balance else None
         logits_TE = self.gate(x_TH)
         routing = route(logits_TE, spec.router, bias_E)
+        # On the Triton path the first grouped matmul gathers the token rows itself (no permuted copy).
+        gathered = self.expert_parallel is None and not spec.safe_tokens and gather_supported(x_TH)
         perm = permute(x_TH, routing.expert_ids_TK, spec.router.num_experts, capacity=spec.capacity(x_TH.shape[0]),
-                       drop_policy=spec.drop_policy)
-        if self.expert_parallel is None:
+                       drop_policy=spec.drop_policy, materialize=not gathered)
+        if gathered:
+            y_MH = self.experts.forward_gathered(x_TH, perm)
+        elif self.expert_parallel is None:
             y_MH = self.experts(perm.x_MH, perm.tokens_per_expert_E)
         else:
             y_MH = self.expert_parallel.run(perm.x_MH, perm.tokens_per_expert_E, self.experts)

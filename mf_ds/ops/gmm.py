@@ -21,6 +21,8 @@ CPU path: `torch.nn.functional.grouped_mm` (bench/results/gmm-cpu.json), zeroing
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -43,17 +45,29 @@ def _add(a, b):
 
 @triton.jit
 def _gmm_fwd_kernel(
-    x_ptr, w_ptr, y_ptr, offs_ptr,
+    x_ptr, w_ptr, y_ptr, offs_ptr, src_row_ptr,
     M, N, K, E,
     stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
     G_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, GATHER: tl.constexpr,
     PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    """y[rows of group g] = x[rows] @ w[g]; group E is the padding tail, stored as zeros."""
+    """y[rows of group g] = x[rows] @ w[g]; group E is the padding tail, stored as zeros.
+
+    GATHER: row r of the A operand is x[src_row[r]] (the permute folded into the GEMM's loads; src_row < 0: a zero
+    row), so the permuted copy of x is never written.
+    """
     pid = tl.program_id(0)
+    # GROUP_M row tiles share each column tile while they run: a column block of w (one expert, usually) is read
+    # from HBM once per GROUP_M row tiles instead of once per row tile (the Triton matmul tutorial's L2 swizzle,
+    # over the static tile bound; tiles past the real count exit below).
     num_n = (N + BLOCK_N - 1) // BLOCK_N
-    tile = pid // num_n
-    pid_n = pid % num_n
+    num_m = (M + BLOCK_M - 1) // BLOCK_M + E + 1
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    tile = first_m + (pid % in_group) % group_rows
+    pid_n = (pid % in_group) // group_rows
 
     # group g (0..E) spans rows [starts[g], ends[g]); groups past E are empty
     g = tl.arange(0, G_POW2)
@@ -68,22 +82,35 @@ def _gmm_fwd_kernel(
     row_start = tl.reduce(tl.where(g == grp, starts, 0), 0, _add) + (tile - first_tile) * BLOCK_M
     row_end = tl.reduce(tl.where(g == grp, ends, 0), 0, _add)
 
-    rows = (row_start + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows = (row_start + tl.arange(0, BLOCK_M)).to(tl.int64)  # int64: row * stride can pass 2^31
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < row_end
     col_mask = cols < N
     y_ptrs = y_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn
     out_mask = row_mask[:, None] & col_mask[None, :]
     if grp < E:
+        if GATHER:
+            src = tl.load(src_row_ptr + rows, mask=row_mask, other=-1).to(tl.int64)
+            a_mask = row_mask & (src >= 0)
+            a_rows = tl.where(a_mask, src, 0)
+        else:
+            a_mask = row_mask
+            a_rows = rows
         w_base = w_ptr + grp.to(tl.int64) * stride_we
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
-            k_mask = ks < K
-            a = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
-                        mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            b = tl.load(w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                        mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+            if EVEN_K:  # K % BLOCK_K == 0: no mask along K
+                a = tl.load(x_ptr + a_rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+                            mask=a_mask[:, None], other=0.0)
+                b = tl.load(w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
+                            mask=col_mask[None, :], other=0.0)
+            else:
+                k_mask = ks < K
+                a = tl.load(x_ptr + a_rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+                            mask=a_mask[:, None] & k_mask[None, :], other=0.0)
+                b = tl.load(w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
+                            mask=k_mask[:, None] & col_mask[None, :], other=0.0)
             if DOT_FP32:
                 a, b = a.to(tl.float32), b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
@@ -94,18 +121,31 @@ def _gmm_fwd_kernel(
 
 @triton.jit
 def _gmm_dw_kernel(
-    x_ptr, dy_ptr, dw_ptr, offs_ptr,
+    x_ptr, dy_ptr, dw_ptr, offs_ptr, src_row_ptr,
     M, N, K,
     stride_xm, stride_xk, stride_ym, stride_yn, stride_we, stride_wk, stride_wn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_K: tl.constexpr,
+    GATHER: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    """dw[e] = x[rows of e]^T @ dy[rows of e], a reduction over the group's rows (zero when it has none)."""
-    e = tl.program_id(0)
-    pid_kn = tl.program_id(1)
+    """dw[e] = x[rows of e]^T @ dy[rows of e], a reduction over the group's rows (zero when it has none).
+
+    Expert-major order: the programs running at once work on one expert's tiles (GROUP_K K-tiles share each
+    N-tile), so its x and dy rows come from L2 rather than once per K-tile from HBM; the grid puts the expert on
+    the slowest axis.
+    """
+    pid = tl.program_id(0)
+    num_k = (K + BLOCK_K - 1) // BLOCK_K
     num_n = (N + BLOCK_N - 1) // BLOCK_N
-    ks = (pid_kn // num_n) * BLOCK_K + tl.arange(0, BLOCK_K)
-    cols = (pid_kn % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    per_expert = num_k * num_n
+    e = pid // per_expert
+    local = pid % per_expert
+    in_group = GROUP_K * num_n
+    first_k = (local // in_group) * GROUP_K
+    group_ks = tl.minimum(num_k - first_k, GROUP_K)
+    pid_k = first_k + (local % in_group) % group_ks
+    pid_n = (local % in_group) // group_ks
+    ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_mask = ks < K
     col_mask = cols < N
     start = tl.load(offs_ptr + e - 1, mask=e > 0, other=0).to(tl.int32)
@@ -114,8 +154,15 @@ def _gmm_dw_kernel(
     for m0 in range(start, end, BLOCK_M):
         rows = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
         row_mask = rows < end
-        xt = tl.load(x_ptr + rows[None, :] * stride_xm + ks[:, None] * stride_xk,
-                     mask=k_mask[:, None] & row_mask[None, :], other=0.0)
+        if GATHER:
+            src = tl.load(src_row_ptr + rows, mask=row_mask, other=-1).to(tl.int64)
+            x_mask = row_mask & (src >= 0)
+            x_rows = tl.where(x_mask, src, 0)
+        else:
+            x_mask = row_mask
+            x_rows = rows
+        xt = tl.load(x_ptr + x_rows[None, :] * stride_xm + ks[:, None] * stride_xk,
+                     mask=k_mask[:, None] & x_mask[None, :], other=0.0)
         dy = tl.load(dy_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn,
                      mask=row_mask[:, None] & col_mask[None, :], other=0.0)
         if DOT_FP32:
@@ -147,14 +194,31 @@ def grouped_mm_reference(x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tenso
 _empty = torch.empty  # tests poison the outputs through this hook
 
 
-def _blocks(t: Tensor) -> dict:
-    # GPU tiles: 128x128x64 with 3 pipeline stages (the Triton matmul tutorial's bf16 config for H100).
-    # The interpreter (CPU) runs every program in Python: few, small tiles, and the operands go to fp32 before
-    # tl.dot because the interpreter's bf16 dot returns garbage (triton 3.9; exact bf16 x bf16 products in fp32 are
-    # what the tensor cores compute too).
-    if t.is_cuda:
-        return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3, "DOT_FP32": False}
-    return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "DOT_FP32": True}
+# CUDA: autotuned per (K, N, E, layout, dtype), the first call of each key timing every config (a few seconds per
+# key, once per process). 128x128x64 with 3 stages is the Triton matmul tutorial's bf16 config for Hopper; the
+# others cover wide N, small groups and a deeper pipeline. GROUP_M / GROUP_K: the L2 swizzle width.
+_FWD_CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+]
+_DW_CONFIGS = [
+    triton.Config({"BLOCK_K": 128, "BLOCK_N": 128, "BLOCK_M": 64, "GROUP_K": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_K": 128, "BLOCK_N": 256, "BLOCK_M": 64, "GROUP_K": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_K": 128, "BLOCK_N": 128, "BLOCK_M": 64, "GROUP_K": 8}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_K": 64, "BLOCK_N": 128, "BLOCK_M": 64, "GROUP_K": 8}, num_warps=4, num_stages=4),
+]
+_even_k = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
+_gmm_fwd_tuned = triton.autotune(_FWD_CONFIGS, key=["N", "K", "E", "stride_wk", "GATHER"])(_even_k(_gmm_fwd_kernel))
+_gmm_dw_tuned = triton.autotune(_DW_CONFIGS, key=["N", "K", "stride_wk", "GATHER"])(_gmm_dw_kernel)
+
+# The interpreter (CPU) runs every program in Python: few, small tiles, and the operands go to fp32 before tl.dot
+# because the interpreter's bf16 dot returns garbage (triton 3.9; exact bf16 x bf16 products in fp32 are what the
+# tensor cores compute too).
+_CPU_FWD = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2}
+_CPU_DW = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_K": 2}
 
 
 def _precision(t: Tensor) -> str:
@@ -167,28 +231,46 @@ def _offsets(tokens_per_expert_E: Tensor) -> Tensor:
     return torch.cumsum(tokens_per_expert_E, 0, dtype=torch.int32)
 
 
-def _gmm_triton(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor) -> Tensor:
-    """y = x @ w per group; w may be any strided view ([E, N, K] transposed for dX)."""
-    M, K = x_MK.shape
+def _fwd_kernel(x: Tensor, config: triton.Config | None, K: int) -> tuple:
+    """(launchable kernel, its fixed meta-parameters): the autotuned kernel on CUDA, or the given config."""
+    if x.is_cuda and config is None:
+        return _gmm_fwd_tuned, {"DOT_FP32": False}
+    meta = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages) if config else \
+        dict(_CPU_FWD)
+    meta.update(EVEN_K=K % meta["BLOCK_K"] == 0, DOT_FP32=not x.is_cuda)
+    return on_device(_gmm_fwd_kernel, x), meta
+
+
+def _gmm_triton(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, src_row_M: Tensor | None = None,
+                config: triton.Config | None = None) -> Tensor:
+    """y = x @ w per group; w may be any strided view ([E, N, K] transposed for dX). With `src_row_M`, A's row r is
+    x[src_row_M[r]] (negative: a zero row), and y has src_row_M's row count."""
+    M = x_MK.shape[0] if src_row_M is None else src_row_M.shape[0]
+    K = x_MK.shape[1]
     E, _, N = w_EKN.shape
     y_MN = _empty((M, N), dtype=x_MK.dtype, device=x_MK.device)
     if M == 0 or N == 0:
         return y_MN
-    meta = _blocks(x_MK)
-    grid = ((triton.cdiv(M, meta["BLOCK_M"]) + E + 1) * triton.cdiv(N, meta["BLOCK_N"]),)
-    on_device(_gmm_fwd_kernel, x_MK)[grid](
-        x_MK, w_EKN, y_MN, offs_E, M, N, K, E,
+    kernel, meta = _fwd_kernel(x_MK, config, K)
+
+    def grid(m):
+        return ((triton.cdiv(M, m["BLOCK_M"]) + E + 1) * triton.cdiv(N, m["BLOCK_N"]),)
+
+    kernel[grid](
+        x_MK, w_EKN, y_MN, offs_E, offs_E if src_row_M is None else src_row_M, M, N, K, E,
         x_MK.stride(0), x_MK.stride(1), w_EKN.stride(0), w_EKN.stride(1), w_EKN.stride(2),
         y_MN.stride(0), y_MN.stride(1),
-        G_POW2=triton.next_power_of_2(E + 1), PRECISION=_precision(x_MK), **meta,
+        G_POW2=triton.next_power_of_2(E + 1), GATHER=src_row_M is not None, PRECISION=_precision(x_MK), **meta,
     )
     return y_MN
 
 
-def _gmm_dw_triton(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor) -> Tensor:
+def _gmm_dw_triton(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor, src_row_M: Tensor | None = None,
+                   config: triton.Config | None = None) -> Tensor:
     """dW in w's own layout, so that a transposed view of HF's [E, N, K] storage gets a gradient AccumulateGrad
-    takes without a copy."""
-    M, K = x_MK.shape
+    takes without a copy. With `src_row_M`, x's rows are gathered as in the forward."""
+    M = dy_MN.shape[0]
+    K = x_MK.shape[1]
     N = dy_MN.shape[1]
     E = offs_E.shape[0]
     if w_EKN.stride(1) == 1:
@@ -197,13 +279,21 @@ def _gmm_dw_triton(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor) -
         dw_EKN = _empty((E, K, N), dtype=w_EKN.dtype, device=x_MK.device)
     if dw_EKN.numel() == 0:
         return dw_EKN
-    meta = _blocks(x_MK)
-    grid = (E, triton.cdiv(K, meta["BLOCK_K"]) * triton.cdiv(N, meta["BLOCK_N"]))
-    on_device(_gmm_dw_kernel, x_MK)[grid](
-        x_MK, dy_MN, dw_EKN, offs_E, M, N, K,
+    if x_MK.is_cuda and config is None:
+        kernel, meta = _gmm_dw_tuned, {"DOT_FP32": False}
+    else:
+        meta = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages) if config else \
+            dict(_CPU_DW)
+        kernel, meta["DOT_FP32"] = on_device(_gmm_dw_kernel, x_MK), not x_MK.is_cuda
+
+    def grid(m):  # one program per (expert, K-tile, N-tile), expert slowest
+        return (E * triton.cdiv(K, m["BLOCK_K"]) * triton.cdiv(N, m["BLOCK_N"]),)
+
+    kernel[grid](
+        x_MK, dy_MN, dw_EKN, offs_E, offs_E if src_row_M is None else src_row_M, M, N, K,
         x_MK.stride(0), x_MK.stride(1), dy_MN.stride(0), dy_MN.stride(1),
         dw_EKN.stride(0), dw_EKN.stride(1), dw_EKN.stride(2),
-        PRECISION=_precision(x_MK), **meta,
+        GATHER=src_row_M is not None, PRECISION=_precision(x_MK), **meta,
     )
     return dw_EKN
 
@@ -224,6 +314,30 @@ class GroupedMMFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:  # w: X_e^T @ dY_e per expert
             dw_EKN = _gmm_dw_triton(x_MK, dy_MN, offs_E, w_EKN)
         return dx_MK, dw_EKN, None  # tokens_per_expert: integer, no gradient
+
+
+class GroupedMMGatherFunction(torch.autograd.Function):
+    """The permute folded into the grouped matmul: y[r] = x[src_row[r]] @ w[e(r)], the [M, K] permuted copy of x
+    neither written in the forward nor kept for the backward (the dW kernel gathers the same rows again)."""
+
+    @staticmethod
+    def forward(ctx, x_TK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, src_row_M: Tensor,
+                row_of_pair_TP: Tensor) -> Tensor:
+        offs_E = _offsets(tokens_per_expert_E)
+        ctx.save_for_backward(x_TK, w_EKN, offs_E, src_row_M, row_of_pair_TP)
+        return _gmm_triton(x_TK, w_EKN, offs_E, src_row_M)
+
+    @staticmethod
+    def backward(ctx, dy_MN: Tensor):
+        from mf_ds.ops.permute import _launch_sum_pairs
+
+        x_TK, w_EKN, offs_E, src_row_M, row_of_pair_TP = ctx.saved_tensors
+        dx_TK = dw_EKN = None
+        if ctx.needs_input_grad[0]:  # x: dY @ W^T per row, then each token sums its kept rows (fp32)
+            dx_TK = _launch_sum_pairs(_gmm_triton(dy_MN, w_EKN.transpose(1, 2), offs_E), row_of_pair_TP)
+        if ctx.needs_input_grad[1]:  # w: X_e^T @ dY_e, X_e's rows gathered from x
+            dw_EKN = _gmm_dw_triton(x_TK, dy_MN, offs_E, w_EKN, src_row_M)
+        return dx_TK, dw_EKN, None, None, None  # the counts and the index maps: integers, no gradient
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -273,11 +387,36 @@ def grouped_mm(x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor) -> Tens
     assert x_MK.dim() == 2 and w_EKN.dim() == 3 and x_MK.shape[1] == w_EKN.shape[1], (x_MK.shape, w_EKN.shape)
     assert tokens_per_expert_E.shape == (w_EKN.shape[0],), (tokens_per_expert_E.shape, w_EKN.shape)
     assert x_MK.dtype == w_EKN.dtype, (x_MK.dtype, w_EKN.dtype)
-    if use_triton(x_MK, w_EKN):
+    if use_triton(x_MK, w_EKN) and not _cutlass(x_MK):
         return GroupedMMFunction.apply(x_MK, w_EKN, tokens_per_expert_E)
+    if x_MK.is_cuda:
+        return GroupedMMTorchFunction.apply(x_MK, w_EKN, tokens_per_expert_E)
     if x_MK.shape[0] * x_MK.shape[1] * w_EKN.shape[2] < _LOOP_BELOW * w_EKN.shape[0]:
         return _grouped_mm_loop(x_MK, w_EKN, tokens_per_expert_E)
     return GroupedMMTorchFunction.apply(x_MK, w_EKN, tokens_per_expert_E)
+
+
+def grouped_mm_gather(x_TK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, src_row_M: Tensor,
+                      row_of_pair_TP: Tensor) -> Tensor:
+    """grouped_mm of the permuted rows x[src_row_M] without materialising them (Triton path only: callers check
+    `gather_supported`). src_row_M: each permuted row's source row of x, -1 for padding rows; row_of_pair_TP: the
+    rows of each source row (-1: dropped), for the backward's sum. Differentiable in x and w."""
+    assert x_TK.dim() == 2 and w_EKN.dim() == 3 and x_TK.shape[1] == w_EKN.shape[1], (x_TK.shape, w_EKN.shape)
+    assert row_of_pair_TP.shape[0] == x_TK.shape[0] and x_TK.dtype == w_EKN.dtype, (row_of_pair_TP.shape, x_TK.shape)
+    return GroupedMMGatherFunction.apply(x_TK, w_EKN, tokens_per_expert_E, src_row_M, row_of_pair_TP)
+
+
+def gather_supported(*tensors: Tensor) -> bool:
+    """Whether grouped_mm_gather runs on these tensors (the Triton kernels; not the CUTLASS dispatch)."""
+    return use_triton(*tensors) and not _cutlass(tensors[0])
+
+
+BACKEND_ENV = "MF_DS_GMM"
+
+
+def _cutlass(x: Tensor) -> bool:
+    """`MF_DS_GMM=torch` on CUDA: torch's grouped_mm (CUTLASS on sm90) instead of the Triton kernels."""
+    return x.is_cuda and os.environ.get(BACKEND_ENV, "triton") == "torch"
 
 
 # CPU: torch's grouped_mm has a fixed cost per call that a loop of matmuls does not. Measured on 2 cores, torch

@@ -38,10 +38,12 @@ DROP_POLICIES = ("kdrop", "sdrop")
 
 
 class Permuted(NamedTuple):
-    x_MH: Tensor  # token rows sorted by expert (kept pairs only, capacity applied), zero padding rows at the end
+    x_MH: Tensor | None  # token rows sorted by expert (kept pairs only, capacity applied), zero padding rows at the
+    # end; None from permute(materialize=False), for a consumer that gathers the rows itself (gmm.grouped_mm_gather)
     tokens_per_expert_E: Tensor  # kept rows per expert, int64
     row_of_pair_TK: Tensor  # each (token, choice)'s row in x_MH, -1 when the pair was dropped; int64
     kept_TK: Tensor  # bool
+    token_of_row_M: Tensor | None = None  # each row's token, -1 for a padding row; int64
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -55,15 +57,21 @@ def _add(a, b):
 
 
 @triton.jit
-def _permute_fwd_kernel(x_ptr, token_of_row_ptr, out_ptr, H, stride_x, stride_out, BLOCK_H: tl.constexpr):
-    """out[m] = x[token_of_row[m]], or zeros when the row is padding (-1)."""
-    m = tl.program_id(0).to(tl.int64)
-    t = tl.load(token_of_row_ptr + m).to(tl.int64)
-    h_live = tl.where(t >= 0, H, 0)  # a scalar bound, not `vector & scalar`: the interpreter rejects that mask
+def _permute_fwd_kernel(x_ptr, row_of_pair_ptr, token_of_row_ptr, out_ptr, T, M, H, K, stride_x, stride_out,
+                        BLOCK_H: tl.constexpr):
+    """Token-major: program i reads x[i] once and writes it to each of its kept rows (row_of_pair[i, k] >= 0); and
+    when row i is a padding row (token_of_row[i] < 0), it writes that row's zeros. Grid: max(T, M) programs."""
+    i = tl.program_id(0).to(tl.int64)
+    t_live = tl.where(i < T, H, 0)  # scalar bounds, not `vector & scalar`: the interpreter rejects that mask
+    pad = tl.load(token_of_row_ptr + i, mask=i < M, other=0) < 0
+    pad_live = tl.where(pad, H, 0)
     for h0 in range(0, H, BLOCK_H):
         hs = h0 + tl.arange(0, BLOCK_H)
-        v = tl.load(x_ptr + t * stride_x + hs, mask=hs < h_live, other=0.0)
-        tl.store(out_ptr + m * stride_out + hs, v, mask=hs < H)
+        v = tl.load(x_ptr + i * stride_x + hs, mask=hs < t_live, other=0.0)
+        for k in range(K):
+            r = tl.load(row_of_pair_ptr + i * K + k, mask=i < T, other=-1).to(tl.int64)
+            tl.store(out_ptr + r * stride_out + hs, v, mask=hs < tl.where(r >= 0, t_live, 0))
+        tl.store(out_ptr + i * stride_out + hs, tl.full((BLOCK_H,), 0.0, out_ptr.dtype.element_ty), mask=hs < pad_live)
 
 
 @triton.jit
@@ -146,16 +154,18 @@ def permute_reference(x_TH: Tensor, expert_ids_TK: Tensor, num_experts: int, cap
             pairs_of_expert[e].append((t, k))
     M = _num_rows(T, K, num_experts, capacity, pad_to_multiple)
     row_of_pair = torch.full((T, K), -1, dtype=torch.int64)
-    rows = []
+    rows, token_of_row = [], [-1] * M
     for pairs in pairs_of_expert:
         for t, k in pairs:
             row_of_pair[t, k] = len(rows)
+            token_of_row[len(rows)] = t
             rows.append(x_TH[t])
     rows += [x_TH.new_zeros(x_TH.shape[1])] * (M - len(rows))
     x_MH = torch.stack(rows) if rows else x_TH[:0]
     dev = x_TH.device
     counts = torch.tensor([len(p) for p in pairs_of_expert], dtype=torch.int64, device=dev)
-    return Permuted(x_MH, counts, row_of_pair.to(dev), (row_of_pair >= 0).to(dev))
+    return Permuted(x_MH, counts, row_of_pair.to(dev), (row_of_pair >= 0).to(dev),
+                    torch.tensor(token_of_row, dtype=torch.int64, device=dev))
 
 
 def unpermute_reference(y_MH: Tensor, perm: Permuted, gates_TK: Tensor) -> Tensor:
@@ -219,12 +229,14 @@ def _block_h(H: int) -> int:
     return min(triton.next_power_of_2(max(H, 16)), 1024)
 
 
-def _launch_gather_rows(x_TH: Tensor, token_of_row_M: Tensor) -> Tensor:
+def _launch_gather_rows(x_TH: Tensor, token_of_row_M: Tensor, row_of_pair_TK: Tensor) -> Tensor:
     x_TH = x_TH.contiguous()
-    out = _empty((token_of_row_M.shape[0], x_TH.shape[1]), dtype=x_TH.dtype, device=x_TH.device)
+    (T, K), M = row_of_pair_TK.shape, token_of_row_M.shape[0]
+    out = _empty((M, x_TH.shape[1]), dtype=x_TH.dtype, device=x_TH.device)
     if out.numel():
-        on_device(_permute_fwd_kernel, x_TH)[(out.shape[0],)](
-            x_TH, token_of_row_M, out, x_TH.shape[1], x_TH.stride(0), out.stride(0), BLOCK_H=_block_h(x_TH.shape[1]))
+        on_device(_permute_fwd_kernel, x_TH)[(max(T, M),)](
+            x_TH, row_of_pair_TK, token_of_row_M, out, T, M, x_TH.shape[1], K, x_TH.stride(0), out.stride(0),
+            BLOCK_H=_block_h(x_TH.shape[1]))
     return out
 
 
@@ -243,7 +255,7 @@ class PermuteFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_TH: Tensor, token_of_row_M: Tensor, row_of_pair_TK: Tensor) -> Tensor:
         ctx.save_for_backward(row_of_pair_TK)
-        return _launch_gather_rows(x_TH, token_of_row_M)
+        return _launch_gather_rows(x_TH, token_of_row_M, row_of_pair_TK)
 
     @staticmethod
     def backward(ctx, dxm_MH: Tensor):
@@ -342,22 +354,24 @@ class UnpermuteTorchFunction(torch.autograd.Function):
 # Public functions
 # ----------------------------------------------------------------------------------------------------------------
 def permute(x_TH: Tensor, expert_ids_TK: Tensor, num_experts: int, capacity: int | None = None,
-            drop_policy: str = "kdrop", pad_to_multiple: int = 1) -> Permuted:
+            drop_policy: str = "kdrop", pad_to_multiple: int = 1, materialize: bool = True) -> Permuted:
     """Sort the (token, choice) pairs' rows by expert, keep at most `capacity` per expert in `drop_policy` order,
-    pad the row count to a multiple of `pad_to_multiple`. Differentiable in x."""
+    pad the row count to a multiple of `pad_to_multiple`. Differentiable in x. `materialize=False`: the index maps
+    only (x_MH None), for a consumer that reads x's rows through token_of_row_M itself."""
     _check(expert_ids_TK, num_experts, capacity, drop_policy, pad_to_multiple)
     T, K = expert_ids_TK.shape
     assert x_TH.dim() == 2 and x_TH.shape[0] == T, (x_TH.shape, expert_ids_TK.shape)
     M = _num_rows(T, K, num_experts, capacity, pad_to_multiple)
     tokens_per_expert_E, row_of_pair_TK, kept_TK, pair_of_row_M = _route(
         expert_ids_TK, num_experts, capacity, drop_policy, M)
-    if use_triton(x_TH):
-        token_of_row_M = torch.where(pair_of_row_M >= 0, pair_of_row_M // K, -1)
+    token_of_row_M = torch.where(pair_of_row_M >= 0, pair_of_row_M // K, -1)
+    if not materialize:
+        x_MH = None
+    elif use_triton(x_TH):
         x_MH = PermuteFunction.apply(x_TH, token_of_row_M, row_of_pair_TK)
-    else:
-        token_of_row_M = torch.where(pair_of_row_M >= 0, pair_of_row_M // K, T)
-        x_MH = PermuteTorchFunction.apply(x_TH, token_of_row_M, row_of_pair_TK)
-    return Permuted(x_MH, tokens_per_expert_E, row_of_pair_TK, kept_TK)
+    else:  # token T (one past the end) is the zero row the torch path appends
+        x_MH = PermuteTorchFunction.apply(x_TH, torch.where(token_of_row_M >= 0, token_of_row_M, T), row_of_pair_TK)
+    return Permuted(x_MH, tokens_per_expert_E, row_of_pair_TK, kept_TK, token_of_row_M)
 
 
 def unpermute(y_MH: Tensor, perm: Permuted, gates_TK: Tensor) -> Tensor:

@@ -352,11 +352,16 @@ def test_hf_trainer_callbacks(capsys):
     assert not torch.equal(model.model.layers[1].mlp.gate.e_score_correction_bias, bias_before)
 
 
-def test_triton_kernels_through_the_interpreter_match_the_torch_path(monkeypatch):
+@pytest.mark.parametrize("safe_tokens", [True, False])  # False: the permute folded into the first grouped matmul
+def test_triton_kernels_through_the_interpreter_match_the_torch_path(monkeypatch, safe_tokens):
     """MF_DS_FORCE_TRITON=1: the block's permute, grouped matmuls, SwiGLU and unpermute run their Triton kernels
-    (interpreted on CPU), with dropping and safe tokens; same outputs and gradients as the torch path."""
+    (interpreted on CPU), with dropping, with and without safe tokens; same outputs and gradients as the torch
+    path."""
     base = tiny_model("qwen3_moe")
-    plan = family_plan("qwen3_moe", capacity_factor=1.0, dropless=False, safe_tokens=True)
+    plan = family_plan("qwen3_moe", capacity_factor=1.0, dropless=False, safe_tokens=safe_tokens)
+    gathers = []
+    real_gather = mf_ds.moe.layer.grouped_mm_gather
+    monkeypatch.setattr(mf_ds.moe.layer, "grouped_mm_gather", lambda *a: gathers.append(1) or real_gather(*a))
     runs = []
     for force in ("0", "1"):
         model = copy.deepcopy(base)
@@ -370,6 +375,7 @@ def test_triton_kernels_through_the_interpreter_match_the_torch_path(monkeypatch
                      block.gate.weight.grad))
     for torch_path, triton_path in zip(*runs, strict=True):
         assert_close(triton_path, torch_path, **TOL)
+    assert len(gathers) == (0 if safe_tokens else 1), "the gathered path runs on the Triton path without safe tokens"
 
 
 def test_plan_and_model_disagreeing_is_an_error():

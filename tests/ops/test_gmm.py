@@ -112,3 +112,100 @@ def test_no_host_sync_on_counts_cuda():
         torch.autograd.grad(y, (x, w), dy)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The permute folded into the grouped matmul (gmm.grouped_mm_gather): the same numbers as permute, then grouped_mm
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("capacity", [None, 2])  # dropless; a capacity that drops pairs and leaves padding rows
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+def test_gather_matches_permute_then_grouped_mm(capacity, dtype, atol, rtol, monkeypatch):
+    from mf_ds.ops.permute import permute, permute_reference
+
+    monkeypatch.setattr(gmm, "_empty", _poisoned_empty)
+    T, top_k, E = 9, 2, 4
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(T, K, generator=g) / K**0.5).to(DEVICE, dtype).requires_grad_()
+    w = torch.randn(E, N, K, generator=g).to(DEVICE, dtype).transpose(1, 2).detach().requires_grad_()  # HF layout
+    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(T)])
+    ids[:5, 0] = 1  # a hot expert, so the capacity drops pairs
+    ids = ids.to(DEVICE)
+    perm = permute(x.detach(), ids, E, capacity=capacity, materialize=False)
+    assert perm.x_MH is None
+    got_y = gmm.grouped_mm_gather(x, w, perm.tokens_per_expert_E, perm.token_of_row_M, perm.row_of_pair_TK)
+    dy = torch.randn(got_y.shape, generator=g).to(DEVICE, dtype)
+    got = (got_y, *torch.autograd.grad(got_y, (x, w), dy))
+    # the oracle in float64 on the same (rounded) inputs: the kernels round dX's rows before summing them, torch's
+    # autograd sums bf16 rows in bf16, so each differs from the other by more than from the exact value
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref_perm = permute_reference(x64, ids, E, capacity=capacity)
+    assert torch.equal(perm.token_of_row_M, ref_perm.token_of_row_M)
+    want_y = grouped_mm_reference(ref_perm.x_MH, w64, ref_perm.tokens_per_expert_E)
+    want = (want_y, *torch.autograd.grad(want_y, (x64, w64), dy.double()))
+    for label, a, b in zip(("y", "dx", "dw"), got, want, strict=True):
+        assert a.dtype == dtype and a.shape == b.shape, label
+        assert _rel_err(a, b) < max(rtol, 1e-6) / 2, label
+    assert torch.all(got[0][int(perm.tokens_per_expert_E.sum()):] == 0), "padding rows must be zero"
+    assert got[2].stride() == w.stride()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA at production tiles: every autotune config, bf16 and fp16, > 128 rows per expert, N > 128, skewed and empty
+# experts, odd K (the masked-K path), and row offsets past 2^31 elements
+# ----------------------------------------------------------------------------------------------------------------
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+CUDA_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs in bench/gpu_suite.py)")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k_in", [512, 520])  # 520: K % BLOCK_K != 0, the masked path
+def test_cuda_every_config_at_production_tiles(dtype, k_in, monkeypatch):
+    monkeypatch.setattr(gmm, "_empty", _poisoned_empty)
+    counts = [0, 1, 129, 700, 0, 3, 2000, 257]  # skewed, empty experts, > 128 rows
+    E, n_out, M = len(counts), 384, sum(counts) + 37  # 37 padding rows
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(M, k_in, generator=g) / k_in**0.5).to("cuda", dtype)
+    w = torch.randn(E, n_out, k_in, generator=g).to("cuda", dtype).transpose(1, 2)  # HF layout
+    dy = torch.randn(M, n_out, generator=g).to("cuda", dtype)
+    tpe = torch.tensor(counts, device="cuda")
+    offs = gmm._offsets(tpe)
+    want_y = grouped_mm_reference(x, w, tpe)
+    want_dx = grouped_mm_reference(dy, w.transpose(1, 2), tpe)
+    want_dw = torch.stack([x[s:s + n].double().t() @ dy[s:s + n].double() for s, n in
+                           zip(torch.tensor([0, *counts]).cumsum(0).tolist(), counts, strict=False)])
+    tol = CUDA_TOL[dtype]
+    for config in [None, *gmm._FWD_CONFIGS]:
+        y = gmm._gmm_triton(x, w, offs, config=config)
+        dx = gmm._gmm_triton(dy, w.transpose(1, 2), offs, config=config)
+        assert _rel_err(y, want_y) < tol and _rel_err(dx, want_dx) < tol, config
+        assert torch.all(y[sum(counts):] == 0) and torch.all(dx[sum(counts):] == 0), config
+    for config in [None, *gmm._DW_CONFIGS]:
+        dw = gmm._gmm_dw_triton(x, dy, offs, w, config=config)
+        assert dw.stride() == w.stride()
+        assert _rel_err(dw, want_dw) < tol, config
+        assert torch.all(dw[0] == 0) and torch.all(dw[4] == 0), "empty experts get zero dW"
+
+
+@requires_cuda
+def test_cuda_rows_past_2_31_elements():
+    """x holds more than 2^31 elements: row * stride needs 64-bit pointer arithmetic in every kernel."""
+    k_in, n_out = 2048, 128
+    M = 2**31 // k_in + 4096
+    counts = [M - 4096 - 300, 300, 4096]
+    x = torch.randn(M, k_in, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3, k_in, n_out, device="cuda", dtype=torch.bfloat16) / k_in**0.5
+    dy = torch.randn(M, n_out, device="cuda", dtype=torch.bfloat16)
+    tpe = torch.tensor(counts, device="cuda")
+    offs = gmm._offsets(tpe)
+    y = gmm._gmm_triton(x, w, offs)
+    dw = gmm._gmm_dw_triton(x, dy, offs, w)
+    tail = slice(M - 4096, M)  # the last expert: its rows start past 2^31 elements
+    assert _rel_err(y[tail], x[tail].float() @ w[2].float()) < 1e-2
+    assert _rel_err(dw[2], x[tail].double().t() @ dy[tail].double()) < 1e-2
+    assert _rel_err(dw[1], x[M - 4396:M - 4096].double().t() @ dy[M - 4396:M - 4096].double()) < 1e-2
