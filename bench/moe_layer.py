@@ -33,9 +33,9 @@ SHAPE = dict(E=64, K=4, H=512, I=192, T=2048)  # Qwen3-30B-A3B (E 128, K 8, H 20
 ROUNDS, WARMUP = 15, 2
 
 
-def _plan(capacity_factor: float) -> dict:
+def _plan(capacity_factor: float, E: int = SHAPE["E"], K: int = SHAPE["K"]) -> dict:
     moe = {
-        "num_experts": SHAPE["E"], "top_k": SHAPE["K"], "intermediate_size": None, "shared_experts": 0,
+        "num_experts": E, "top_k": K, "intermediate_size": None, "shared_experts": 0,
         "shared_expert_gating": False, "layers": [0], "mtp_layers": [],
         "router": {"score": "softmax", "dtype": "float32", "topk_method": "greedy", "n_group": None,
                    "topk_group": None, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "bias_balance": False,

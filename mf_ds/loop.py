@@ -261,14 +261,14 @@ class Trainer:
         nan_losses = 0  # consecutive steps with a non-finite loss
         while self.step < self.total_steps:
             start = time.perf_counter()
-            total = torch.zeros((), dtype=torch.float64)
+            total = torch.zeros((), dtype=torch.float64, device=self.engine.device)  # all_reduce: NCCL needs it there
             manual_norm = None
             lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (the scheduler moves in step())
             skipped_before = self.engine.skipped_steps
             poison = self.step + 1 in self.inject_nan
             for _ in range(self.ga):
                 self._beat()
-                batch = next(data)
+                batch = {name: t.to(self.engine.device, non_blocking=True) for name, t in next(data).items()}
                 labels = batch["labels"]
                 if self.pad_id is not None:
                     labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)

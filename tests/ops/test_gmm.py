@@ -159,7 +159,8 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 CUDA_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs in bench/gpu_suite.py)")
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                   reason="needs a CUDA device (bench/gpu_suite.py runs it)")
 
 
 @requires_cuda
