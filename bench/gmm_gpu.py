@@ -6,7 +6,9 @@ GMM rows: one expert projection (gate_up: K = H, N = 2I, weights in HF's [E, N, 
 forward + backward (dX and dW), bf16, dropless routing with a skewed router, rows sorted by expert, at the shapes of
 Qwen3-30B-A3B (E 128, k 8, H 2048, I 768), Mixtral-8x7B (E 8, k 2, H 4096, I 14336) and DeepSeek-V3 at EP 8
 (32 local experts of 256, k 8, H 7168, I 2048: a rank receives about T rows). Competitors, on the same tensors:
-  mf_ds        mf_ds.ops.gmm.grouped_mm (Triton, autotuned on its first call per shape)
+  mf_ds        mf_ds.ops.gmm.grouped_mm: per product (fwd, dX, dW) the fastest of its Triton pointer kernels, its
+               TMA kernels (gmm_tma.py) and torch's grouped_mm, timed on the first call (MF_DS_GMM=auto)
+  mf_ds_triton, mf_ds_tma   every product on that backend alone (each autotuned on its first call per shape)
   torch        torch.nn.functional.grouped_mm (CUTLASS on sm90)
   deepspeed    deepspeed.ops.triton_ops.group_gemm_triton (AutoEP's Triton group GEMM, trans_b=True)
   dense        torch.matmul of one [M, K] x [K, N] with the same FLOPs: the cuBLAS ceiling
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu_env import stamp  # noqa: E402
-from mf_ds.ops import gmm  # noqa: E402
+from mf_ds.ops import gmm, gmm_tma  # noqa: E402
 
 # name: (experts on this rank, top-k, hidden, expert width, rows per token on this rank)
 SHAPES = {
@@ -53,7 +56,7 @@ def _time(fn, grads_of=()) -> float:
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
+    a, b = a.detach().float(), b.detach().float()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
@@ -92,8 +95,16 @@ def gmm_case(name: str, tokens: int, dtype=torch.bfloat16) -> list[dict]:
         ds_gemm = importlib.import_module("deepspeed.ops.triton_ops.group_gemm_triton").group_gemm_triton
     except Exception as exc:  # noqa: BLE001 - a peer that cannot load is a row saying why
         ds_note = f"deepspeed unavailable: {type(exc).__name__}: {exc}"
+    def with_backend(backend):
+        def run():
+            os.environ[gmm.BACKEND_ENV] = backend
+            return gmm.grouped_mm(x, w_store.transpose(1, 2), counts)
+        return run
+
     impls = {
-        "mf_ds": lambda: gmm.grouped_mm(x, w_store.transpose(1, 2), counts),
+        "mf_ds": with_backend("auto"),  # per product: the Triton kernel or torch's, whichever timed faster
+        "mf_ds_triton": with_backend("triton"),
+        "mf_ds_tma": with_backend("tma"),
         "torch": lambda: torch.nn.functional.grouped_mm(x, w_store.transpose(1, 2), offs=offs),
         "deepspeed": (lambda: ds_gemm(x, w_store, offs, trans_b=True)) if ds_gemm else None,
     }
@@ -120,6 +131,30 @@ def gmm_case(name: str, tokens: int, dtype=torch.bfloat16) -> list[dict]:
             rows.append({**row, "ms": times[who], "TFLOPs": flops / times[who] / 1e9})
         except Exception as exc:  # noqa: BLE001
             rows.append({**row, "ms": None, "note": f"failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"})
+    os.environ[gmm.BACKEND_ENV] = "auto"
+    # each product alone, on each backend `auto` chooses between: the pointer kernels, the TMA kernels, torch's
+    w_t = w_store.detach().transpose(1, 2)
+    xd = x.detach()
+    products = {"fwd": (lambda: gmm._gmm_triton(xd, w_t, offs), lambda: gmm_tma.gmm_fwd(xd, w_t, offs),
+                        lambda: gmm._torch_fwd(xd, w_t, offs), want[0]),
+                "dx": (lambda: gmm._gmm_triton(dy, w_store.detach(), offs),
+                       lambda: gmm_tma.gmm_fwd(dy, w_store.detach(), offs),
+                       lambda: gmm._torch_fwd(dy, w_store.detach(), offs), want[1]),
+                "dw": (lambda: gmm._gmm_dw_triton(xd, dy, offs, w_t), lambda: gmm_tma.gmm_dw(xd, dy, offs, w_t),
+                       lambda: gmm._torch_dw(xd, dy, offs, w_t), want[2].transpose(1, 2))}
+    for product, (*runs, expected) in products.items():
+        row = {"bench": "gmm_product", "shape": name, "tokens": tokens, "impl": product}
+        for backend, run in zip(("triton", "tma", "torch"), runs, strict=True):
+            try:
+                err = _rel_err(run(), expected)
+                row[f"{backend}_ms"] = _time(run) if err < TOL else None
+                row[f"{backend}_rel_err"] = err
+            except Exception as exc:  # noqa: BLE001
+                row[f"{backend}_ms"] = None
+                row[f"{backend}_note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+            if row[f"{backend}_ms"]:
+                row[f"{backend}_TFLOPs"] = flops / 3 / row[f"{backend}_ms"] / 1e9
+        rows.append(row)
     # cuBLAS with the same FLOPs: one [M, K] x [K, N] forward + both backward products
     a = torch.randn(M, K, device="cuda", dtype=dtype, requires_grad=True)
     b = torch.randn(K, N, device="cuda", dtype=dtype, requires_grad=True)
@@ -128,7 +163,7 @@ def gmm_case(name: str, tokens: int, dtype=torch.bfloat16) -> list[dict]:
                  "dtype": str(dtype).removeprefix("torch."), "impl": "dense", "ms": dense,
                  "TFLOPs": flops / dense / 1e9})
     for row in rows:
-        if row["ms"]:
+        if row["ms"] and row["bench"] == "gmm":
             row["fraction_of_dense"] = dense / row["ms"]
             if "mf_ds" in times:
                 row["mf_ds_speedup"] = row["ms"] / times["mf_ds"]
@@ -174,7 +209,17 @@ def moe_block_case(tokens: int, dtype=torch.bfloat16) -> list[dict]:
             return block(x)
         return run
 
-    variants = {"mf_ds": lambda: ours(x), "hf_grouped_mm": hf("grouped_mm"), "hf_eager": hf("eager")}
+    def mf_ds(backend):
+        def run():
+            os.environ[gmm.BACKEND_ENV] = backend
+            return ours(x)
+        return run
+
+    # mf_ds: the permute folded into the first grouped matmul (Triton), the other products on the faster backend;
+    # mf_ds_triton: every product on the Triton kernels; mf_ds_torch_gemm: torch's grouped_mm for every product
+    # (so no folded permute) around mf_ds's permute, SwiGLU and combine kernels
+    variants = {"mf_ds": mf_ds("auto"), "mf_ds_triton": mf_ds("triton"), "mf_ds_torch_gemm": mf_ds("torch"),
+                "hf_grouped_mm": hf("grouped_mm"), "hf_eager": hf("eager")}
     params = [x, *block.parameters()]
     results = {}
     for who, fn in variants.items():
@@ -203,6 +248,7 @@ def moe_block_case(tokens: int, dtype=torch.bfloat16) -> list[dict]:
         peak = torch.cuda.max_memory_allocated() - base
         times[who] = _time(lambda fn=fn: fn().backward(dout), params)
         rows.append({**row, "ms": times[who], "peak_MiB": peak / 2**20})
+    os.environ[gmm.BACKEND_ENV] = "auto"
     for row in rows:
         if row["ms"] and "mf_ds" in times:
             row["mf_ds_speedup"] = row["ms"] / times["mf_ds"]
@@ -221,15 +267,18 @@ def main() -> None:
     for name in SHAPES:
         for t in tokens:
             rows += gmm_case(name, t)
-            _print(rows[-4:])
+            _print(rows[-8:])
     for t in (4096, 16384):
         rows += moe_block_case(t)
-        _print(rows[-3:])
+        _print(rows[-5:])
     record = {"benchmark": "gmm_gpu", "rows": rows,
               "targets": "gmm: mf_ds >= 1.2x torch and >= 1.2x deepspeed; moe_block: mf_ds >= 1.3x hf_grouped_mm "
                          "with lower peak memory",
               "autotuned": {"fwd": str(getattr(gmm._gmm_fwd_tuned, "cache", {})),
                             "dw": str(getattr(gmm._gmm_dw_tuned, "cache", {}))},
+              "backend_choices": [[str(k), *v] for k, v in gmm.CHOICES.items()],
+              "tma_autotuned": {"fwd": str(getattr(gmm_tma._fwd_tuned, "cache", {})),
+                                "dw": str(getattr(gmm_tma._dw_tuned, "cache", {}))},
               **stamp()}
     out = Path(args.out) / f"gmm-cuda-{torch.cuda.get_device_name().replace(' ', '_')}.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
@@ -238,6 +287,10 @@ def main() -> None:
 
 def _print(rows: list[dict]) -> None:
     for r in rows:
+        if r["bench"] == "gmm_product":
+            cells = [f"{b} {r[b + '_ms']:7.3f}" if r.get(b + "_ms") else f"{b} --" for b in ("triton", "tma", "torch")]
+            print(f"  {r['shape']:16} T{r['tokens']:<6} {r['impl']:4} ms: " + "  ".join(cells), flush=True)
+            continue
         ms = f"{r['ms']:8.3f} ms" if r.get("ms") else f"-- {r.get('note', '')[:90]}"
         extra = f" {r['TFLOPs']:6.0f} TF/s" if "TFLOPs" in r else ""
         extra += f" {r['peak_MiB']:8.0f} MiB" if "peak_MiB" in r else ""

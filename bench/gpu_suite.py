@@ -122,8 +122,8 @@ def main() -> int:
     record = {"suite": "gpu_suite", **stamp(), "steps": []}
     py = sys.executable
     if "tests" not in skip:
-        record["steps"].append(run_step("tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/ops"],
-                                        out, timeout=400))
+        tests = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "8", "tests/ops"]  # 8 compiling in parallel
+        record["steps"].append(run_step("tests", tests, out, timeout=400))
         print("tests:", record["steps"][-1]["rc"], record["steps"][-1]["tail"][-1:], flush=True)
     if "train" not in skip:
         record["train"] = train_all(out)

@@ -22,6 +22,7 @@ CPU path: `torch.nn.functional.grouped_mm` (bench/results/gmm-cpu.json), zeroing
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import triton
@@ -211,9 +212,26 @@ _DW_CONFIGS = [
     triton.Config({"BLOCK_K": 128, "BLOCK_N": 128, "BLOCK_M": 64, "GROUP_K": 8}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_K": 64, "BLOCK_N": 128, "BLOCK_M": 64, "GROUP_K": 8}, num_warps=4, num_stages=4),
 ]
+_TUNE_FROM = 2**32  # multiply-adds (M N K): below, the first config, untimed (a test-sized call tunes nothing)
+
+
+def _small_first(configs, named_args, **kwargs):
+    small = named_args["M"] * named_args["N"] * named_args["K"] < _TUNE_FROM
+    return configs[:1] if small else configs
+
+
+def _autotune(configs, key):
+    """triton.autotune keyed on `key` (M included: it is fixed by the run's token count and routing capacity),
+    small problems pruned to one config, and the timings cached on disk where this Triton can (cache_results)."""
+    import inspect
+
+    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": _small_first}, **extra)
+
+
 _even_k = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
-_gmm_fwd_tuned = triton.autotune(_FWD_CONFIGS, key=["N", "K", "E", "stride_wk", "GATHER"])(_even_k(_gmm_fwd_kernel))
-_gmm_dw_tuned = triton.autotune(_DW_CONFIGS, key=["N", "K", "stride_wk", "GATHER"])(_gmm_dw_kernel)
+_gmm_fwd_tuned = _autotune(_FWD_CONFIGS, ["M", "N", "K", "E", "stride_wk", "GATHER"])(_even_k(_gmm_fwd_kernel))
+_gmm_dw_tuned = _autotune(_DW_CONFIGS, ["M", "N", "K", "stride_wk", "GATHER"])(_gmm_dw_kernel)
 
 # The interpreter (CPU) runs every program in Python: few, small tiles, and the operands go to fp32 before tl.dot
 # because the interpreter's bf16 dot returns garbage (triton 3.9; exact bf16 x bf16 products in fp32 are what the
@@ -299,21 +317,97 @@ def _gmm_dw_triton(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor, s
     return dw_EKN
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA backend per product: the pointer kernels above, the TMA kernels (gmm_tma.py), or torch's grouped_mm (CUTLASS
+# on sm90, bf16), whichever is fastest for the shape
+# ----------------------------------------------------------------------------------------------------------------
+BACKEND_ENV = "MF_DS_GMM"  # auto (default) | triton | tma | torch
+CHOICES: dict[tuple, tuple[str, dict[str, float]]] = {}  # product key -> (backend, {backend: ms}), for reports
+
+
+def _cutlass_ok(*tensors: Tensor) -> bool:
+    """torch's grouped_mm has its fused CUTLASS kernel for bf16 on sm90+ with 16-byte aligned rows; elsewhere it
+    loops over the groups on the host (transformers PR #48205), never faster than the Triton kernels."""
+    t = tensors[0]
+    return (t.is_cuda and t.dtype == torch.bfloat16 and hasattr(torch.nn.functional, "grouped_mm")
+            and torch.cuda.get_device_capability(t.device) >= (9, 0)
+            and all(s % 8 == 0 for x in tensors for s in x.shape[-2:]))
+
+
+def _cutlass(x: Tensor) -> bool:
+    """`MF_DS_GMM=torch` on CUDA: every product on torch's grouped_mm."""
+    return x.is_cuda and os.environ.get(BACKEND_ENV, "auto") == "torch"
+
+
+def _product(name: str, operands: tuple[Tensor, ...], runners: dict) -> Tensor:
+    """One of the three products (fwd, dx, dw) on the backend `MF_DS_GMM` names (falling back to the pointer
+    kernels where the named one cannot run). Under `auto`, every backend that can run is timed once per (product,
+    shapes, strides, dtype) with CUDA events on the first call, and the fastest runs from then on (M is fixed by
+    the run's token count and capacity, so a training run times each product once per layer shape)."""
+    from mf_ds.ops import gmm_tma
+
+    usable = {"triton": runners["triton"]}
+    if gmm_tma.available(*operands):
+        usable["tma"] = runners["tma"]
+    if _cutlass_ok(*operands):
+        usable["torch"] = runners["torch"]
+    mode = os.environ.get(BACKEND_ENV, "auto")
+    if mode != "auto" or len(usable) == 1:
+        return usable.get(mode, usable["triton"])()
+    key = (name, *((tuple(t.shape), t.stride()) for t in operands), operands[0].dtype)
+    if key not in CHOICES:
+        from triton.testing import do_bench
+
+        timings = {}
+        for backend, run in usable.items():
+            try:  # the first run autotunes the Triton kernels
+                timings[backend] = do_bench(run, warmup=5, rep=20, return_mode="median")
+            except Exception as exc:  # noqa: BLE001 - a backend this Triton cannot compile is not a candidate
+                warnings.warn(f"mf_ds.ops.gmm: the {backend} grouped matmul failed for {name} ({type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); not using it",
+                              RuntimeWarning, stacklevel=2)
+        CHOICES[key] = (min(timings, key=timings.get), timings)
+    return usable[CHOICES[key][0]]()
+
+
+def _torch_fwd(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor) -> Tensor:
+    return _zero_padding_rows(torch.nn.functional.grouped_mm(x_MK, w_EKN, offs=offs_E), offs_E)
+
+
+def _torch_dw(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor) -> Tensor:
+    if w_EKN.stride(1) == 1:  # w is a transposed view (HF's [E, N, K] storage): dW in the same layout, no copy
+        return torch.nn.functional.grouped_mm(dy_MN.t(), x_MK, offs=offs_E).transpose(1, 2)
+    return torch.nn.functional.grouped_mm(x_MK.t(), dy_MN, offs=offs_E)
+
+
+def _fwd_runners(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor) -> dict:
+    from mf_ds.ops import gmm_tma
+
+    return {"triton": lambda: _gmm_triton(x_MK, w_EKN, offs_E), "tma": lambda: gmm_tma.gmm_fwd(x_MK, w_EKN, offs_E),
+            "torch": lambda: _torch_fwd(x_MK.contiguous(), w_EKN, offs_E)}  # grouped_mm rejects stride-0 rows
+
+
 class GroupedMMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor) -> Tensor:
         offs_E = _offsets(tokens_per_expert_E)
         ctx.save_for_backward(x_MK, w_EKN, offs_E)
-        return _gmm_triton(x_MK, w_EKN, offs_E)
+        return _product("fwd", (x_MK, w_EKN), _fwd_runners(x_MK, w_EKN, offs_E))
 
     @staticmethod
     def backward(ctx, dy_MN: Tensor):
+        from mf_ds.ops import gmm_tma
+
         x_MK, w_EKN, offs_E = ctx.saved_tensors
         dx_MK = dw_EKN = None
         if ctx.needs_input_grad[0]:  # x: dY @ W^T per group; padding rows get zero (group E)
-            dx_MK = _gmm_triton(dy_MN, w_EKN.transpose(1, 2), offs_E)
+            w_T = w_EKN.transpose(1, 2)
+            dx_MK = _product("dx", (dy_MN, w_T), _fwd_runners(dy_MN, w_T, offs_E))
         if ctx.needs_input_grad[1]:  # w: X_e^T @ dY_e per expert
-            dw_EKN = _gmm_dw_triton(x_MK, dy_MN, offs_E, w_EKN)
+            dw_EKN = _product("dw", (x_MK, dy_MN, w_EKN), {
+                "triton": lambda: _gmm_dw_triton(x_MK, dy_MN, offs_E, w_EKN),
+                "tma": lambda: gmm_tma.gmm_dw(x_MK, dy_MN, offs_E, w_EKN),
+                "torch": lambda: _torch_dw(x_MK, dy_MN.contiguous(), offs_E, w_EKN)})
         return dx_MK, dw_EKN, None  # tokens_per_expert: integer, no gradient
 
 
@@ -388,10 +482,8 @@ def grouped_mm(x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor) -> Tens
     assert x_MK.dim() == 2 and w_EKN.dim() == 3 and x_MK.shape[1] == w_EKN.shape[1], (x_MK.shape, w_EKN.shape)
     assert tokens_per_expert_E.shape == (w_EKN.shape[0],), (tokens_per_expert_E.shape, w_EKN.shape)
     assert x_MK.dtype == w_EKN.dtype, (x_MK.dtype, w_EKN.dtype)
-    if use_triton(x_MK, w_EKN) and not _cutlass(x_MK):
+    if use_triton(x_MK, w_EKN):  # CUDA: the Triton kernels or torch's grouped_mm, per product (MF_DS_GMM)
         return GroupedMMFunction.apply(x_MK, w_EKN, tokens_per_expert_E)
-    if x_MK.is_cuda:
-        return GroupedMMTorchFunction.apply(x_MK, w_EKN, tokens_per_expert_E)
     if x_MK.shape[0] * x_MK.shape[1] * w_EKN.shape[2] < _LOOP_BELOW * w_EKN.shape[0]:
         return _grouped_mm_loop(x_MK, w_EKN, tokens_per_expert_E)
     return GroupedMMTorchFunction.apply(x_MK, w_EKN, tokens_per_expert_E)
@@ -408,16 +500,8 @@ def grouped_mm_gather(x_TK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, 
 
 
 def gather_supported(*tensors: Tensor) -> bool:
-    """Whether grouped_mm_gather runs on these tensors (the Triton kernels; not the CUTLASS dispatch)."""
+    """Whether grouped_mm_gather runs on these tensors (the Triton kernels; not under MF_DS_GMM=torch)."""
     return use_triton(*tensors) and not _cutlass(tensors[0])
-
-
-BACKEND_ENV = "MF_DS_GMM"
-
-
-def _cutlass(x: Tensor) -> bool:
-    """`MF_DS_GMM=torch` on CUDA: torch's grouped_mm (CUTLASS on sm90) instead of the Triton kernels."""
-    return x.is_cuda and os.environ.get(BACKEND_ENV, "triton") == "torch"
 
 
 # CPU: torch's grouped_mm has a fixed cost per call that a loop of matmuls does not. Measured on 2 cores, torch

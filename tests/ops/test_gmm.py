@@ -92,6 +92,7 @@ def _poisoned_empty(*args, **kwargs):
 @pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
 def test_triton_grouped_mm_matches_reference(name, dtype, atol, rtol, monkeypatch):
     monkeypatch.setattr(gmm, "_empty", _poisoned_empty)  # an element the kernels leave unwritten fails
+    monkeypatch.setenv(gmm.BACKEND_ENV, "triton")  # on CUDA bf16, `auto` may pick torch's grouped_mm instead
     _check_against_reference(gmm.GroupedMMFunction.apply, name, dtype, atol, rtol, device=DEVICE,
                              w_transposed=name == "one_expert")
 
@@ -103,7 +104,9 @@ def test_triton_dispatch_when_forced(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="host syncs only exist with a device")
-def test_no_host_sync_on_counts_cuda():
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_no_host_sync_on_counts_cuda(backend, monkeypatch):
+    monkeypatch.setenv(gmm.BACKEND_ENV, backend)
     x, w, counts, dy = _case("padding_rows", torch.bfloat16, "cuda")
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -210,3 +213,70 @@ def test_cuda_rows_past_2_31_elements():
     assert _rel_err(y[tail], x[tail].float() @ w[2].float()) < 1e-2
     assert _rel_err(dw[2], x[tail].double().t() @ dy[tail].double()) < 1e-2
     assert _rel_err(dw[1], x[M - 4396:M - 4096].double().t() @ dy[M - 4396:M - 4096].double()) < 1e-2
+
+
+@requires_cuda
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_cuda_backends_match_reference(backend, monkeypatch):
+    """MF_DS_GMM=auto times both backends once per product and shape, then runs the faster; =torch runs torch's
+    grouped_mm for all three products. Same numbers either way, padding rows zero, dW in w's layout."""
+    monkeypatch.setenv(gmm.BACKEND_ENV, backend)
+    monkeypatch.setattr(gmm, "CHOICES", {})
+    counts = [0, 200, 3, 1000, 0, 130, 64, 400]
+    M, k_in, n_out = sum(counts) + 24, 256, 384
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(M, k_in, generator=g) / k_in**0.5).to("cuda", torch.bfloat16).requires_grad_()
+    w = torch.randn(len(counts), n_out, k_in, generator=g).to("cuda", torch.bfloat16).transpose(1, 2)
+    w = w.detach().requires_grad_()
+    dy = torch.randn(M, n_out, generator=g).to("cuda", torch.bfloat16)
+    tpe = torch.tensor(counts, device="cuda")
+    for _ in range(2):  # the second call takes the cached choice
+        x.grad = w.grad = None
+        got = _fwd_bwd(grouped_mm, x, w, tpe, dy)
+        want = _fwd_bwd(grouped_mm_reference, x, w, tpe, dy)
+        for label, a, b in zip(("y", "dx", "dw"), got, want, strict=True):
+            assert _rel_err(a, b) < 1e-2, label
+        assert torch.all(got[0][sum(counts):] == 0) and torch.all(got[1][sum(counts):] == 0)
+        assert got[2].stride() == w.stride()
+    if backend == "auto" and gmm._cutlass_ok(x):
+        assert sorted(key[0] for key in gmm.CHOICES) == ["dw", "dx", "fwd"], gmm.CHOICES
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The TMA kernels (gmm_tma.py): every config, against the reference; on CPU in the interpreter (float32)
+# ----------------------------------------------------------------------------------------------------------------
+TMA_DTYPES = [torch.bfloat16, torch.float16] if DEVICE == "cuda" else [torch.float32]
+
+
+@pytest.mark.parametrize("dtype", TMA_DTYPES)
+def test_tma_kernels_match_reference(dtype):
+    from mf_ds.ops import gmm_tma
+
+    if gmm_tma.TensorDescriptor is None:
+        pytest.skip("this Triton has no tensor descriptors")
+    counts = [0, 37, 5, 300, 0, 16] if DEVICE == "cuda" else [0, 37, 5, 70, 0, 16]
+    E, k_in, n_out = len(counts), (520 if DEVICE == "cuda" else 48), (384 if DEVICE == "cuda" else 40)
+    M = sum(counts) + 9
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(M, k_in, generator=g) / k_in**0.5).to(DEVICE, dtype)
+    w = torch.randn(E, n_out, k_in, generator=g).to(DEVICE, dtype).transpose(1, 2)  # HF layout
+    dy = torch.randn(M, n_out, generator=g).to(DEVICE, dtype)
+    tpe = torch.tensor(counts, device=DEVICE)
+    offs = gmm._offsets(tpe)
+    want_y, want_dx = grouped_mm_reference(x, w, tpe), grouped_mm_reference(dy, w.transpose(1, 2), tpe)
+    starts = torch.tensor([0, *counts]).cumsum(0).tolist()
+    want_dw = torch.stack([x[s:s + n].double().t() @ dy[s:s + n].double() for s, n in zip(starts, counts,
+                                                                                           strict=False)])
+    tol = CUDA_TOL.get(dtype, 1e-5)
+    small = [(32, 32, 16, 4, 1)]  # the interpreter runs every program in Python
+    fwd = gmm_tma.CONFIGS["fwd"] if DEVICE == "cuda" else gmm_tma._configs(small, None, "GROUP_M")
+    dw_configs = gmm_tma.CONFIGS["dw"] if DEVICE == "cuda" else gmm_tma._configs(small, None, "GROUP_K")
+    for config in fwd:
+        y = gmm_tma.gmm_fwd(x, w, offs, config)
+        dx = gmm_tma.gmm_fwd(dy, w.transpose(1, 2), offs, config)
+        assert _rel_err(y, want_y) < tol and _rel_err(dx, want_dx) < tol, config
+        assert torch.all(y[sum(counts):] == 0) and torch.all(dx[sum(counts):] == 0), config
+    for config in dw_configs:
+        dw = gmm_tma.gmm_dw(x, dy, offs, w, config)
+        assert dw.stride() == w.stride() and _rel_err(dw, want_dw) < tol, config
+        assert torch.all(dw[0] == 0) and torch.all(dw[4] == 0), "empty experts get zero dW"
