@@ -29,6 +29,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -46,10 +47,16 @@ SHAPES = {
     "deepseek_v3_ep8": (32, 8, 7168, 2048, 1),  # 8 choices over 256 experts, 32 of them here: ~1 row per token
 }
 TOKENS = (4096, 16384, 32768)
+SMOKE_SHAPES = {"smoke": (4, 2, 32, 24, 2)}  # --smoke: CPU, Triton's interpreter, float32, every code path once
+DEVICE = "cuda"
 TOL = 1e-2  # bf16 operands, fp32 accumulation: relative error well under this
 
 
 def _time(fn, grads_of=()) -> float:
+    if DEVICE == "cpu":  # --smoke: one wall-clock run
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
     from triton.testing import do_bench
 
     return do_bench(fn, warmup=20, rep=150, grad_to_none=list(grads_of), return_mode="median")
@@ -68,20 +75,20 @@ def _counts(rows: int, experts: int, g: torch.Generator) -> torch.Tensor:
 
 
 def gmm_case(name: str, tokens: int, dtype=torch.bfloat16) -> list[dict]:
-    experts, _, hidden, width, per_token = SHAPES[name]
+    experts, _, hidden, width, per_token = {**SHAPES, **SMOKE_SHAPES}[name]
     M, K, N = tokens * per_token, hidden, 2 * width
     g = torch.Generator().manual_seed(0)
-    counts = _counts(M, experts, g).cuda()
+    counts = _counts(M, experts, g).to(DEVICE)
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    x = (torch.randn(M, K, device="cuda", dtype=dtype)).requires_grad_()
-    w_store = (torch.randn(experts, N, K, device="cuda", dtype=dtype) / K**0.5).requires_grad_()  # HF [E, N, K]
-    dy = torch.randn(M, N, device="cuda", dtype=dtype)
+    x = (torch.randn(M, K, device=DEVICE, dtype=dtype)).requires_grad_()
+    w_store = (torch.randn(experts, N, K, device=DEVICE, dtype=dtype) / K**0.5).requires_grad_()  # HF [E, N, K]
+    dy = torch.randn(M, N, device=DEVICE, dtype=dtype)
     flops = 6 * M * K * N
 
     def reference():
         """float32 per expert: y, dX, dW (dW in w's [E, N, K] storage)."""
-        y, dx = torch.empty(M, N, device="cuda"), torch.empty(M, K, device="cuda")
-        dw = torch.zeros(experts, N, K, device="cuda")
+        y, dx = torch.empty(M, N, device=DEVICE), torch.empty(M, K, device=DEVICE)
+        dw = torch.zeros(experts, N, K, device=DEVICE)
         start = 0
         for e, n in enumerate(counts.tolist()):
             xe, we, dye = x[start:start + n].float(), w_store[e].float(), dy[start:start + n].float()
@@ -156,14 +163,14 @@ def gmm_case(name: str, tokens: int, dtype=torch.bfloat16) -> list[dict]:
                 row[f"{backend}_TFLOPs"] = flops / 3 / row[f"{backend}_ms"] / 1e9
         rows.append(row)
     # cuBLAS with the same FLOPs: one [M, K] x [K, N] forward + both backward products
-    a = torch.randn(M, K, device="cuda", dtype=dtype, requires_grad=True)
-    b = torch.randn(K, N, device="cuda", dtype=dtype, requires_grad=True)
+    a = torch.randn(M, K, device=DEVICE, dtype=dtype, requires_grad=True)
+    b = torch.randn(K, N, device=DEVICE, dtype=dtype, requires_grad=True)
     dense = _time(lambda: (a @ b).backward(dy), (a, b))
     rows.append({"bench": "gmm", "shape": name, "tokens": tokens, "M": M, "K": K, "N": N, "E": experts,
                  "dtype": str(dtype).removeprefix("torch."), "impl": "dense", "ms": dense,
                  "TFLOPs": flops / dense / 1e9})
     for row in rows:
-        if row["ms"] and row["bench"] == "gmm":
+        if row["bench"] == "gmm" and row["ms"]:
             row["fraction_of_dense"] = dense / row["ms"]
             if "mf_ds" in times:
                 row["mf_ds_speedup"] = row["ms"] / times["mf_ds"]
@@ -183,25 +190,25 @@ class _no_tf32:
 
 # --- the MoE block ----------------------------------------------------------------------------------------------------
 
-def moe_block_case(tokens: int, dtype=torch.bfloat16) -> list[dict]:
+def moe_block_case(tokens: int, dtype=torch.bfloat16, shape: str = "qwen3_30b_a3b") -> list[dict]:
     from transformers import AutoConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
     from bench.moe_layer import _plan
     from mf_ds.patch.moe import build_block
 
-    experts, top_k, hidden, width, _ = SHAPES["qwen3_30b_a3b"]
+    experts, top_k, hidden, width, _ = {**SHAPES, **SMOKE_SHAPES}[shape]
     config = AutoConfig.for_model("qwen3_moe", hidden_size=hidden, moe_intermediate_size=width, num_experts=experts,
                                   num_experts_per_tok=top_k, norm_topk_prob=True)
     torch.manual_seed(0)
-    block = Qwen3MoeSparseMoeBlock(config).to("cuda", dtype)
+    block = Qwen3MoeSparseMoeBlock(config).to(DEVICE, dtype)
     with torch.no_grad():
         block.gate.weight.normal_(0, 0.05)  # a realistically uneven load
         block.experts.gate_up_proj.normal_(0, 0.02)
         block.experts.down_proj.normal_(0, 0.02)
     ours = build_block("qwen3_moe", block, _plan(-1.0, E=experts, K=top_k)).train()
-    x = torch.randn(1, tokens, hidden, device="cuda", dtype=dtype, requires_grad=True)
-    dout = torch.randn(1, tokens, hidden, device="cuda", dtype=dtype)
+    x = torch.randn(1, tokens, hidden, device=DEVICE, dtype=dtype, requires_grad=True)
+    dout = torch.randn(1, tokens, hidden, device=DEVICE, dtype=dtype)
 
     def hf(impl):
         def run():
@@ -233,19 +240,22 @@ def moe_block_case(tokens: int, dtype=torch.bfloat16) -> list[dict]:
     for who, fn in variants.items():
         errs = {label: _rel_err(a, b) for label, a, b in zip(("out", "dx", "dgate_up"), results[who],
                                                                 results["hf_eager"], strict=True)}
-        row = {"bench": "moe_block", "shape": "qwen3_30b_a3b", "tokens": tokens, "dtype": "bfloat16", "impl": who,
+        row = {"bench": "moe_block", "shape": shape, "tokens": tokens, "dtype": str(dtype).removeprefix("torch."),
+               "impl": who,
                "rel_err_vs_hf_eager": errs}
         if max(errs.values()) > 2e-2:
             rows.append({**row, "ms": None, "note": f"wrong result: {errs}"})
             continue
         for p in params:
             p.grad = None
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn().backward(dout)
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
+        peak = 0
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fn().backward(dout)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
         times[who] = _time(lambda fn=fn: fn().backward(dout), params)
         rows.append({**row, "ms": times[who], "peak_MiB": peak / 2**20})
     os.environ[gmm.BACKEND_ENV] = "auto"
@@ -256,21 +266,32 @@ def moe_block_case(tokens: int, dtype=torch.bfloat16) -> list[dict]:
 
 
 def main() -> None:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--quick", action="store_true", help="one token count per shape")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (Triton's interpreter), no file")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench/gmm_gpu.py needs a CUDA device; CPU numbers: bench/gmm.py and bench/moe_layer.py")
-    tokens = (16384,) if args.quick else TOKENS
+    if args.smoke:
+        os.environ["MF_DS_FORCE_TRITON"] = "1"
+        DEVICE = "cpu"
+        cases, tokens, block = SMOKE_SHAPES, (16,), [(8, "smoke")]
+        dtype = torch.float32
+    elif not torch.cuda.is_available():
+        sys.exit("bench/gmm_gpu.py needs a CUDA device (or --smoke); CPU numbers: bench/gmm.py, bench/moe_layer.py")
+    else:
+        cases, tokens, dtype = SHAPES, (16384,) if args.quick else TOKENS, torch.bfloat16
+        block = [(4096, "qwen3_30b_a3b"), (16384, "qwen3_30b_a3b")]
     rows = []
-    for name in SHAPES:
+    for name in cases:
         for t in tokens:
-            rows += gmm_case(name, t)
-            _print(rows[-8:])
-    for t in (4096, 16384):
-        rows += moe_block_case(t)
-        _print(rows[-5:])
+            rows += gmm_case(name, t, dtype)
+            _print([r for r in rows if r["shape"] == name and r["tokens"] == t])
+    for t, shape in block:
+        rows += moe_block_case(t, dtype, shape)
+        _print([r for r in rows if r["bench"] == "moe_block" and r["tokens"] == t])
+    if args.smoke:
+        return
     record = {"benchmark": "gmm_gpu", "rows": rows,
               "targets": "gmm: mf_ds >= 1.2x torch and >= 1.2x deepspeed; moe_block: mf_ds >= 1.3x hf_grouped_mm "
                          "with lower peak memory",

@@ -84,6 +84,8 @@ def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, seq_len, 
     else:
         dst_a = pair
         dst_b = pair + HALF
+    both_cols = tl.arange(0, 2 * BLOCK_HALF)  # the interleaved layouts' columns 2i, 2i + 1 of pairs i < HALF
+    both_ok = both_cols < 2 * HALF
     pass_cols = 2 * HALF + tl.arange(0, BLOCK_PASS)
     pass_ok = pass_cols < 2 * HALF + N_PASS
     head_block = tl.arange(0, BLOCK_H)
@@ -107,16 +109,24 @@ def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, seq_len, 
             ok = heads_ok & pair_ok[None, :]
             x_row = x_base + heads[:, None].to(tl.int64) * stride_x_h
             y_row = y_base + heads[:, None].to(tl.int64) * stride_y_h
-            xa = tl.load(x_row + src_a[None, :], mask=ok, other=0.0).to(tl.float32)
-            xb = tl.load(x_row + src_b[None, :], mask=ok, other=0.0).to(tl.float32)
+            if SRC_INTERLEAVED:  # one contiguous load of the pairs, split in registers (stride-2 loads: 4x slower)
+                both = tl.load(x_row + both_cols[None, :], mask=heads_ok & both_ok[None, :], other=0.0)
+                xa, xb = tl.split(tl.reshape(both.to(tl.float32), (BLOCK_H, BLOCK_HALF, 2)))
+            else:
+                xa = tl.load(x_row + src_a[None, :], mask=ok, other=0.0).to(tl.float32)
+                xb = tl.load(x_row + src_b[None, :], mask=ok, other=0.0).to(tl.float32)
             if BACKWARD:
                 ya = xa * cos1 + xb * sin2
                 yb = xb * cos2 - xa * sin1
             else:
                 ya = xa * cos1 - xb * sin1
                 yb = xb * cos2 + xa * sin2
-            tl.store(y_row + dst_a[None, :], ya.to(y_base.dtype.element_ty), mask=ok)
-            tl.store(y_row + dst_b[None, :], yb.to(y_base.dtype.element_ty), mask=ok)
+            if DST_INTERLEAVED:  # the pairs joined in registers, one contiguous store
+                both = tl.reshape(tl.join(ya, yb), (BLOCK_H, 2 * BLOCK_HALF))
+                tl.store(y_row + both_cols[None, :], both.to(y_base.dtype.element_ty), mask=heads_ok & both_ok[None, :])
+            else:
+                tl.store(y_row + dst_a[None, :], ya.to(y_base.dtype.element_ty), mask=ok)
+                tl.store(y_row + dst_b[None, :], yb.to(y_base.dtype.element_ty), mask=ok)
             if N_PASS > 0:  # partial rotary: the rest of the head is copied (its gradient passes through as well)
                 ok = heads_ok & pass_ok[None, :]
                 tl.store(y_row + pass_cols[None, :], tl.load(x_row + pass_cols[None, :], mask=ok), mask=ok)
@@ -128,6 +138,9 @@ def _new_like(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A dense tensor shaped as x with its dims in x's memory order, also when x is not dense (MLA's q_rot: 64 of
     each head's 192 columns), where empty_like falls back to contiguous and the writes would cut across the reads
     (about 2.5x slower on CPU in one measurement of the DeepSeek-V3 case)."""
+    out = torch.empty_like(x, dtype=dtype)  # a dense x (HF's q and k views): its strides, at a third of the cost
+    if out.stride() == x.stride():
+        return out
     order = sorted(range(x.dim()), key=lambda d: -x.stride(d))
     out = torch.empty([x.shape[d] for d in order], dtype=dtype, device=x.device)
     return out.permute([order.index(d) for d in range(x.dim())])

@@ -209,7 +209,7 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
     monkeypatch.setenv(COMPILE_ENV, "1")
     monkeypatch.setattr(torch, "compile", broken)
     loop = CompiledCPU(swiglu._bwd_math, swiglu_backward_reference, 0, KERNEL_DTYPES)
-    gate, up, grad = (t.detach() for t in _inputs((4, 8), torch.float32))
+    gate, up, grad = (t.detach().cpu() for t in _inputs((4, 8), torch.float32))  # the loop is a CPU path
     want = swiglu_backward_reference(grad, gate, up)
     with pytest.warns(RuntimeWarning, match=r"compile of _bwd_math for CPU failed \(RuntimeError: InvalidCxxCompiler"):
         got = loop(grad, gate, up)
