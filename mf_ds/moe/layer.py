@@ -95,33 +95,36 @@ class MFExperts(nn.Module):
     def num_experts(self) -> int:
         return self.gate_up_proj.shape[0]
 
-    def forward(self, x_MH: torch.Tensor, tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
-        """Rows sorted by expert (groups from row 0, then padding) -> expert outputs, same rows."""
+    def forward(self, x_MH: torch.Tensor, tokens_per_expert_E: torch.Tensor, exact_rows: bool = False
+                ) -> torch.Tensor:
+        """Rows sorted by expert (groups from row 0, then padding) -> expert outputs, same rows. `exact_rows`: the
+        counts sum to the row count (dropless, no padding rows; grouped_mm then zeroes nothing)."""
         x_MH = x_MH.to(self.gate_up_proj.dtype)  # grouped_mm is not autocast-aware (HF casts the same way)
         if self.safe_tokens:
-            return self._with_safe_tokens(x_MH, tokens_per_expert_E)
-        return self._ffn(x_MH, tokens_per_expert_E)
+            return self._with_safe_tokens(x_MH, tokens_per_expert_E, exact_rows)
+        return self._ffn(x_MH, tokens_per_expert_E, exact_rows)
 
-    def forward_gathered(self, x_TH: torch.Tensor, perm: Permuted) -> torch.Tensor:
+    def forward_gathered(self, x_TH: torch.Tensor, perm: Permuted, exact_rows: bool = False) -> torch.Tensor:
         """The same as `forward(permuted x, counts)`, with the permute folded into the first grouped matmul's loads
         (no [M, H] copy of the permuted rows, in the forward or kept for the backward). Triton path only."""
         x_TH = x_TH.to(self.gate_up_proj.dtype)
         gate_up_MI2 = grouped_mm_gather(x_TH, self.gate_up_proj.transpose(1, 2), perm.tokens_per_expert_E,
                                         perm.token_of_row_M, perm.row_of_pair_TK)
-        return self._ffn(None, perm.tokens_per_expert_E, gate_up_MI2)
+        return self._ffn(None, perm.tokens_per_expert_E, exact_rows, gate_up_MI2)
 
-    def _ffn(self, x_MH: torch.Tensor | None, tokens_per_expert_E: torch.Tensor,
+    def _ffn(self, x_MH: torch.Tensor | None, tokens_per_expert_E: torch.Tensor, exact_rows: bool,
              gate_up_MI2: torch.Tensor | None = None) -> torch.Tensor:
         if gate_up_MI2 is None:
-            gate_up_MI2 = grouped_mm(x_MH, self.gate_up_proj.transpose(1, 2), tokens_per_expert_E)
+            gate_up_MI2 = grouped_mm(x_MH, self.gate_up_proj.transpose(1, 2), tokens_per_expert_E, exact_rows)
         if self.act_fn is None:
             h_MI = fused_swiglu_packed(gate_up_MI2)
         else:
             gate_MI, up_MI = gate_up_MI2.chunk(2, dim=-1)
             h_MI = self.act_fn(gate_MI) * up_MI
-        return grouped_mm(h_MI, self.down_proj.transpose(1, 2), tokens_per_expert_E)
+        return grouped_mm(h_MI, self.down_proj.transpose(1, 2), tokens_per_expert_E, exact_rows)
 
-    def _with_safe_tokens(self, x_MH: torch.Tensor, tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+    def _with_safe_tokens(self, x_MH: torch.Tensor, tokens_per_expert_E: torch.Tensor, exact_rows: bool
+                          ) -> torch.Tensor:
         """Insert a zero row at the head of every group (row r of group e moves to r + e + 1, padding rows to
         r + E), run the experts on M + E rows with every count + 1, and take the real rows back."""
         rows, experts = x_MH.shape[0], self.num_experts
@@ -130,7 +133,7 @@ class MFExperts(nn.Module):
         expert_of_row_M = torch.searchsorted(ends_E, row_M, right=True)  # E for the padding rows
         moved_M = row_M + expert_of_row_M + (expert_of_row_M < experts).long()
         padded = x_MH.new_zeros(rows + experts, x_MH.shape[1]).index_copy(0, moved_M, x_MH)
-        y_padded = self._ffn(padded, tokens_per_expert_E + 1)
+        y_padded = self._ffn(padded, tokens_per_expert_E + 1, exact_rows)
         return y_padded.index_select(0, moved_M)
 
 
@@ -218,10 +221,11 @@ class MFMoE(nn.Module):
         gathered = self.expert_parallel is None and not spec.safe_tokens and gather_supported(x_TH)
         perm = permute(x_TH, routing.expert_ids_TK, spec.router.num_experts, capacity=spec.capacity(x_TH.shape[0]),
                        drop_policy=spec.drop_policy, materialize=not gathered)
+        exact = self.expert_parallel is None and spec.dropless  # every row a kept pair: no padding rows
         if gathered:
-            y_MH = self.experts.forward_gathered(x_TH, perm)
+            y_MH = self.experts.forward_gathered(x_TH, perm, exact)
         elif self.expert_parallel is None:
-            y_MH = self.experts(perm.x_MH, perm.tokens_per_expert_E)
+            y_MH = self.experts(perm.x_MH, perm.tokens_per_expert_E, exact)
         else:
             y_MH = self.expert_parallel.run(perm.x_MH, perm.tokens_per_expert_E, self.experts)
         out_TH = unpermute(y_MH.to(x_TH.dtype), perm, routing.gates_TK)

@@ -370,8 +370,9 @@ def _product(name: str, operands: tuple[Tensor, ...], runners: dict) -> Tensor:
     return usable[CHOICES[key][0]]()
 
 
-def _torch_fwd(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor) -> Tensor:
-    return _zero_padding_rows(torch.nn.functional.grouped_mm(x_MK, w_EKN, offs=offs_E), offs_E)
+def _torch_fwd(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool = False) -> Tensor:
+    y_MN = torch.nn.functional.grouped_mm(x_MK, w_EKN, offs=offs_E)
+    return y_MN if exact_rows else _zero_padding_rows(y_MN, offs_E)  # on CUDA a masked pass over all of y
 
 
 def _torch_dw(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor) -> Tensor:
@@ -380,19 +381,21 @@ def _torch_dw(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor) -> Ten
     return torch.nn.functional.grouped_mm(x_MK.t(), dy_MN, offs=offs_E)
 
 
-def _fwd_runners(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor) -> dict:
+def _fwd_runners(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool) -> dict:
     from mf_ds.ops import gmm_tma
 
     return {"triton": lambda: _gmm_triton(x_MK, w_EKN, offs_E), "tma": lambda: gmm_tma.gmm_fwd(x_MK, w_EKN, offs_E),
-            "torch": lambda: _torch_fwd(x_MK.contiguous(), w_EKN, offs_E)}  # grouped_mm rejects stride-0 rows
+            "torch": lambda: _torch_fwd(x_MK.contiguous(), w_EKN, offs_E, exact_rows)}  # contiguous: grouped_mm
+    # rejects stride-0 rows
 
 
 class GroupedMMFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor) -> Tensor:
+    def forward(ctx, x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, exact_rows: bool = False) -> Tensor:
         offs_E = _offsets(tokens_per_expert_E)
         ctx.save_for_backward(x_MK, w_EKN, offs_E)
-        return _product("fwd", (x_MK, w_EKN), _fwd_runners(x_MK, w_EKN, offs_E))
+        ctx.exact_rows = exact_rows
+        return _product("fwd", (x_MK, w_EKN), _fwd_runners(x_MK, w_EKN, offs_E, exact_rows))
 
     @staticmethod
     def backward(ctx, dy_MN: Tensor):
@@ -402,13 +405,13 @@ class GroupedMMFunction(torch.autograd.Function):
         dx_MK = dw_EKN = None
         if ctx.needs_input_grad[0]:  # x: dY @ W^T per group; padding rows get zero (group E)
             w_T = w_EKN.transpose(1, 2)
-            dx_MK = _product("dx", (dy_MN, w_T), _fwd_runners(dy_MN, w_T, offs_E))
+            dx_MK = _product("dx", (dy_MN, w_T), _fwd_runners(dy_MN, w_T, offs_E, ctx.exact_rows))
         if ctx.needs_input_grad[1]:  # w: X_e^T @ dY_e per expert
             dw_EKN = _product("dw", (x_MK, dy_MN, w_EKN), {
                 "triton": lambda: _gmm_dw_triton(x_MK, dy_MN, offs_E, w_EKN),
                 "tma": lambda: gmm_tma.gmm_dw(x_MK, dy_MN, offs_E, w_EKN),
                 "torch": lambda: _torch_dw(x_MK, dy_MN.contiguous(), offs_E, w_EKN)})
-        return dx_MK, dw_EKN, None  # tokens_per_expert: integer, no gradient
+        return dx_MK, dw_EKN, None, None  # tokens_per_expert: integer, no gradient
 
 
 class GroupedMMGatherFunction(torch.autograd.Function):
@@ -476,14 +479,15 @@ class GroupedMMTorchFunction(torch.autograd.Function):
         return dx_MK, dw_EKN, None
 
 
-def grouped_mm(x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor) -> Tensor:
+def grouped_mm(x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, exact_rows: bool = False) -> Tensor:
     """[M, K] rows sorted by expert x [E, K, N] -> [M, N]; group e has tokens_per_expert_E[e] rows (a device tensor),
-    rows past their sum are padding and come out zero. Differentiable in x and w."""
+    rows past their sum are padding and come out zero. `exact_rows`: the caller knows the counts sum to M (dropless
+    routing), so no pass zeroes padding rows. Differentiable in x and w."""
     assert x_MK.dim() == 2 and w_EKN.dim() == 3 and x_MK.shape[1] == w_EKN.shape[1], (x_MK.shape, w_EKN.shape)
     assert tokens_per_expert_E.shape == (w_EKN.shape[0],), (tokens_per_expert_E.shape, w_EKN.shape)
     assert x_MK.dtype == w_EKN.dtype, (x_MK.dtype, w_EKN.dtype)
     if use_triton(x_MK, w_EKN):  # CUDA: the Triton kernels or torch's grouped_mm, per product (MF_DS_GMM)
-        return GroupedMMFunction.apply(x_MK, w_EKN, tokens_per_expert_E)
+        return GroupedMMFunction.apply(x_MK, w_EKN, tokens_per_expert_E, exact_rows)
     if x_MK.shape[0] * x_MK.shape[1] * w_EKN.shape[2] < _LOOP_BELOW * w_EKN.shape[0]:
         return _grouped_mm_loop(x_MK, w_EKN, tokens_per_expert_E)
     return GroupedMMTorchFunction.apply(x_MK, w_EKN, tokens_per_expert_E)
