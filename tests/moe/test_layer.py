@@ -212,7 +212,7 @@ def test_safe_tokens_give_every_expert_a_row(monkeypatch):
     counts_seen = []
     original = mf_ds.moe.layer.grouped_mm
     monkeypatch.setattr(mf_ds.moe.layer, "grouped_mm",
-                        lambda x, w, counts: counts_seen.append(counts.clone()) or original(x, w, counts))
+                        lambda x, w, counts, *rest: counts_seen.append(counts.clone()) or original(x, w, counts, *rest))
     counts = torch.tensor([3, 0, 2, 0, 0, 4, 1, 0])
     x = torch.randn(12, 32)  # 10 rows + 2 padding rows
     y = experts(x, counts)
