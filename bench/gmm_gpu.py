@@ -303,9 +303,11 @@ def main() -> None:
     for t, shape in block:
         rows += moe_block_case(t, dtype, shape)
         _print([r for r in rows if r["bench"] == "moe_block" and r["tokens"] == t])
+    wrong = [f"{r['bench']} {r['shape']} T{r['tokens']} {r['impl']}" for r in rows
+             if r["impl"].startswith("mf_ds") and "wrong result" in r.get("note", "")]
     if args.smoke:
-        return
-    record = {"benchmark": "gmm_gpu", "rows": rows,
+        sys.exit(f"wrong results: {wrong}" if wrong else 0)
+    record = {"benchmark": "gmm_gpu", "rows": rows, "wrong_results": wrong,
               "targets": "gmm: mf_ds >= 1.2x torch and >= 1.2x deepspeed; moe_block: mf_ds >= 1.3x hf_grouped_mm "
                          "with lower peak memory",
               "autotuned": {"fwd": _configs(gmm._gmm_fwd_tuned), "dw": _configs(gmm._gmm_dw_tuned)},
@@ -315,6 +317,8 @@ def main() -> None:
     out = Path(args.out) / f"gmm-cuda-{torch.cuda.get_device_name().replace(' ', '_')}.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"-> {out}")
+    if wrong:  # a benchmark of a wrong result is no benchmark: the suite marks this step failed
+        sys.exit(f"mf_ds gave wrong results: {wrong}")
 
 
 def _configs(tuner) -> dict[str, str]:

@@ -109,7 +109,8 @@ def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, seq_len, 
             ok = heads_ok & pair_ok[None, :]
             x_row = x_base + heads[:, None].to(tl.int64) * stride_x_h
             y_row = y_base + heads[:, None].to(tl.int64) * stride_y_h
-            if SRC_INTERLEAVED:  # one contiguous load of the pairs, split in registers (stride-2 loads: 4x slower)
+            if SRC_INTERLEAVED:  # one contiguous load, split in registers: stride-2 accesses ran MLA at 0.13 of
+                # copy bandwidth, this at 0.85 (H100, bench/results/gpu-notes.md)
                 both = tl.load(x_row + both_cols[None, :], mask=heads_ok & both_ok[None, :], other=0.0)
                 xa, xb = tl.split(tl.reshape(both.to(tl.float32), (BLOCK_H, BLOCK_HALF, 2)))
             else:
