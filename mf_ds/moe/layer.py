@@ -2,7 +2,8 @@
 
     logits = gate(x)                              fp32 router (router.py): scores, top-k, gates, aux losses
     perm   = permute(x, ids, E, capacity)         rows sorted by expert; MindFormers' k-drop / s-drop past C
-    y      = down @ swiglu(gate_up @ perm.x)      two grouped matmuls (mf_ds/ops/gmm.py), fused SwiGLU between
+    y      = down @ swiglu(gate_up @ perm.x)      two grouped matmuls (mf_ds/ops/gmm.py), fused SwiGLU between;
+                                                  on CUDA the first one gathers x's rows itself (no perm.x copy)
     out    = unpermute(y, perm, gates)            weighted combine; dropped pairs weigh 0, gates not renormalised
            + [sigmoid(shared_gate(x)) *] shared(x)
 

@@ -15,6 +15,17 @@ that stop at group boundaries. Grid size is static, an upper bound on the tile c
 ceil(M/BLOCK_M) + E + 1), so programs past the last tile exit. The padding rows form an extra group E whose tiles
 store zeros, so the output is written everywhere without a memset.
 
+The programs run in an L2-friendly order: GROUP_M row tiles share each column tile (the forward), and dW is
+expert-major with GROUP_K K-tiles per N-tile, so the programs running at once read one expert's rows. Configs are
+autotuned per (M, N, K, E, layout, dtype) on CUDA; test-sized problems take the first config untimed.
+`grouped_mm_gather` folds the permute into the forward's and dW's row loads (x[src_row[r]]), so the MoE block never
+writes or keeps the [T*k, H] permuted copy.
+
+CUDA backend, per product (fwd, dX, dW), `MF_DS_GMM`: `auto` (default) times the pointer kernels here, the TMA
+kernels (gmm_tma.py) and torch's grouped_mm (CUTLASS, bf16 on sm90) once per shape and keeps the fastest;
+`triton`, `tma`, `torch` force one. H100, bf16, T 16K: auto is 1.02x grouped_mm at Qwen3-30B-A3B and DeepSeek-V3
+EP8 shapes, 0.95x at Mixtral, 1.6-2.0x DeepSpeed's Triton group GEMM (bench/results/gpu-notes.md).
+
 Shapes: M rows (tokens after permute), K in-features, N out-features, E experts.
 CPU path: `torch.nn.functional.grouped_mm` (bench/results/gmm-cpu.json), zeroing the padding rows.
 """

@@ -16,8 +16,10 @@ dropped too.
 Layout: groups are contiguous from row 0 (expert 0 first), `tokens_per_expert_E` kept rows each; then zero padding.
 The row count is static so nothing syncs with the host: M = roundup(min(T*K, E*capacity), pad_to_multiple)
 (T*K when dropless). The index maps (stable sort by (expert, priority), cumsum positions, capacity mask) are torch
-ops on the device; the row moves are Triton kernels (gathers, so the backward scatter-add needs no atomics and is
-deterministic). Replaces the sort/gather/`view(T, K, H).sum(1)` in transformers' `integrations/moe.py::
+ops on the device; the row moves are Triton kernels: the forward token-major (each token row read once, written to
+its kept rows; padding rows zeroed by the same launch), the backward a per-token gather of its rows (no atomics,
+deterministic). `materialize=False` returns the maps alone, for gmm.grouped_mm_gather, which reads the rows
+itself. Replaces the sort/gather/`view(T, K, H).sum(1)` in transformers' `integrations/moe.py::
 grouped_mm_experts_forward`; the fused permute follows Megatron's `moe_utils.permute/unpermute` (TE `moe_permute`).
 
 Shapes: T tokens, H hidden, K top-k, E experts, M rows after permute, P = T*K pairs.
