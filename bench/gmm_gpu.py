@@ -284,6 +284,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--quick", action="store_true", help="one token count per shape")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (Triton's interpreter), no file")
+    parser.add_argument("--tokens", help="comma-separated token counts for the GMM rows (default: 4096,16384,32768)")
+    parser.add_argument("--no-block", action="store_true", help="the GMM rows only")
     args = parser.parse_args()
     if args.smoke:
         os.environ["MF_DS_FORCE_TRITON"] = "1"
@@ -294,31 +296,45 @@ def main() -> None:
         sys.exit("bench/gmm_gpu.py needs a CUDA device (or --smoke); CPU numbers: bench/gmm.py, bench/moe_layer.py")
     else:
         cases, tokens, dtype = SHAPES, (16384,) if args.quick else TOKENS, torch.bfloat16
-        block = [(4096, "qwen3_30b_a3b"), (16384, "qwen3_30b_a3b")]
+        if args.tokens:
+            tokens = tuple(int(t) for t in args.tokens.split(","))
+        block = [] if args.no_block else [(4096, "qwen3_30b_a3b"), (16384, "qwen3_30b_a3b")]
+    name = torch.cuda.get_device_name().replace(" ", "_") if DEVICE == "cuda" else "cpu"
+    suffix = f"-T{'_'.join(map(str, tokens))}" if args.tokens else ""
+    out = Path(args.out) / f"gmm-cuda-{name}{suffix}.json"
     rows = []
-    for name in cases:
+    for case in cases:
         for t in tokens:
-            rows += gmm_case(name, t, dtype)
-            _print([r for r in rows if r["shape"] == name and r["tokens"] == t])
+            rows += gmm_case(case, t, dtype)
+            _print([r for r in rows if r["shape"] == case and r["tokens"] == t])
+            if not args.smoke:
+                _write(out, rows)  # after each case: a run cut short keeps what it measured
     for t, shape in block:
         rows += moe_block_case(t, dtype, shape)
         _print([r for r in rows if r["bench"] == "moe_block" and r["tokens"] == t])
-    wrong = [f"{r['bench']} {r['shape']} T{r['tokens']} {r['impl']}" for r in rows
-             if r["impl"].startswith("mf_ds") and "wrong result" in r.get("note", "")]
     if args.smoke:
+        wrong = _wrong(rows)
         sys.exit(f"wrong results: {wrong}" if wrong else 0)
-    record = {"benchmark": "gmm_gpu", "rows": rows, "wrong_results": wrong,
+    _write(out, rows)
+    print(f"-> {out}")
+    if _wrong(rows):  # a benchmark of a wrong result is no benchmark: the suite marks this step failed
+        sys.exit(f"mf_ds gave wrong results: {_wrong(rows)}")
+
+
+def _wrong(rows: list[dict]) -> list[str]:
+    return [f"{r['bench']} {r['shape']} T{r['tokens']} {r['impl']}" for r in rows
+            if r["impl"].startswith("mf_ds") and "wrong result" in r.get("note", "")]
+
+
+def _write(out: Path, rows: list[dict]) -> None:
+    record = {"benchmark": "gmm_gpu", "rows": rows, "wrong_results": _wrong(rows),
               "targets": "gmm: mf_ds >= 1.2x torch and >= 1.2x deepspeed; moe_block: mf_ds >= 1.3x hf_grouped_mm "
                          "with lower peak memory",
               "autotuned": {"fwd": _configs(gmm._gmm_fwd_tuned), "dw": _configs(gmm._gmm_dw_tuned)},
               "backend_choices": [[str(k), *v] for k, v in gmm.CHOICES.items()],
               "tma_autotuned": {"fwd": _configs(gmm_tma._fwd_tuned), "dw": _configs(gmm_tma._dw_tuned)},
               **stamp()}
-    out = Path(args.out) / f"gmm-cuda-{torch.cuda.get_device_name().replace(' ', '_')}.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"-> {out}")
-    if wrong:  # a benchmark of a wrong result is no benchmark: the suite marks this step failed
-        sys.exit(f"mf_ds gave wrong results: {wrong}")
 
 
 def _configs(tuner) -> dict[str, str]:
