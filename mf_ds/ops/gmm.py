@@ -23,8 +23,8 @@ writes or keeps the [T*k, H] permuted copy.
 
 CUDA backend, per product (fwd, dX, dW), `MF_DS_GMM`: `auto` (default) times the pointer kernels here, the TMA
 kernels (gmm_tma.py) and torch's grouped_mm (CUTLASS, bf16 on sm90) once per shape and keeps the fastest;
-`triton`, `tma`, `torch` force one. H100, bf16, T 16K: auto is 1.02x grouped_mm at Qwen3-30B-A3B and DeepSeek-V3
-EP8 shapes, 0.95x at Mixtral, 1.6-2.0x DeepSpeed's Triton group GEMM (bench/results/gpu-notes.md).
+`triton`, `tma`, `torch` force one. H100, bf16, 4K-32K tokens: auto is 1.00-1.17x grouped_mm at Qwen3-30B-A3B and
+DeepSeek-V3 EP8 shapes, 0.95-0.97x at Mixtral, 1.35-2.03x DeepSpeed's Triton group GEMM (bench/results/gpu-notes.md).
 
 Shapes: M rows (tokens after permute), K in-features, N out-features, E experts.
 CPU path: `torch.nn.functional.grouped_mm` (bench/results/gmm-cpu.json), zeroing the padding rows.
