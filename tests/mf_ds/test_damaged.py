@@ -1,6 +1,7 @@
 """Damaged inputs: each is one clear error (exit 2) naming the file, and nothing on disk is overwritten.
 
-Weights (`--load_checkpoint` HF directories): truncated, a flipped bit in the header, a flipped bit in the data
+Weights (`--load_checkpoint`): MindSpore .ckpt files truncated or failing their CRC; HF directories: truncated,
+a flipped bit in the header, a flipped bit in the data
 (caught by the checksums an mf-ds checkpoint carries, or as inf/NaN when it makes one), a missing shard, an index
 that is not JSON. Checkpoints (`--resume_training`): a flipped bit in the optimizer state, truncated weights, a
 broken trainer_state.json. Data: a `.bin`/`.idx` pair that does not match, empty data sets, JSON lines that are not
@@ -201,6 +202,18 @@ def _cases(base: Path, run: Path) -> list[dict]:
         path, phrase = _damage(shards, how)
         add(case, ["--train_dataset_dir", str(shards / "alpaca.mindrecord0")], path, [shards], phrase=phrase)
 
+    from tests.mf_ds.test_ckpt import MF
+
+    for case, how in (("ckpt-truncated", "truncated"), ("ckpt-crc", "crc")):
+        ckpt = base / case / "model.ckpt"
+        ckpt.parent.mkdir(parents=True)
+        data = bytearray((MF / "llama" / ("model_crc.ckpt" if how == "crc" else "model.ckpt")).read_bytes())
+        if how == "crc":
+            data[len(data) // 2] ^= 0x01
+        ckpt.write_bytes(bytes(data if how == "crc" else data[: len(data) // 2]))
+        add(case, ["--load_checkpoint", str(ckpt)], ckpt, [ckpt.parent],
+            phrase="truncated" if how == "truncated" else "does not match")
+
     not_tok = base / "not-a-tokenizer"
     not_tok.mkdir()
     (not_tok / "README.md").write_text("weights only\n")
@@ -255,6 +268,7 @@ def outcomes(tmp_path_factory):
 
 
 CASE_IDS = ["hf-truncated", "hf-header-bit", "hf-data-bit", "hf-nan", "hf-missing-shard", "hf-bad-index",
+            "ckpt-truncated", "ckpt-crc",
             "resume-optimizer-bit", "resume-truncated-weights", "resume-bad-state", "data-pair-mismatch",
             "data-empty-megatron", "data-empty-dir", "data-empty-jsonl", "data-jsonl-not-utf8",
             "data-mindrecord-truncated", "data-mindrecord-db", "data-mindrecord-missing-shard",
