@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import binascii
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,11 +222,13 @@ def _checkpoint_files(path: Path) -> list[Path]:
     return ckpts or tensors
 
 
-def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str) -> dict[str, int]:
+def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
+              write: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, int]:
     """Copy a MindFormers checkpoint into `model` (HF names) one tensor at a time; returns counts for the report.
 
     Every model parameter must come from the checkpoint (tied embeddings aside), every model weight in the
-    checkpoint must find a parameter of the same shape; optimizer state and counters are skipped.
+    checkpoint must find a parameter of the same shape; optimizer state and counters are skipped. With `write`,
+    each checked tensor goes to write(hf_name, tensor) instead, and `model` may live on the meta device.
     """
     try:
         names.name_map(family)
@@ -253,8 +255,11 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str) -> d
                                f"{list(state[target].shape)}; does model_config match the checkpoint?")
             if tensor.is_floating_point() and not torch.isfinite(tensor).all():
                 raise RunError(f"{file}: weight {mf_name} holds inf/NaN (a damaged file?)")
-            with torch.no_grad():
-                state[target].copy_(tensor)
+            if write is not None:
+                write(target, tensor)
+            else:
+                with torch.no_grad():
+                    state[target].copy_(tensor)
             loaded.add(target)
     missing = sorted(set(state) - loaded - tied - {k for k in state if k.endswith("rotary_emb.inv_freq")})
     if missing:
@@ -262,6 +267,62 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str) -> d
                        f" MindFormers name {names.hf_to_mf(missing[0], family)}); is it a checkpoint of another "
                        "model?")
     return {"loaded": len(loaded), "skipped": skipped}
+
+
+def write_ckpt(path: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
+    """Write a MindSpore .ckpt as mindspore.save_checkpoint does (one Checkpoint message per parameter, fields in
+    number order, dims unpacked as proto2 writes them, parameters over 512 MB split: along axis 0, BFloat16 in
+    512 MB byte chunks); atomically,
+    one tensor in memory at a time. Returns the number of parameters."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    count = 0
+    with open(tmp, "wb") as f:
+        for name, tensor in tensors:
+            kind = next((k for k, v in DTYPES.items() if v == tensor.dtype), None)
+            if kind is None:
+                raise RunError(f"{path}: {name} has dtype {tensor.dtype}, which a MindSpore checkpoint cannot hold")
+            array = tensor.detach().contiguous().cpu()
+            array = (array.view(torch.uint16) if tensor.dtype == torch.bfloat16 else array).numpy()
+            if tensor.dtype == torch.bfloat16:  # a Tensor, not numpy: _write_parameter_bytes_data's byte chunks
+                raw = memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B")
+                slices = [raw[i:i + _SLICE] for i in range(0, max(len(raw), 1), _SLICE)]
+            else:  # _write_parameter_data: np.array_split along axis 0
+                parts = np.array_split(array, -(-array.nbytes // _SLICE)) if array.nbytes > _SLICE else [array]
+                slices = [memoryview(np.ascontiguousarray(p).reshape(-1)).cast("B") for p in parts]
+            for content in slices:
+                tensor_head = b"".join(_key(1, 0) + _varint(d) for d in array.shape) + _bytes_field(2, kind.encode())
+                tensor_len = len(tensor_head) + len(_key(3, 2)) + len(_varint(len(content))) + len(content)
+                value_head = _bytes_field(1, name.encode()) + _key(2, 2) + _varint(tensor_len)
+                value_len = len(value_head) + tensor_len
+                f.write(_key(1, 2) + _varint(value_len) + value_head + tensor_head + _key(3, 2)
+                        + _varint(len(content)))
+                f.write(content)
+            count += 1
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return count
+
+
+_SLICE = 512 * 1024 * 1024  # serialization.py SLICE_SIZE (512 * 1024 KB)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _key(field: int, wire: int) -> bytes:
+    return _varint(field << 3 | wire)
+
+
+def _bytes_field(field: int, payload: bytes) -> bytes:
+    return _key(field, 2) + _varint(len(payload)) + payload
 
 
 def _unfuse(kind: str, hf_name: str, fused: torch.Tensor, config) -> dict[str, torch.Tensor]:
