@@ -185,7 +185,7 @@ def column_roles(input_columns: list[str], construct_args_key: list[str] | None,
     """{column: model argument}: zipped with construct_args_key (wrapper.py DataOrderWrapperCell), else by position
     with the model's construct parameters (MFTrainOneStepCell passes the columns positionally)."""
     keys = construct_args_key if construct_args_key is not None else (MCORE_ARGS if mcore else LEGACY_ARGS)
-    return dict(zip(input_columns, keys))
+    return dict(zip(input_columns, keys, strict=False))  # unequal lengths: the extra columns feed nothing
 
 
 def _megatron(loader: dict, data: dict, ledger: Ledger) -> None:
