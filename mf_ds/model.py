@@ -1,4 +1,5 @@
-"""Build the HF model the Plan describes: `from_config`, or weights from an HF-layout safetensors directory.
+"""Build the HF model the Plan describes: `from_config`, weights from an HF-layout safetensors directory, or a
+MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/ckpt.py).
 
 The runtime reads only the Plan (DESIGN.md): `plan.hf_config` is `AutoConfig.for_model` kwargs. Kernel and MoE
 settings the runtime cannot honour yet are reported, never silently ignored.
@@ -33,8 +34,12 @@ def build_model(plan: dict, load_checkpoint: str | None = None) -> torch.nn.Modu
     if not load_checkpoint:
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = Path(load_checkpoint)
-    if not path.is_dir():
-        raise RunError(f"{path}: load_checkpoint must be an HF-layout safetensors directory")
+    if is_mindformers_checkpoint(path):
+        from mf_ds.ckpt import load_into
+
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        load_into(model, path, plan["run"]["family"])
+        return model
     files = weight_files(path)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32,
@@ -49,6 +54,13 @@ def build_model(plan: dict, load_checkpoint: str | None = None) -> torch.nn.Modu
         if not torch.isfinite(param).all():
             raise RunError(f"{files.get(name, path)}: weight {name} holds inf/NaN (a damaged file?)")
     return model
+
+
+def is_mindformers_checkpoint(path: Path) -> bool:
+    """A file (.ckpt, .safetensors), or a directory without an HF config.json: MindFormers' layouts."""
+    return path.is_file() or (path.is_dir() and not (path / "config.json").is_file()
+                              and ((path / "rank_0").is_dir() or any(path.glob("*.ckpt"))
+                                   or any(path.glob("*.safetensors"))))
 
 
 def weight_files(path: Path) -> dict[str, Path]:

@@ -38,7 +38,8 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     p.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE", help="override a YAML key")
     p.add_argument("--max_steps", type=int, help="stop after N optimizer steps")
     p.add_argument("--output_dir", help="override output_dir")
-    p.add_argument("--load_checkpoint", help="HF safetensors directory (weights) or an mf-ds checkpoint")
+    p.add_argument("--load_checkpoint", help="weights: a MindSpore .ckpt, MindFormers safetensors, an HF "
+                   "safetensors directory or an mf-ds checkpoint")
     p.add_argument("--resume_training", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--train_dataset_dir", help="Megatron .bin/.idx prefix or directory, or JSON-lines data")
     p.add_argument("--gradient_accumulation_steps", type=int, help="override the gradient accumulation")

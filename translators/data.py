@@ -4,8 +4,12 @@ MindFormers builds a MindSpore dataset pipeline (CausalLanguageModelDataset, min
 causal_language_model_dataset.py r1.5.0). Here only the data itself matters:
   * BlendedMegatronDatasetDataLoader: Megatron `.bin`/`.idx` pairs with blend weights (`config.data_path`), read
     by mf_ds directly;
-  * MindDataset (`.mindrecord`): cannot be read without MindSpore; a path given there is an error at run time
-    unless `--train_dataset_dir` points at Megatron or JSONL data instead;
+  * MindDataset (`.mindrecord`): `dataset_dir` (a directory, or one file and its shards) or `dataset_files`, read
+    by mf_ds/data/mindrecord.py without MindSpore. Which column feeds which model argument is MindFormers' rule
+    (base_trainer.py `_get_columns_with_strategy`, wrapper.py `DataOrderWrapperCell`): the YAML's input_columns
+    zipped with construct_args_key when given, else with the model's construct parameters in order (`columns`);
+    `shifted` says whether the model cuts rows of seq_length + 1 tokens into inputs and next-token labels
+    (legacy models unless input_sliced_sig; mcore models take rows as they are);
   * no path at all: the runtime's built-in corpus (documented in the README), with a note.
 The pipeline knobs (workers, prefetch, NUMA) have no meaning for a PyTorch DataLoader and are dropped.
 """
@@ -22,7 +26,7 @@ _PIPELINE = "MindSpore data-pipeline setting; the PyTorch loader needs none"
 DATASET_KEYS = {
     "data_loader": None,  # handled below
     "input_columns": ("runtime", "which columns the data provides (labels / loss_mask / position_ids)"),
-    "construct_args_key": ("dropped", "the HF model takes input_ids and labels by keyword"),
+    "construct_args_key": ("runtime", "which model argument each input column feeds (run.data.columns)"),
     "output_columns": ("dropped", "the HF model takes input_ids and labels by keyword"),
     "batch_size": ("dropped", "overridden by runner_config.batch_size, as in MindFormers"),
     "drop_remainder": ("runtime", "run.data.drop_remainder"),
@@ -42,6 +46,10 @@ DATASET_KEYS = {
     "sop_id": ("dropped", "YiZhao pretraining dataset token ids"),
     "gmask_id": ("dropped", "YiZhao pretraining dataset token ids"),
 }
+# The model's construct parameters, in order: a column without construct_args_key feeds the one at its position.
+LEGACY_ARGS = ("input_ids", "labels", "input_position", "position_ids", "attention_mask")  # llama.py:637
+MCORE_ARGS = ("input_ids", "position_ids", "attention_mask", "decoder_input", "labels")  # gpt_model.py:398
+USED_ARGS = ("input_ids", "labels", "loss_mask")  # the rest: HF builds the causal mask and positions itself
 MEGATRON_CONFIG = {
     "data_path": "run.data.paths / weights",
     "seq_length": "run.data.seq_length",
@@ -62,8 +70,12 @@ MEGATRON_CONFIG = {
 }
 
 
-def parse_data(tree: dict, ledger: Ledger, seq_length: int | None) -> dict[str, Any]:
-    """run.data: {kind: megatron | mindrecord | json | builtin, paths, weights, seq_length, ...}."""
+def parse_data(tree: dict, ledger: Ledger, seq_length: int | None, mcore: bool = False,
+               sliced: bool = False) -> dict[str, Any]:
+    """run.data: {kind: megatron | mindrecord | json | builtin, paths, weights, seq_length, ...}.
+
+    `mcore`: the YAML's model is an mcore one (use_legacy: False); `sliced`: model_config.input_sliced_sig.
+    """
     raw = tree.get("train_dataset")
     task = tree.get("train_dataset_task")
     if raw is None and isinstance(task, dict) and isinstance(task.get("dataset_config"), dict):
@@ -71,7 +83,8 @@ def parse_data(tree: dict, ledger: Ledger, seq_length: int | None) -> dict[str, 
     data: dict[str, Any] = {"kind": "builtin", "paths": [], "weights": [], "seq_length": seq_length,
                             "shuffle": True, "seed": None, "drop_remainder": True, "repeat": 1,
                             "input_columns": ["input_ids"], "train_samples": None, "eod_mask_loss": False,
-                            "eod": None, "pad": None}
+                            "eod": None, "pad": None, "files_as_given": False, "columns": {},
+                            "shifted": not (mcore or sliced)}
     if isinstance(task, dict):
         for name, value in task.items():
             path = join("train_dataset_task", name)
@@ -111,16 +124,7 @@ def parse_data(tree: dict, ledger: Ledger, seq_length: int | None) -> dict[str, 
     if kind == "BlendedMegatronDatasetDataLoader":
         _megatron(loader, data, ledger)
     elif kind == "MindDataset":
-        directory = coerce(loader.get("dataset_dir", ""), str, "train_dataset.data_loader.dataset_dir").value
-        for name in loader:
-            if name not in ("type", "shuffle", "dataset_dir"):
-                ledger.dropped(join("train_dataset.data_loader", name), "MindRecord reader setting")
-        if directory:
-            data.update(kind="mindrecord", paths=[directory])
-            ledger.differs("train_dataset.data_loader.dataset_dir", "MindRecord files cannot be read without "
-                           "MindSpore: give --train_dataset_dir with Megatron .bin/.idx or JSONL data")
-        else:
-            ledger.differs("train_dataset.data_loader.dataset_dir", "empty: the built-in corpus is used")
+        _mindrecord(loader, raw, data, mcore, ledger)
     else:
         for name in loader:
             if name not in ("type", "shuffle"):
@@ -134,6 +138,54 @@ def parse_data(tree: dict, ledger: Ledger, seq_length: int | None) -> dict[str, 
             ledger.differs("train_dataset.data_loader.type", f"{kind} is not supported: the built-in corpus is "
                            "used unless --train_dataset_dir is given")
     return data
+
+
+def _mindrecord(loader: dict, raw: dict, data: dict, mcore: bool, ledger: Ledger) -> None:
+    base = "train_dataset.data_loader"
+    for name in loader:
+        if name not in ("type", "shuffle", "dataset_dir", "dataset_files"):
+            ledger.dropped(join(base, name), "MindDataset pipeline setting")
+    directory = coerce(loader.get("dataset_dir") or "", str, join(base, "dataset_dir")).value
+    files = loader.get("dataset_files")
+    if isinstance(files, str):
+        files = [files]
+    files = coerce(files or [], list[str], join(base, "dataset_files")).value
+    if directory:  # causal_language_model_dataset.py: dataset_dir first, then dataset_files
+        data.update(kind="mindrecord", paths=[directory])
+        ledger.runtime(join(base, "dataset_dir"), "MindRecord, read by mf_ds/data/mindrecord.py: a directory "
+                       "(searched recursively) or one file with its shards")
+        if files:
+            ledger.dropped(join(base, "dataset_files"), "dataset_dir is given and wins, as in MindFormers")
+    elif files:
+        data.update(kind="mindrecord", paths=files, files_as_given=True)
+        ledger.runtime(join(base, "dataset_files"), "MindRecord files, read by mf_ds/data/mindrecord.py")
+    else:
+        if "dataset_dir" in loader:
+            ledger.differs(join(base, "dataset_dir"), "empty: the built-in corpus is used")
+        return
+    keys = raw.get("construct_args_key")
+    if keys is not None:
+        keys = coerce(keys, list[str], "train_dataset.construct_args_key").value
+    columns = column_roles(data["input_columns"], keys, mcore)
+    if "input_ids" not in columns.values():
+        path = "train_dataset.construct_args_key" if keys is not None else "train_dataset.input_columns"
+        raise ConfigError(path, f"no column feeds the model's input_ids (columns -> arguments: {columns})")
+    data["columns"] = columns
+    for column, argument in columns.items():
+        if argument not in USED_ARGS:
+            ledger.differs("train_dataset.input_columns", f"{column} -> {argument}: not read; the HF model builds "
+                           "its causal mask and position ids itself")
+    unused = data["input_columns"][len(columns):]
+    if unused:
+        ledger.differs("train_dataset.input_columns", f"{', '.join(unused)}: no model argument left to feed "
+                       "(MindFormers' DataOrderWrapperCell drops them too)")
+
+
+def column_roles(input_columns: list[str], construct_args_key: list[str] | None, mcore: bool) -> dict[str, str]:
+    """{column: model argument}: zipped with construct_args_key (wrapper.py DataOrderWrapperCell), else by position
+    with the model's construct parameters (MFTrainOneStepCell passes the columns positionally)."""
+    keys = construct_args_key if construct_args_key is not None else (MCORE_ARGS if mcore else LEGACY_ARGS)
+    return dict(zip(input_columns, keys, strict=False))  # unequal lengths: the extra columns feed nothing
 
 
 def _megatron(loader: dict, data: dict, ledger: Ledger) -> None:

@@ -63,8 +63,9 @@ GENERAL_BECOMES = {
     "output_dir": ("runtime", "run.output_dir (checkpoints, metrics.jsonl, logs)"),
     "run_mode": ("runtime", "run.run_mode (train and finetune train the same way; finetune expects load_checkpoint)"),
     "use_parallel": ("runtime", "False resets parallel_config to 1s, as MindFormers does"),
-    "load_checkpoint": ("runtime", "run.load_checkpoint (an HF-layout safetensors directory)"),
-    "load_ckpt_format": ("runtime", "run.load_ckpt_format (only safetensors can be read without MindSpore)"),
+    "load_checkpoint": ("runtime", "run.load_checkpoint: a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named "
+                        "safetensors (mf_ds/ckpt.py), or an HF-layout safetensors directory"),
+    "load_ckpt_format": ("runtime", "run.load_ckpt_format (the weights' own format is read from the file)"),
     "resume_training": ("runtime", "run.resume_training (DeepSpeed engine state: optimizer, step, data position)"),
     "ignore_data_skip": ("runtime", "run.ignore_data_skip"),
     "micro_batch_interleave_num": ("mapped", "multiplies deepspeed.gradient_accumulation_steps (same global batch; "

@@ -136,7 +136,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     sched_given = "lr_schedule" in tree
     sched = LrSchedule.parse(tree["lr_schedule"] if sched_given else None, ledger)
     lr_scale = batch.global_batch / general.lr_scale_factor if general.lr_scale else 1.0
-    data = parse_data(tree, ledger, shape.seq_length if shape else None)
+    data = parse_data(tree, ledger, shape.seq_length if shape else None, mcore=family.mcore,
+                      sliced=bool(shape and shape.input_sliced_sig))
     steps_per_epoch = None
     if data["train_samples"]:
         steps_per_epoch = data["train_samples"] // batch.global_batch or None

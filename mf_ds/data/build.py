@@ -5,8 +5,10 @@ Where the tokens come from, in order:
      a directory holds either `.bin`/`.idx` pairs or `.jsonl` files, each read once per pass (weights by size);
   2. `kind` "megatron": `paths` and blend `weights` from `data_loader.config.data_path`;
      "json": JSON lines with a "text" field and the local tokenizer in `tokenizer_dir`;
-     "builtin": the built-in corpus (text.py); "mindrecord": an error, as MindRecord needs MindSpore.
-Every token id is checked against the model's vocab_size before training starts.
+     "builtin": the built-in corpus (text.py); "mindrecord": MindRecord rows (mindrecord.py, rows.py), one
+     sample each, from `dataset_dir` (a directory or one file with its shards) or the `dataset_files` as given.
+Every token id is checked against the model's vocab_size: before training starts, or, for MindRecord (one row at
+a time, decoded on demand), as each row is read.
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ import os
 
 from mf_ds.data.gpt import TrainDataset
 from mf_ds.data.indexed import DataError, IndexedDataset
+from mf_ds.data.mindrecord import MINDRECORD_NAME, MindRecord, mindrecord_files
+from mf_ds.data.rows import RowDataset
 from mf_ds.data.text import BUILTIN, ByteTokenizer, builtin_corpus, load_tokenizer, read_jsonl
 
 
 def build_train_dataset(data: dict, seq_length: int, seed: int, vocab_size: int, tokenizer_dir: str | None = None,
-                        override_dir: str | None = None) -> TrainDataset:
+                        override_dir: str | None = None) -> TrainDataset | RowDataset:
     """The training samples for `run.data`; `seed` (run.seed) is used when the data set names none."""
     kind, paths, weights = data["kind"], list(data["paths"]), list(data["weights"]) or None
     if override_dir:
         kind, paths = discover(override_dir)
         weights = None
+        data = {**data, "files_as_given": False}
     eos = None
     if kind == "builtin":
         if vocab_size < ByteTokenizer.vocab_size:
@@ -40,9 +45,13 @@ def build_train_dataset(data: dict, seq_length: int, seed: int, vocab_size: int,
         tokenizer = load_tokenizer(tokenizer_dir)
         sources, eos = [read_jsonl(path, tokenizer) for path in paths], tokenizer.eos_token_id
     elif kind == "mindrecord":
-        raise DataError(paths[0] if paths else "train_dataset.data_loader.dataset_dir",
-                        "MindRecord files can only be read with MindSpore; convert the data to Megatron .bin/.idx "
-                        "or JSON lines and pass --train_dataset_dir")
+        if data["files_as_given"]:
+            files = mindrecord_files(dataset_files=paths)
+        else:
+            files = mindrecord_files(dataset_dir=paths[0] if paths else None)
+        columns = data["columns"] or {"input_ids": "input_ids"}
+        return RowDataset(MindRecord(files), columns, data["shifted"], seq_length, vocab_size,
+                          data["seed"] if data["seed"] is not None else seed, data["shuffle"])
     else:
         raise DataError("run.data.kind", f"unknown data kind {kind!r}")
     if weights is not None and (len(weights) != len(sources) or sum(weights) <= 0):
@@ -59,8 +68,10 @@ def build_train_dataset(data: dict, seq_length: int, seed: int, vocab_size: int,
 
 
 def discover(path: str) -> tuple[str, list[str]]:
-    """("megatron", prefixes) or ("json", files) for a --train_dataset_dir value."""
+    """("megatron", prefixes), ("json", files) or ("mindrecord", [path]) for a --train_dataset_dir value."""
     if os.path.isdir(path):
+        if any(MINDRECORD_NAME.search(name) for _, _, names in os.walk(path) for name in names):
+            return "mindrecord", [path]
         halves = glob.glob(os.path.join(path, "*.idx")) + glob.glob(os.path.join(path, "*.bin"))
         pairs = sorted({f[:-4] for f in halves})
         lines = sorted(glob.glob(os.path.join(path, "*.jsonl")))
@@ -73,10 +84,13 @@ def discover(path: str) -> tuple[str, list[str]]:
         raise DataError(path, "holds no Megatron .bin/.idx pairs and no .jsonl files")
     if path.endswith((".jsonl", ".json")) and os.path.isfile(path):
         return "json", [path]
+    if MINDRECORD_NAME.search(path) and os.path.isfile(path):
+        return "mindrecord", [path]
     prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
     if os.path.exists(prefix + ".idx") or os.path.exists(prefix + ".bin"):
         return "megatron", [prefix]
-    raise DataError(path, "not found: expected a directory, a .jsonl file or a Megatron path prefix (.bin/.idx)")
+    raise DataError(path, "not found: expected a directory, a MindRecord file, a .jsonl file or a Megatron path "
+                    "prefix (.bin/.idx)")
 
 
 def _check_vocab(source, vocab_size: int) -> None:

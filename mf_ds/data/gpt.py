@@ -128,7 +128,7 @@ def batches(dataset: Dataset, micro_batch_size: int, rank: int, world: int, star
     n, per_step = len(dataset), world * micro_batch_size
     steps = n // per_step if drop_last else -(-n // per_step)
     if steps == 0:
-        name = dataset.name if isinstance(dataset, TrainDataset) else "train_dataset"
+        name = getattr(dataset, "name", "train_dataset")
         raise DataError(name, f"{n} samples make no micro batch of "
                         f"{micro_batch_size} on each of {world} ranks")
     order, current = None, -1
@@ -136,7 +136,7 @@ def batches(dataset: Dataset, micro_batch_size: int, rank: int, world: int, star
     while passes is None or m < steps * passes:
         p, q = divmod(m, steps)
         if p != current:
-            order = dataset.pass_order(p) if isinstance(dataset, TrainDataset) else np.arange(n)
+            order = dataset.pass_order(p) if hasattr(dataset, "pass_order") else np.arange(n)
             current = p
         positions = rank + world * (q * micro_batch_size + np.arange(micro_batch_size))
         items = [dataset[int(i)] for i in order[positions % n]]

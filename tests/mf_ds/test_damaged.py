@@ -1,10 +1,12 @@
 """Damaged inputs: each is one clear error (exit 2) naming the file, and nothing on disk is overwritten.
 
-Weights (`--load_checkpoint` HF directories): truncated, a flipped bit in the header, a flipped bit in the data
+Weights (`--load_checkpoint`): MindSpore .ckpt files truncated or failing their CRC; HF directories: truncated,
+a flipped bit in the header, a flipped bit in the data
 (caught by the checksums an mf-ds checkpoint carries, or as inf/NaN when it makes one), a missing shard, an index
 that is not JSON. Checkpoints (`--resume_training`): a flipped bit in the optimizer state, truncated weights, a
 broken trainer_state.json. Data: a `.bin`/`.idx` pair that does not match, empty data sets, JSON lines that are not
-UTF-8, and tokenizer directories that are not one.
+UTF-8, MindRecord shards that are truncated, indexed by another file's .db or missing, and tokenizer directories
+that are not one.
 
 Every case starts from a copy of one real run (2 steps, a checkpoint each). To keep the start-up cost (~5 s) to
 one, the cases run through `mf_ds.train.main` one after another in a single subprocess (`_runner` below); each
@@ -191,6 +193,27 @@ def _cases(base: Path, run: Path) -> list[dict]:
                                 f"mf_ds.tokenizer_dir={tok}"], f"{data_dir / 'latin1.jsonl'}:2", [],
         phrase="not UTF-8")
 
+    from tests.mf_ds.test_mindrecord import ALPACA, _damage
+
+    for how, case in (("truncated page", "data-mindrecord-truncated"), ("db of another file", "data-mindrecord-db"),
+                      ("missing shard", "data-mindrecord-missing-shard")):
+        shards = base / case / "alpaca"
+        shutil.copytree(ALPACA, shards)
+        path, phrase = _damage(shards, how)
+        add(case, ["--train_dataset_dir", str(shards / "alpaca.mindrecord0")], path, [shards], phrase=phrase)
+
+    from tests.mf_ds.test_ckpt import MF
+
+    for case, how in (("ckpt-truncated", "truncated"), ("ckpt-crc", "crc")):
+        ckpt = base / case / "model.ckpt"
+        ckpt.parent.mkdir(parents=True)
+        data = bytearray((MF / "llama" / ("model_crc.ckpt" if how == "crc" else "model.ckpt")).read_bytes())
+        if how == "crc":
+            data[len(data) // 2] ^= 0x01
+        ckpt.write_bytes(bytes(data if how == "crc" else data[: len(data) // 2]))
+        add(case, ["--load_checkpoint", str(ckpt)], ckpt, [ckpt.parent],
+            phrase="truncated" if how == "truncated" else "does not match")
+
     not_tok = base / "not-a-tokenizer"
     not_tok.mkdir()
     (not_tok / "README.md").write_text("weights only\n")
@@ -245,8 +268,10 @@ def outcomes(tmp_path_factory):
 
 
 CASE_IDS = ["hf-truncated", "hf-header-bit", "hf-data-bit", "hf-nan", "hf-missing-shard", "hf-bad-index",
+            "ckpt-truncated", "ckpt-crc",
             "resume-optimizer-bit", "resume-truncated-weights", "resume-bad-state", "data-pair-mismatch",
             "data-empty-megatron", "data-empty-dir", "data-empty-jsonl", "data-jsonl-not-utf8",
+            "data-mindrecord-truncated", "data-mindrecord-db", "data-mindrecord-missing-shard",
             "tokenizer-missing-files", "tokenizer-garbage"]
 
 

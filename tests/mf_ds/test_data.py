@@ -29,7 +29,8 @@ def plan_data(**changes) -> dict:
     """run.data as translators/data.py writes it."""
     data = {"kind": "builtin", "paths": [], "weights": [], "seq_length": L, "shuffle": True, "seed": None,
             "drop_remainder": True, "repeat": 1, "input_columns": ["input_ids"], "train_samples": None,
-            "eod_mask_loss": False, "eod": None, "pad": None}
+            "eod_mask_loss": False, "eod": None, "pad": None, "files_as_given": False, "columns": {},
+            "shifted": True}
     data.update(changes)
     return data
 
@@ -195,7 +196,7 @@ def test_bad_data_is_named(tmp_path, megatron):
          str(tmp_path / "empty")),
         (plan_data(kind="megatron", paths=[prefix], weights=[1.0]), {"vocab_size": 50}, "token id 59 >= ",
          prefix + ".bin"),
-        (plan_data(kind="mindrecord", paths=["/data/wiki"]), {}, "MindSpore",
+        (plan_data(kind="mindrecord", paths=["/data/wiki"]), {}, "not a directory and not a MindRecord file name",
          "/data/wiki"),
         (plan_data(kind="json", paths=[str(tmp_path / "t.jsonl")]), {"tokenizer_dir": str(tmp_path / "nope")},
          "does not exist", str(tmp_path / "nope")),

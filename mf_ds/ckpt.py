@@ -1,0 +1,346 @@
+"""MindSpore / MindFormers weights in: `.ckpt` files (protobuf, read by hand, streaming) and MindFormers-named
+safetensors, turned into HF parameter names (translators/names.py) and loaded into an HF model.
+
+`.ckpt` layout (mindspore/train/serialization.py `_exec_save` / `_write_parameter_data`, checkpoint.proto in
+mindspore/train/checkpoint_pb2.py): the file is serialized `Checkpoint` messages back to back, one per
+parameter, which protobuf reads as one message:
+    Checkpoint  { repeated Value value = 1; }
+    Value       { required string tag = 1; oneof { TensorProto tensor = 2; MapTensorProto maptensor = 3; } }
+    TensorProto { repeated int64 dims = 1; required string tensor_type = 2; required bytes tensor_content = 3; }
+A parameter larger than 512 MB is split along its first axis into several Values with the same tag and the full
+dims (np.array_split). `crc_check=True` appends b"crc_num" + the crc32 of everything before it, 10 bytes
+big-endian. tensor_type is MindSpore's name: Float32, Float16, BFloat16, Int32, ...
+
+The file is memory-mapped and parsed in place: one pass records where each tensor's bytes lie, and a tensor is
+copied out only when it is asked for, so a checkpoint larger than RAM loads one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import binascii
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mf_ds.errors import RunError
+from translators import names
+
+DTYPES = {"Float32": torch.float32, "Float16": torch.float16, "BFloat16": torch.bfloat16, "Float64": torch.float64,
+          "Int8": torch.int8, "UInt8": torch.uint8, "Int16": torch.int16, "Int32": torch.int32, "Int64": torch.int64,
+          "Bool": torch.bool}
+# The numpy dtype each is read as; numpy has no bfloat16: its bits are read as uint16 and viewed by torch.
+_NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16, torch.float64: np.float64,
+          torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32,
+          torch.int64: np.int64, torch.bool: np.bool_}
+_CRC = b"crc_num"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one parameter's bytes lie in the file."""
+
+    name: str
+    dtype: str  # MindSpore's tensor_type
+    dims: tuple[int, ...]
+    pieces: tuple[tuple[int, int], ...]  # (offset, length) of each slice, in order
+
+
+class MindSporeCheckpoint:
+    """A `.ckpt` file, parsed once; `tensor(name)` copies one parameter out as a torch tensor."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = str(path)
+        if not os.path.isfile(self.path):
+            raise RunError(f"{self.path}: missing")
+        size = os.path.getsize(self.path)
+        self.data = np.memmap(self.path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+        end = size
+        if size >= len(_CRC) + 10 and self.data[size - 17:size - 10].tobytes() == _CRC:
+            end = size - 17
+            stored = int.from_bytes(self.data[size - 10:].tobytes(), "big")
+            actual = 0
+            for start in range(0, end, 1 << 26):
+                actual = binascii.crc32(self.data[start:min(end, start + (1 << 26))], actual)
+            if stored != actual:
+                raise RunError(f"{self.path}: crc32 {actual} does not match the {stored} saved with it (damaged)")
+        try:
+            self.entries = self._parse(end)
+        except (ValueError, IndexError, UnicodeDecodeError) as exc:
+            raise RunError(f"{self.path}: not a MindSpore checkpoint, or truncated ({exc})") from None
+        if not self.entries:
+            raise RunError(f"{self.path}: holds no parameters")
+
+    def _varint(self, at: int, end: int) -> tuple[int, int]:
+        result = shift = 0
+        while True:
+            if at >= end:
+                raise ValueError(f"varint runs past byte {end}")
+            byte = int(self.data[at])
+            at += 1
+            result |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return result, at
+            shift += 7
+            if shift > 63:
+                raise ValueError(f"varint too long at byte {at}")
+
+    def _fields(self, at: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+        """(field number, wire type, value or offset, length) of each field in [at, end)."""
+        while at < end:
+            key, at = self._varint(at, end)
+            field, wire = key >> 3, key & 7
+            if wire == 0:
+                value, at = self._varint(at, end)
+                yield field, wire, value, 0
+            elif wire == 2:
+                length, at = self._varint(at, end)
+                if at + length > end:
+                    raise ValueError(f"field {field} at byte {at} runs {at + length - end} bytes past its message")
+                yield field, wire, at, length
+                at += length
+            elif wire in (1, 5):
+                at += 8 if wire == 1 else 4
+                if at > end:
+                    raise ValueError("fixed-width field runs past its message")
+            else:
+                raise ValueError(f"unexpected wire type {wire} at byte {at}")
+
+    def _text(self, at: int, length: int) -> str:
+        return self.data[at:at + length].tobytes().decode("utf-8")
+
+    def _parse(self, end: int) -> dict[str, Entry]:
+        entries: dict[str, Entry] = {}
+        for field, wire, at, length in self._fields(0, end):
+            if field != 1 or wire != 2:
+                raise ValueError(f"field {field} (wire {wire}) where Checkpoint has only `value = 1`")
+            tag, tensor = None, None
+            for f, w, a, n in self._fields(at, at + length):
+                if f == 1 and w == 2:
+                    tag = self._text(a, n)
+                elif f == 2 and w == 2:
+                    tensor = (a, n)
+                # f == 3: a MapTensor (embedding hash tables), not an HF weight; skipped
+            if tag is None:
+                raise ValueError(f"a value without a tag at byte {at}")
+            if tensor is None:
+                continue
+            dims, dtype, content = [], None, None
+            for f, w, a, n in self._fields(tensor[0], tensor[0] + tensor[1]):
+                if f == 1 and w == 0:
+                    dims.append(a)
+                elif f == 1 and w == 2:  # packed dims
+                    p = a
+                    while p < a + n:
+                        d, p = self._varint(p, a + n)
+                        dims.append(d)
+                elif f == 2 and w == 2:
+                    dtype = self._text(a, n)
+                elif f == 3 and w == 2:
+                    content = (a, n)
+            if dtype is None or content is None:
+                raise ValueError(f"tensor {tag!r} lacks its tensor_type or tensor_content")
+            old = entries.get(tag)
+            if old is not None:  # a slice of a parameter larger than 512 MB
+                entries[tag] = Entry(tag, dtype, old.dims, old.pieces + (content,))
+            else:
+                entries[tag] = Entry(tag, dtype, tuple(dims), (content,))
+        return entries
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        entry = self.entries[name]
+        if entry.dtype == "str":
+            raise RunError(f"{self.path}: {name} is a string, not a tensor")
+        if entry.dtype not in DTYPES:
+            raise RunError(f"{self.path}: {name} has tensor_type {entry.dtype!r}, which mf-ds cannot read")
+        dtype = DTYPES[entry.dtype]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = int(np.prod(entry.dims, dtype=np.int64))
+        total = sum(n for _, n in entry.pieces)
+        if total != count * itemsize:
+            raise RunError(f"{self.path}: {name} holds {total} bytes; {entry.dtype}{list(entry.dims)} needs "
+                           f"{count * itemsize} (damaged)")
+        raw = np.concatenate([self.data[a:a + n] for a, n in entry.pieces]) if len(entry.pieces) > 1 else \
+            np.array(self.data[entry.pieces[0][0]:entry.pieces[0][0] + entry.pieces[0][1]])
+        return torch.from_numpy(raw.view(_NUMPY[dtype])).view(dtype).reshape(entry.dims)
+
+
+def mindformers_weights(path: str | os.PathLike) -> Iterator[tuple[str, str, object]]:
+    """(MindFormers name, file, loader) for every tensor of a MindFormers checkpoint: a .ckpt file, a directory
+    holding rank_0/*.ckpt (a single-rank run) or *.ckpt, a MindFormers-named .safetensors file, or a directory of
+    them (unified / merged safetensors, with or without their param_name_map.json index)."""
+    path = Path(path)
+    files = _checkpoint_files(path)
+    for file in files:
+        if file.suffix == ".ckpt":
+            ckpt = MindSporeCheckpoint(file)
+            for name in ckpt.names():
+                yield name, str(file), (lambda c=ckpt, n=name: c.tensor(n))
+        else:
+            from safetensors import SafetensorError, safe_open
+
+            try:
+                handle = safe_open(str(file), framework="pt")
+                keys = list(handle.keys())
+            except (OSError, SafetensorError) as exc:
+                raise RunError(f"{file}: not a readable safetensors file ({exc}); truncated or damaged?") from None
+            for name in keys:
+                yield name, str(file), (lambda h=handle, n=name: h.get_tensor(n))
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    if path.is_file():
+        if path.suffix not in (".ckpt", ".safetensors"):
+            raise RunError(f"{path}: load_checkpoint must be a .ckpt or .safetensors file, or a directory")
+        return [path]
+    if not path.is_dir():
+        raise RunError(f"{path}: load_checkpoint does not exist")
+    rank0 = path / "rank_0"
+    if rank0.is_dir():
+        ckpts = sorted(rank0.glob("*.ckpt"))
+        others = sorted(p.name for p in path.glob("rank_*") if p.name != "rank_0")
+        if others:
+            raise RunError(f"{path}: a sharded checkpoint of {len(others) + 1} ranks; merge it first with "
+                           "MindFormers' transform_checkpoint (or save a unified safetensors) and load that")
+        if len(ckpts) != 1:
+            raise RunError(f"{rank0}: expected one .ckpt file, found {len(ckpts)}"
+                           + (f" ({', '.join(p.name for p in ckpts)}): name the file" if ckpts else ""))
+        return ckpts
+    ckpts, tensors = sorted(path.glob("*.ckpt")), sorted(path.glob("*.safetensors"))
+    if len(ckpts) > 1:
+        raise RunError(f"{path}: holds {len(ckpts)} .ckpt files; name the one to load")
+    if ckpts and tensors:
+        raise RunError(f"{path}: holds both .ckpt and .safetensors files; name the one to load")
+    if not ckpts and not tensors:
+        raise RunError(f"{path}: holds no .ckpt or .safetensors weights")
+    return ckpts or tensors
+
+
+def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
+              write: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, int]:
+    """Copy a MindFormers checkpoint into `model` (HF names) one tensor at a time; returns counts for the report.
+
+    Every model parameter must come from the checkpoint (tied embeddings aside), every model weight in the
+    checkpoint must find a parameter of the same shape; optimizer state and counters are skipped. With `write`,
+    each checked tensor goes to write(hf_name, tensor) instead, and `model` may live on the meta device.
+    """
+    try:
+        names.name_map(family)
+    except KeyError as exc:
+        raise RunError(f"{path}: {exc.args[0]}") from None
+    state = model.state_dict()
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    loaded, skipped = set(), 0
+    for mf_name, file, load in mindformers_weights(path):
+        hf_name = names.mf_to_hf(mf_name, family)
+        if hf_name is None:
+            skipped += 1
+            continue
+        kind = names.fused_kind(mf_name)
+        pieces = _unfuse(kind, hf_name, load(), model.config) if kind else {hf_name: load()}
+        for target, tensor in pieces.items():
+            if target not in state:
+                if target in tied:
+                    continue
+                raise RunError(f"{file}: {mf_name} ({target}) is not a weight of this {family} model; is it a "
+                               "checkpoint of another model?")
+            if tuple(tensor.shape) != tuple(state[target].shape):
+                raise RunError(f"{file}: {mf_name} has shape {list(tensor.shape)}, the model's {target} "
+                               f"{list(state[target].shape)}; does model_config match the checkpoint?")
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise RunError(f"{file}: weight {mf_name} holds inf/NaN (a damaged file?)")
+            if write is not None:
+                write(target, tensor)
+            else:
+                with torch.no_grad():
+                    state[target].copy_(tensor)
+            loaded.add(target)
+    missing = sorted(set(state) - loaded - tied - {k for k in state if k.endswith("rotary_emb.inv_freq")})
+    if missing:
+        raise RunError(f"{path}: {len(missing)} weights of the model are not in the checkpoint (first: {missing[0]},"
+                       f" MindFormers name {names.hf_to_mf(missing[0], family)}); is it a checkpoint of another "
+                       "model?")
+    return {"loaded": len(loaded), "skipped": skipped}
+
+
+def write_ckpt(path: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
+    """Write a MindSpore .ckpt as mindspore.save_checkpoint does (one Checkpoint message per parameter, fields in
+    number order, dims unpacked as proto2 writes them, parameters over 512 MB split: along axis 0, BFloat16 in
+    512 MB byte chunks); atomically,
+    one tensor in memory at a time. Returns the number of parameters."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    count = 0
+    with open(tmp, "wb") as f:
+        for name, tensor in tensors:
+            kind = next((k for k, v in DTYPES.items() if v == tensor.dtype), None)
+            if kind is None:
+                raise RunError(f"{path}: {name} has dtype {tensor.dtype}, which a MindSpore checkpoint cannot hold")
+            array = tensor.detach().contiguous().cpu()
+            array = (array.view(torch.uint16) if tensor.dtype == torch.bfloat16 else array).numpy()
+            if tensor.dtype == torch.bfloat16:  # a Tensor, not numpy: _write_parameter_bytes_data's byte chunks
+                raw = memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B")
+                slices = [raw[i:i + _SLICE] for i in range(0, max(len(raw), 1), _SLICE)]
+            else:  # _write_parameter_data: np.array_split along axis 0
+                parts = np.array_split(array, -(-array.nbytes // _SLICE)) if array.nbytes > _SLICE else [array]
+                slices = [memoryview(np.ascontiguousarray(p).reshape(-1)).cast("B") for p in parts]
+            for content in slices:
+                tensor_head = b"".join(_key(1, 0) + _varint(d) for d in array.shape) + _bytes_field(2, kind.encode())
+                tensor_len = len(tensor_head) + len(_key(3, 2)) + len(_varint(len(content))) + len(content)
+                value_head = _bytes_field(1, name.encode()) + _key(2, 2) + _varint(tensor_len)
+                value_len = len(value_head) + tensor_len
+                f.write(_key(1, 2) + _varint(value_len) + value_head + tensor_head + _key(3, 2)
+                        + _varint(len(content)))
+                f.write(content)
+            count += 1
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return count
+
+
+_SLICE = 512 * 1024 * 1024  # serialization.py SLICE_SIZE (512 * 1024 KB)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _key(field: int, wire: int) -> bytes:
+    return _varint(field << 3 | wire)
+
+
+def _bytes_field(field: int, payload: bytes) -> bytes:
+    return _key(field, 2) + _varint(len(payload)) + payload
+
+
+def _unfuse(kind: str, hf_name: str, fused: torch.Tensor, config) -> dict[str, torch.Tensor]:
+    """Undo mindformers/utils/convert_utils.py qkv_concat_hf2mg / ffn_concat_hf2mg."""
+    if kind == "gate_up":  # rows interleaved: [gate_0, up_0, gate_1, up_1, ...]
+        pairs = fused.reshape(fused.shape[0] // 2, 2, *fused.shape[1:])
+        gate, up = pairs[:, 0], pairs[:, 1]
+        stem = hf_name.replace(".feed_forward.w_gate_hidden.", ".mlp.")
+        return {stem.replace(".mlp.", ".mlp.gate_proj."): gate.contiguous(),
+                stem.replace(".mlp.", ".mlp.up_proj."): up.contiguous()}
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    per_group = heads // kv_heads
+    grouped = fused.reshape(kv_heads, (per_group + 2) * head_dim, -1)  # per KV group: its q heads, k, v
+    q = grouped[:, : per_group * head_dim].reshape(heads * head_dim, -1)
+    k = grouped[:, per_group * head_dim:(per_group + 1) * head_dim].reshape(kv_heads * head_dim, -1)
+    v = grouped[:, (per_group + 1) * head_dim:].reshape(kv_heads * head_dim, -1)
+    stem = hf_name.replace(".attention.w_qkv.", ".self_attn.")
+    squeeze = fused.dim() == 1  # a bias
+    return {stem.replace(".self_attn.", f".self_attn.{p}_proj."): (t.reshape(-1) if squeeze else t).contiguous()
+            for p, t in (("q", q), ("k", k), ("v", v))}

@@ -1,0 +1,89 @@
+"""mf-convert (mf_ds/convert.py) both ways on the MindFormers fixtures: the HF directory gives MindFormers' logits,
+and converting back gives MindSpore's tensors bit for bit, in a .ckpt laid out as save_checkpoint lays it out.
+(By hand, once, with MindSpore 2.7.2: mindspore.load_checkpoint reads both outputs back bit for bit.)"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from mf_ds.ckpt import MindSporeCheckpoint
+from mf_ds.convert import cli, to_hf, to_mindformers
+from tests.mf_ds.test_ckpt import MF, TINY, golden, weights_of
+from translators.plan import translate_file
+
+
+def plan_for(family: str) -> dict:
+    """The llama fixture's Plan comes from the tiny finetune YAML; qwen2's HF config is written out by hand."""
+    if family == "llama":
+        return translate_file(str(TINY)).plan
+    c = golden(family)[0]["config"]
+    hf = {"model_type": "qwen2", "hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
+          "num_hidden_layers": c["num_layers"], "num_attention_heads": c["num_heads"],
+          "num_key_value_heads": c["n_kv_heads"], "vocab_size": c["vocab_size"], "rms_norm_eps": c["rms_norm_eps"],
+          "rope_theta": c["theta"], "max_position_embeddings": c["seq_length"], "tie_word_embeddings": False}
+    return {"hf_config": hf, "run": {"family": family}, "notes": []}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_both_ways(tmp_path, family):
+    plan = plan_for(family)
+    assert to_hf(plan, str(MF / family / "model.ckpt"), str(tmp_path / "hf")) == {
+        "loaded": len(weights_of(family)), "skipped": 2}
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True).eval()
+    _, arrays = golden(family)
+    ids = torch.from_numpy(arrays["input_ids"][:, :16].astype(np.int64))
+    with torch.no_grad():
+        logits = model(ids, attention_mask=(ids != 0).long()).logits
+    np.testing.assert_allclose(logits.numpy(), arrays["logits"], atol=1e-5, rtol=0)
+
+    assert to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "back.ckpt")) == len(weights_of(family))
+    source, back = MindSporeCheckpoint(MF / family / "model.ckpt"), MindSporeCheckpoint(tmp_path / "back.ckpt")
+    assert set(back.names()) == set(weights_of(family))
+    for name in back.names():
+        assert back.entries[name].dtype == source.entries[name].dtype
+        assert back.tensor(name).numpy().tobytes() == source.tensor(name).numpy().tobytes(), name
+
+    to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "back.safetensors"))
+    mindspore_file = load_file(str(MF / family / "model.safetensors"))
+    ours = load_file(str(tmp_path / "back.safetensors"))
+    assert ours.keys() == mindspore_file.keys() and all(torch.equal(ours[k], mindspore_file[k]) for k in ours)
+    with safe_open(str(tmp_path / "back.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"format": "ms"}
+
+
+def test_ckpt_layout_is_save_checkpoints(tmp_path):
+    """The same messages as mindspore.save_checkpoint(net): the file is exactly model_crc.ckpt less its 17-byte
+    CRC trailer in size (the order of the parameters is HF's, sorted)."""
+    plan = plan_for("llama")
+    to_hf(plan, str(MF / "llama" / "model.ckpt"), str(tmp_path / "hf"))
+    to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "back.ckpt"))
+    assert (tmp_path / "back.ckpt").stat().st_size == (MF / "llama" / "model_crc.ckpt").stat().st_size - 17
+
+
+def test_bfloat16_keeps_its_bits(tmp_path):
+    plan = plan_for("llama")
+    to_hf(plan, str(MF / "llama" / "model_bf16.ckpt"), str(tmp_path / "hf"))
+    assert {t.dtype for t in load_file(str(tmp_path / "hf" / "model.safetensors")).values()} == {torch.bfloat16}
+    to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "back.ckpt"))
+    source, back = MindSporeCheckpoint(MF / "llama" / "model_bf16.ckpt"), MindSporeCheckpoint(tmp_path / "back.ckpt")
+    for name in back.names():
+        assert back.entries[name].dtype == "BFloat16" and torch.equal(back.tensor(name).view(torch.int16),
+                                                                      source.tensor(name).view(torch.int16))
+
+
+def test_cli(tmp_path, capsys):
+    assert cli(["--mf-config", str(TINY), str(MF / "llama" / "model.ckpt"), str(tmp_path / "hf")]) == 0
+    assert json.loads(capsys.readouterr().out) == {"direction": "mindformers->hf", "loaded": 21, "skipped": 2,
+                                                   "output": str(tmp_path / "hf")}
+    assert cli(["--mf-config", str(TINY), str(tmp_path / "hf"), str(tmp_path / "x.bin")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"mf-convert: error: {tmp_path / 'x.bin'}: the MindFormers output must end in .ckpt or .safetensors\n"
+    assert cli(["--mf-config", str(TINY), str(MF / "qwen2" / "model.ckpt"), str(tmp_path / "q")]) == 2
+    assert "is not a weight of this llama model" in capsys.readouterr().err
