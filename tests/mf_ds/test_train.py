@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import CONFIGS, CORPUS, CPU_ENV, ROOT
+from tests.conftest import CONFIGS, CORPUS, CPU_ENV, ROOT, needs_shared
 
 LLAMA = str(CONFIGS / "tiny_llama.yaml")
 ENV = CPU_ENV
@@ -108,6 +108,7 @@ def test_bad_input_is_one_line(tmp_path, args, expected):
     assert expected in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
 
 
+@needs_shared
 def test_family_without_hf_architecture_is_a_clear_error(tmp_path):
     proc = train(tmp_path, config=str(CORPUS / "r1.5.0__research__telechat__finetune_telechat_52b.yaml"),
                  check=False)
