@@ -29,8 +29,11 @@ _CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(
     _CACHE / "torch_extensions" / f"venv-{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}"))
 # The environment of tests that start mf-train / DeepSpeed in a subprocess: DeepSpeed's CPU accelerator, logs
-# flushed line by line. QUIET_CPU_ENV also pins one OpenMP thread, for tests that run several processes at once.
-CPU_ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
+# flushed line by line, one OpenMP thread unless the caller set a number. The test models are tiny, and OpenMP's
+# threads spin-wait on cores that other processes hold: tiny_llama's 150 steps took 221 s with two threads and 28 s
+# with one, back to back on this 2-core machine while other processes kept its load at 5. QUIET_CPU_ENV pins one
+# thread whatever the caller set, for tests that run several processes at once.
+CPU_ENV = {"OMP_NUM_THREADS": "1", **os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
 QUIET_CPU_ENV = {**CPU_ENV, "OMP_NUM_THREADS": "1"}
 
 SHARED_MISSING = f"{SHARED} is missing (../shared beside the repository: the MindFormers reference corpus, {CORPUS})"
