@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -38,6 +39,14 @@ QUIET_CPU_ENV = {**CPU_ENV, "OMP_NUM_THREADS": "1"}
 
 SHARED_MISSING = f"{SHARED} is missing (../shared beside the repository: the MindFormers reference corpus, {CORPUS})"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=SHARED_MISSING)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for a torch.distributed rendezvous: fixed ports collide when two test runs
+    share the machine (seen here: EADDRINUSE on 29621 while another venv's suite ran)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def corpus_files() -> list[Path]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import CONFIGS, corpus_params
+from tests.conftest import CONFIGS, corpus_params, free_port
 from translators.cli import run
 from translators.loader import load_yaml
 from translators.notes import leaves
@@ -30,7 +30,7 @@ def ds_world(monkeypatch_module):
     import torch.distributed as dist
 
     for name, value in (("DS_ACCELERATOR", "cpu"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
-                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29611")):
+                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
         monkeypatch_module.setenv(name, value)
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo")
