@@ -309,8 +309,8 @@ def zero3_losses() -> dict[str, list[float]]:
 
 @pytest.mark.deepspeed
 def test_deepspeed_zero3():
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
-               WORLD_SIZE="1")
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}  # one thread: see CPU_ENV in tests/conftest.py
     script = ("import json; from tests.mf_ds.test_patch_kernels import zero3_losses; "
               "print(json.dumps(zero3_losses()))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
