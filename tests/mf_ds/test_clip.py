@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from tests.conftest import free_port
+
 
 @pytest.fixture(scope="module")
 def ds():
@@ -16,7 +18,7 @@ def ds():
     import torch.distributed as dist
 
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                        ("MASTER_PORT", "29621")):
+                        ("MASTER_PORT", str(free_port()))):
         os.environ.setdefault(name, value)
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo")

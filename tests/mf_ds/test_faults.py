@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT
+from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, free_port
 
 pytestmark = pytest.mark.deepspeed
 
@@ -32,14 +31,8 @@ ARGS = ["--max_steps", str(STEPS),
 ENV = QUIET_CPU_ENV
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_ranks(out: Path, *extra: str) -> list[tuple[subprocess.Popen, Path]]:
-    port = _port()
+    port = free_port()
     ranks = []
     for rank in (0, 1):
         env = dict(ENV, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",

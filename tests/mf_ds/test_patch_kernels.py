@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 from mf_ds import patch  # noqa: E402
 from mf_ds.patch import PatchError, kernels  # noqa: E402
 from mf_ds.recompute import apply_recompute, revert_recompute  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from tests.conftest import ROOT, free_port  # noqa: E402
 
 B, S = 2, 5
 H, FF, NH, KVH, D = 32, 48, 4, 2, 8  # hidden, MLP width, heads, key/value heads (GQA), head dim
@@ -309,7 +309,8 @@ def zero3_losses() -> dict[str, list[float]]:
 
 @pytest.mark.deepspeed
 def test_deepspeed_zero3():
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29573", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}  # one thread: see CPU_ENV in tests/conftest.py
     script = ("import json; from tests.mf_ds.test_patch_kernels import zero3_losses; "
               "print(json.dumps(zero3_losses()))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mf_ds.recompute import apply_recompute, revert_recompute, swiglu_recomputed
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 
 B, S = 2, 8  # batch, sequence
 T = B * S  # tokens
@@ -332,7 +332,8 @@ def zero_losses(stage: int) -> dict[str, list[float]]:
 @pytest.mark.deepspeed
 def test_deepspeed_zero():
     """deepspeed.initialize (ZeRO 0 and 2) on a recomputed model trains exactly like the plain one."""
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29561", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}  # one thread: see CPU_ENV in tests/conftest.py
     script = ("import json; from tests.mf_ds.test_recompute import zero_losses; "
               "print(json.dumps([zero_losses(0), zero_losses(2)]))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import CONFIGS, CORPUS, CPU_ENV, ROOT
+from tests.conftest import CONFIGS, CORPUS, CPU_ENV, ROOT, free_port, needs_shared
 
 LLAMA = str(CONFIGS / "tiny_llama.yaml")
 ENV = CPU_ENV
@@ -108,6 +108,7 @@ def test_bad_input_is_one_line(tmp_path, args, expected):
     assert expected in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
 
 
+@needs_shared
 def test_family_without_hf_architecture_is_a_clear_error(tmp_path):
     proc = train(tmp_path, config=str(CORPUS / "r1.5.0__research__telechat__finetune_telechat_52b.yaml"),
                  check=False)
@@ -126,7 +127,7 @@ def one_rank(tmp_path_factory):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_two_ranks_with_the_launcher_equal_one_rank(tmp_path, one_rank, stage):
     """deepspeed mf_ds/train.py on 2 CPU ranks under ZeRO-1/2/3: same global batch, same losses as 1 rank."""
-    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(29640 + stage), str(ROOT / "mf_ds" / "train.py")]
+    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "mf_ds" / "train.py")]
     train(tmp_path, "--max_steps", "3", "--set", f"mf_ds.zero_stage={stage}", launcher=launcher)
     two = metrics(tmp_path)
     assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one_rank], rel=1e-5)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 
 import pytest
 import torch
@@ -13,19 +12,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.testing import assert_close
 
+from tests.conftest import free_port
+
 TOL = dict(atol=1e-5, rtol=1e-5)
 WORLD = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(worker, *args) -> None:
     os.environ["DS_ACCELERATOR"] = "cpu"  # the children inherit it before importing deepspeed
-    mp.spawn(_entry, args=(worker, _free_port(), args), nprocs=WORLD, join=True)
+    mp.spawn(_entry, args=(worker, free_port(), args), nprocs=WORLD, join=True)
 
 
 def _entry(rank: int, worker, port: int, args) -> None:

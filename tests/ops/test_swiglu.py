@@ -9,6 +9,7 @@ variant, the torch.compile loop taken at any size.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -47,12 +48,15 @@ def path(request, monkeypatch):
     name = select_path(request.param, monkeypatch)
     monkeypatch.delenv(COMPILE_ENV, raising=False)  # the default: "torch" stays eager by size (CPU_MIN_ELEMENTS)
     calls = LOOP.compiled_calls
+    scope = contextlib.nullcontext()
     if name == "compiled":
         monkeypatch.setattr(LOOP, "min_elements", 0)
         # three dtypes, one-element dims (which dynamo specialises) and packed strides: more variants than the default
-        # 8 recompiles of one function allow; a model meets one or two dtypes, and sizes past min_elements
-        monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
-    yield name
+        # 8 recompiles of one function allow; a model meets one or two dtypes, and sizes past min_elements. Dynamo's
+        # settings are set in a scope with its own patch(): they are not module attributes monkeypatch can see.
+        scope = torch._dynamo.config.patch(recompile_limit=64)
+    with scope:
+        yield name
     if name == "compiled":  # the loop ran, compiled: no fallback hid behind the eager path
         assert LOOP.failed is None, LOOP.failed
         assert LOOP.compiled_calls > calls

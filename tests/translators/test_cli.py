@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import CONFIGS, CORPUS, DATA, ROOT
+from tests.conftest import CONFIGS, CORPUS, DATA, ROOT, needs_shared
 from translators.cli import run
 from translators.loader import load_yaml
 from translators.notes import leaves
@@ -64,6 +64,7 @@ def test_files_and_plan_keys(tmp_path, capsys):
     assert list(json.loads(plan.read_text())) == ["deepspeed", "hf_config", "layers", "moe", "kernels", "run", "notes"]
 
 
+@needs_shared
 def test_no_hf_config_is_a_note_naming_the_family(tmp_path, capsys):
     telechat = CORPUS / "r1.5.0__research__telechat2__finetune_telechat_115b.yaml"
     hf = tmp_path / "hf.json"

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from tests.conftest import CONFIGS, corpus_files
+from tests.conftest import CONFIGS, corpus_params, free_port
 from translators.cli import run
 from translators.loader import load_yaml
 from translators.notes import leaves
 from translators.plan import PLAN_KEYS, translate_file
 
-FILES = corpus_files() + sorted(CONFIGS.glob("*.yaml"))
+FILES = corpus_params(*sorted(CONFIGS.glob("*.yaml")))
 
 
 def _has_auto(value) -> bool:
@@ -30,7 +30,7 @@ def ds_world(monkeypatch_module):
     import torch.distributed as dist
 
     for name, value in (("DS_ACCELERATOR", "cpu"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
-                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29611")):
+                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
         monkeypatch_module.setenv(name, value)
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo")
@@ -52,7 +52,7 @@ class _MPU:
         return self.world
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_translates_with_exit_0(path, capsys):
     assert run([str(path)]) == 0
     out, err = capsys.readouterr()
@@ -62,7 +62,7 @@ def test_translates_with_exit_0(path, capsys):
     assert not _has_auto(config)
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_deepspeed_accepts_the_json(path, ds_world):
     from deepspeed.runtime.config import DeepSpeedConfig
 
@@ -77,7 +77,7 @@ def test_deepspeed_accepts_the_json(path, ds_world):
     assert parsed.float16_config.enabled == ("fp16" in config)
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_plan_is_json_and_accounts_for_every_key(path):
     result = translate_file(str(path))
     plan = json.loads(result.to_json())

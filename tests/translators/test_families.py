@@ -9,21 +9,17 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from tests.conftest import CONFIGS, CORPUS, ROOT, corpus_files, corpus_params, needs_shared
 from translators import families
 from translators.errors import ConfigError
 from translators.loader import load_yaml
 from translators.notes import Ledger, leaves
-
-REPO = Path(__file__).parents[2]
-CORPUS = Path(__file__).parents[3] / "shared/reference/mindformers/corpus"
-CONFIGS = REPO / "configs"
 
 
 @dataclass(frozen=True)
@@ -102,10 +98,6 @@ CASES: dict[str, Case] = {
 }
 
 
-def corpus_files() -> list[Path]:
-    return sorted(CORPUS.glob("*.yaml"))
-
-
 @dataclass
 class Translated:
     tree: dict
@@ -158,10 +150,12 @@ def gpt2_params(c) -> int:
     return c.n_layer * (12 * c.n_embd ** 2 + 13 * c.n_embd) + (c.vocab_size + c.n_positions) * c.n_embd + 2 * c.n_embd
 
 
+@needs_shared
 def test_every_corpus_yaml_has_a_row():
     assert {p.stem for p in corpus_files()} == set(CASES)
 
 
+@needs_shared
 @pytest.mark.parametrize("stem", sorted(CASES))
 def test_family(stem):
     case, t = CASES[stem], translated(stem)
@@ -174,6 +168,7 @@ def test_family(stem):
         assert t.family.hf_model_type in CONFIG_MAPPING
 
 
+@needs_shared
 @pytest.mark.parametrize("stem", sorted(CASES))
 def test_hf_config_is_none_exactly_without_an_architecture(stem):
     case, t = CASES[stem], translated(stem)
@@ -188,6 +183,7 @@ def test_hf_config_is_none_exactly_without_an_architecture(stem):
         json.dumps(t.hf)  # the Plan is JSON
 
 
+@needs_shared
 @pytest.mark.parametrize("stem", sorted(s for s, c in CASES.items() if c.check != "no-hf" and c.check != "no-model"))
 def test_parameter_count(stem):
     case, model = CASES[stem], built(stem)
@@ -205,6 +201,7 @@ def test_parameter_count(stem):
         assert got > 0
 
 
+@needs_shared
 def test_deepseek_v3_with_mtp():
     """The card's 685B adds the MTP module to the 671B main model: one more MoE decoder layer, eh_proj (2h -> h),
     enorm, hnorm, the shared head's norm, and its own copies of the embedding and the LM head."""
@@ -217,6 +214,7 @@ def test_deepseek_v3_with_mtp():
     assert count(model) + mtp == pytest.approx(685 * B, rel=0.01)
 
 
+@needs_shared
 def test_moe_template_seeded_by_config_json(tmp_path):
     """The r1.7.0 MoE template takes its shape from pretrained_model_dir/config.json; with Qwen3-30B-A3B's it is
     that model (30.5B); without one it falls back to the Qwen3MoeConfig defaults, with a warning."""
@@ -243,7 +241,7 @@ def test_moe_template_seeded_by_config_json(tmp_path):
     assert any(n.kind == "differs" and n.key == "pretrained_model_dir" for n in bare.ledger.finish())
 
 
-@pytest.mark.parametrize("path", [*corpus_files(), *sorted(CONFIGS.glob("*.yaml"))], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", corpus_params(*sorted(CONFIGS.glob("*.yaml"))), ids=lambda p: p.stem)
 def test_every_model_key_is_accounted(path):
     t = translate(load_yaml(str(path)))
     model_keys = [p for p in leaves(t.tree) if p.startswith(("model.model_config", "model.arch"))]
@@ -262,6 +260,7 @@ def test_configs_build():
             assert count(AutoModelForCausalLM.from_config(AutoConfig.for_model(**t.hf))) > 0
 
 
+@needs_shared
 def test_model_shape_of_a_pipeline_yaml():
     shape = translated("r1.5.0__research__telechat2__finetune_telechat_115b").shape
     assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.pp_interleave_num) == (96, 8192, 64, 3)
@@ -282,6 +281,7 @@ def test_model_shape_defaults_per_config_class():
     assert shape.use_fused_rope and shape.use_fused_swiglu
 
 
+@needs_shared
 def test_no_model_section():
     tree = load_yaml(str(CORPUS / "r1.5.0__tests__st__test_pipeline_balance__mem_pp4.yaml"))
     assert families.detect_family(tree) is families.NO_MODEL
@@ -426,5 +426,5 @@ def test_bad_input_names_the_key(tree, path, message):
 def test_pure_python():
     code = ("import sys, translators.families; "
             "print(sorted(m for m in ('torch', 'transformers', 'deepspeed', 'triton', 'numpy') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

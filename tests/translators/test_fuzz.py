@@ -33,7 +33,7 @@ from translators.errors import ConfigError
 from translators.loader import load_yaml
 from translators.plan import translate
 
-FILES = [*corpus_files(), *sorted(CONFIGS.glob("*.yaml"))]
+FILES = [*corpus_files(), *sorted(CONFIGS.glob("*.yaml"))]  # configs/ alone in a clone without ../shared
 TREES = {path.name: load_yaml(str(path)) for path in FILES}
 TEXTS = {path.name: path.read_text(encoding="utf-8") for path in FILES}
 SCALE = int(os.environ.get("MF_DS_FUZZ_SCALE", "1"))
