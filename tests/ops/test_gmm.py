@@ -157,7 +157,7 @@ def test_gather_matches_permute_then_grouped_mm(capacity, dtype, atol, rtol, mon
 # experts, odd K (the masked-K path), and row offsets past 2^31 elements
 # ----------------------------------------------------------------------------------------------------------------
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
+    a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
