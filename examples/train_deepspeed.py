@@ -38,13 +38,14 @@ def main() -> None:
     model = build_model(plan)  # AutoModelForCausalLM.from_config(plan["hf_config"])
     apply_recompute(model, plan["layers"])  # MindFormers' per-layer / per-op recompute
     optimizer = build_optimizer(model, run["optimizer"])  # AdamW or AdamWeightDecay, decay on matrices only
-    scheduler = build_scheduler(optimizer, run["lr_schedule"], run["lr_schedule"]["total_steps"] or args.max_steps)
+    dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], plan["hf_config"]["vocab_size"])
+    data_size = len(dataset) // run["global_batch_size"] * run["data"]["repeat"]  # total_steps: epochs x this
+    scheduler = build_scheduler(optimizer, run["lr_schedule"], data_size, log=print)  # MindFormers' exact formula
     config = {k: v for k, v in plan["deepspeed"].items() if k not in ("optimizer", "scheduler")}
     config["zero_allow_untested_optimizer"] = True
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=config)
-    data = batches(build_train_dataset(run["data"], run["seq_length"], run["seed"], plan["hf_config"]["vocab_size"]),
-                   run["micro_batch_size"], engine.global_rank, engine.world_size, passes=None)
+    data = batches(dataset, run["micro_batch_size"], engine.global_rank, engine.world_size, passes=None)
     for step in range(1, args.max_steps + 1):
         for _ in range(run["gradient_accumulation_steps"]):
             batch = next(data)

@@ -108,8 +108,9 @@ class SaveAtEnd(TrainerCallback):
 class MFTrainer(Trainer):
     """The HF Trainer with MindFormers' optimizer (parameter groups, bias correction) and exact LR schedule."""
 
-    def __init__(self, *args: Any, plan: dict, **kwargs: Any):
-        self.plan = plan
+    def __init__(self, *args: Any, plan: dict, data_size: int | None = None, **kwargs: Any):
+        """`data_size`: the data set in global batches per epoch (x repeat), for lr_schedule.total_steps -1."""
+        self.plan, self.data_size = plan, data_size
         super().__init__(*args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -138,9 +139,12 @@ class MFTrainer(Trainer):
         from mf_ds.optim import build_scheduler
 
         if self.lr_scheduler is None:
-            spec = self.plan["run"]["lr_schedule"]
-            self.lr_scheduler = build_scheduler(optimizer or self.optimizer, spec,
-                                                spec["total_steps"] or num_training_steps)
+            def log(line: str) -> None:
+                if self.is_world_process_zero():
+                    print(line, file=sys.stderr, flush=True)
+
+            self.lr_scheduler = build_scheduler(optimizer or self.optimizer, self.plan["run"]["lr_schedule"],
+                                                self.data_size, run_steps=num_training_steps, log=log)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -155,21 +159,25 @@ class MFSetup:
     train_dataset: torch.utils.data.IterableDataset
     plan: dict
     report: list[str] = field(default_factory=list)
+    data_size: int | None = None  # global batches per epoch (x repeat): MindFormers' lr total_steps counts them
 
     def trainer(self, **kwargs: Any) -> MFTrainer:
         return MFTrainer(model=self.model, args=self.args, callbacks=self.callbacks,
-                         train_dataset=self.train_dataset, plan=self.plan, **kwargs)
+                         train_dataset=self.train_dataset, plan=self.plan, data_size=self.data_size, **kwargs)
 
 
-def _scheduler_args(spec: dict) -> tuple[str, dict]:
-    """The HF scheduler type with MindFormers' formula, for a plain `Trainer` (MFTrainer uses the formula itself)."""
-    if spec["warmup_lr_init"] or spec["decay_steps"] is not None:
-        return "constant_with_warmup", {}  # no HF type has these; MFTrainer applies them
-    if spec["type"] == "cosine":
-        return "cosine_with_min_lr", {"min_lr": spec["lr_end"], "num_cycles": spec["num_cycles"]}
-    if spec["type"] == "polynomial":
-        return "polynomial", {"lr_end": spec["lr_end"], "power": spec["power"]}
-    if spec["type"] == "linear" and spec["lr_end"] == 0:
+def _scheduler_args(r: dict) -> tuple[str, dict]:
+    """The nearest HF scheduler type to the resolved schedule `r`, for a plain `Trainer` (MFTrainer applies
+    MindFormers' formula itself); constant_with_warmup where no HF type has MindFormers' shape."""
+    plain = not r.get("warmup_lr_init") and r.get("decay_steps") in (r["total_steps"], None)
+    if r["type"] == "CosineWithWarmUpLR" and plain:
+        return "cosine_with_min_lr", {"min_lr": r["lr_end"], "num_cycles": r["num_cycles"]}
+    if r["type"] == "CosineWithRestartsAndWarmUpLR" and plain and r["lr_end"] == 0:
+        return "cosine_with_restarts", {"num_cycles": r["num_cycles"]}
+    if r["type"] == "PolynomialWithWarmUpLR" and not r["warmup_lr_init"] \
+            and r["decay_steps"] == max(1, r["total_steps"] - r["warmup_steps"]):
+        return "polynomial", {"lr_end": r["lr_end"], "power": r["power"]}
+    if r["type"] == "LinearWithWarmUpLR" and plain:
         return "linear", {}
     return "constant_with_warmup", {}
 
@@ -181,6 +189,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     from mf_ds.loop import seed_everything
     from mf_ds.model import build_model, pending_features
     from mf_ds.recompute import apply_recompute
+    from translators.lr import resolve
     from translators.plan import translate_file
 
     output_dir = overrides.pop("output_dir", None)
@@ -210,8 +219,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     ds_config.pop("optimizer", None)  # MFTrainer.create_optimizer builds it
     ds_config.pop("scheduler", None)  # MFTrainer.create_scheduler builds it
     ds_config.pop("activation_checkpointing", None)  # the recompute plan is applied to the model directly
-    spec = run["lr_schedule"]
-    sched_type, sched_kwargs = _scheduler_args(spec)
+    data_size = len(dataset) // run["global_batch_size"] * run["data"]["repeat"]
+    resolved = resolve(run["lr_schedule"], data_size, run_steps=steps)
+    sched_type, sched_kwargs = _scheduler_args(resolved)
     callbacks_plan = run["callbacks"]
     ckpt = callbacks_plan["checkpoint"]
     optimizer = run["optimizer"]
@@ -223,10 +233,10 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
         bf16=run["compute_dtype"] == "bfloat16",
         use_cpu=not torch.cuda.is_available(),
         seed=run["seed"],
-        learning_rate=spec["learning_rate"],
+        learning_rate=resolved["peak"],
         lr_scheduler_type=sched_type,
         lr_scheduler_kwargs=sched_kwargs,
-        warmup_steps=spec["warmup_steps"] if spec["warmup_steps"] is not None else int(steps * spec["warmup_ratio"]),
+        warmup_steps=resolved.get("warmup_steps", 0),
         weight_decay=optimizer.get("weight_decay", 0.0),
         adam_beta1=optimizer.get("betas", [0.9, 0.999])[0],
         adam_beta2=optimizer.get("betas", [0.9, 0.999])[1],
@@ -255,7 +265,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
         callbacks.append(SaveAtEnd())
     samples = _OrderedSamples(dataset, run["micro_batch_size"], run["loss_mask_pad_id"],
                               run["data"]["drop_remainder"])
-    return MFSetup(model, args, callbacks, samples, plan, report)
+    return MFSetup(model, args, callbacks, samples, plan, report, data_size)
 
 
 def _moe_callbacks(plan: dict) -> list[TrainerCallback]:

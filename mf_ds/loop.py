@@ -180,9 +180,10 @@ class Trainer:
         self.total_steps = min(epoch_steps, max_steps) if max_steps else epoch_steps
         if run["stop_step"]:
             self.total_steps = min(self.total_steps, run["stop_step"])
-        schedule_steps = run["lr_schedule"]["total_steps"] or self.total_steps
         optimizer = build_optimizer(model, run["optimizer"])
-        scheduler = build_scheduler(optimizer, run["lr_schedule"], schedule_steps)
+        # MindFormers' total_steps counts epochs x the data set (x repeat), whatever stop_step / --max_steps cut.
+        scheduler = build_scheduler(optimizer, run["lr_schedule"], self.steps_per_epoch * run["data"]["repeat"],
+                                    run_steps=self.total_steps, log=_log)
         config = copy.deepcopy(plan["deepspeed"])
         config.pop("optimizer", None)  # built above, with MindFormers' parameter groups
         config.pop("scheduler", None)  # built above, with MindFormers' exact formula

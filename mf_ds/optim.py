@@ -6,16 +6,18 @@ Optimizers (mindformers/core/optim r1.5.0, plan.run.optimizer):
         m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  w -= lr * (m / (sqrt(v) + eps) + wd * w)
     with NO bias correction (MindSpore ops.AdamWeightDecay docs) -> `AdamWeightDecay` below.
   * Weight decay only on parameters with ndim > 1 that are not biases (optimizer_grouped_parameters.py).
-Schedules (mindformers/core/lr/lr_schedule.py r1.5.0; formulas in translators/lr.py), as a LambdaLR factor of
-the peak learning rate, stepped once per optimizer step by the DeepSpeed engine.
+Schedules (mindformers/core/lr/lr_schedule.py; arguments in translators/lr.py, formulas in mf_ds/lr.py), as a
+LambdaLR factor of the peak learning rate, stepped once per optimizer step by the DeepSpeed engine.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 
 import torch
+
+from mf_ds.lr import schedule
+from translators.lr import resolve
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -90,40 +92,21 @@ def build_optimizer(model: torch.nn.Module, spec: dict) -> torch.optim.Optimizer
     return torch.optim.AdamW(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
 
 
-def lr_factor(spec: dict, total_steps: int) -> Callable[[int], float]:
-    """The schedule as a multiple of the peak rate at optimizer step s (0-based), MindFormers' formulas."""
-    lr = spec["learning_rate"]
-    end, init = spec["lr_end"], spec["warmup_lr_init"]
-    warmup = spec["warmup_steps"] if spec["warmup_steps"] is not None else int(total_steps * spec["warmup_ratio"])
-    decay_steps = spec["decay_steps"]
-    if decay_steps is None and spec["decay_ratio"] is not None:
-        decay_steps = int(total_steps * spec["decay_ratio"])
-    kind = spec["type"]
+def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict, data_size: int | None = None, *,
+                    run_steps: int | None = None,
+                    log: Callable[[str], None] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """MindFormers' schedule (plan.run.lr_schedule) as a LambdaLR stepped once per optimizer step.
 
-    def rate(step: int) -> float:
-        if step < warmup:
-            return init + (lr - init) * step / warmup
-        if kind == "constant":
-            return lr
-        span = max(1, total_steps - warmup)
-        progress = (step - warmup) / span
-        if kind == "cosine":
-            if decay_steps is not None and step >= decay_steps:
-                return end
-            return end + (lr - end) * 0.5 * (1 + math.cos(math.pi * 2 * spec["num_cycles"] * progress))
-        if kind == "linear":
-            return end + (lr - end) * max(0.0, (total_steps - step) / span)
-        if kind == "polynomial":
-            if step >= total_steps:
-                return end
-            return (lr - end) * (1 - progress) ** spec["power"] + end
-        raise ValueError(f"unknown schedule {kind!r}")
-
-    return lambda step: rate(step) / lr
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict,
-                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    `data_size` (global batches per epoch, x repeat) resolves total_steps -1 and warmup_epochs; `run_steps` lets
+    translators.lr refuse a schedule that is NaN within the run; `log` gets MindFormers' lines (warm-up ratio,
+    warmup_lr_init default) as MindFormers prints them when it builds the schedule.
+    """
+    resolved = resolve(spec, data_size, run_steps)
+    if log is not None:
+        for line in resolved["log"]:
+            log(line.split(": ", 1)[1])
+    rate = schedule(resolved)
+    peak = resolved["peak"] or 1.0  # the factor is relative to the optimizer's base rate
     for group in optimizer.param_groups:
-        group["lr"] = spec["learning_rate"]
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(spec, total_steps))
+        group["lr"] = peak
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step) / peak)

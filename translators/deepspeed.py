@@ -229,29 +229,29 @@ def activation_checkpointing(n_full: int, slice_activation: bool, mp: int, ledge
             "number_checkpoints": n_full or None, "synchronize_checkpoint_boundary": False, "profile": False}
 
 
-def scheduler(lr_plan: dict[str, Any], total_steps: int | None, ledger: Ledger) -> dict[str, Any] | None:
-    """The nearest DeepSpeed scheduler, or None when the step count is only known at run time."""
-    kind = lr_plan["type"]
-    if total_steps is None:
+def scheduler(lr_plan: dict[str, Any], ledger: Ledger) -> dict[str, Any] | None:
+    """The nearest DeepSpeed scheduler, or None when the step count is only known at run time or none is near."""
+    r = lr_plan["resolved"]
+    if r is None:
         ledger.runtime("lr_schedule.total_steps", "resolved from the data set size at run time; the mf_ds runtime "
                        "applies the schedule (no DeepSpeed scheduler block)")
         return None
-    lr = lr_plan["learning_rate"]
-    warmup = max(1, lr_plan["warmup_steps"])  # DeepSpeed >= 0.19.6 rejects 0 warm-up steps
-    common = {"warmup_num_steps": warmup, "warmup_type": "linear"}
-    if kind == "cosine":
-        ds = {"type": "WarmupCosineLR", "params": {"total_num_steps": total_steps, **common,
-                                                   "warmup_min_ratio": lr_plan["warmup_lr_init"] / lr,
-                                                   "cos_min_ratio": lr_plan["lr_end"] / lr}}
-    elif kind == "constant":
-        ds = {"type": "WarmupLR", "params": {**common, "warmup_min_lr": lr_plan["warmup_lr_init"],
-                                             "warmup_max_lr": lr}}
-    elif kind in ("linear", "polynomial"):
-        ds = {"type": "WarmupDecayLR", "params": {"total_num_steps": total_steps, **common,
-                                                  "warmup_min_lr": lr_plan["warmup_lr_init"], "warmup_max_lr": lr}}
-    else:
+    kind = r["type"]
+    if kind not in ("CosineWithWarmUpLR", "ConstantWarmUpLR", "LinearWithWarmUpLR", "PolynomialWithWarmUpLR"):
         ledger.runtime("lr_schedule.type", f"{kind}: no DeepSpeed equivalent; the mf_ds runtime applies it")
         return None
+    lr = r["learning_rate"]
+    warmup = max(1, r["warmup_steps"])  # DeepSpeed >= 0.19.6 rejects 0 warm-up steps
+    common = {"warmup_num_steps": warmup, "warmup_type": "linear"}
+    if kind == "CosineWithWarmUpLR":
+        ds = {"type": "WarmupCosineLR", "params": {"total_num_steps": r["total_steps"], **common,
+                                                   "warmup_min_ratio": r["warmup_lr_init"] / lr,
+                                                   "cos_min_ratio": r["lr_end"] / lr}}
+    elif kind == "ConstantWarmUpLR":
+        ds = {"type": "WarmupLR", "params": {**common, "warmup_min_lr": r["warmup_lr_init"], "warmup_max_lr": lr}}
+    else:
+        ds = {"type": "WarmupDecayLR", "params": {"total_num_steps": r["total_steps"], **common,
+                                                  "warmup_min_lr": r["warmup_lr_init"], "warmup_max_lr": lr}}
     ledger.mapped("lr_schedule", f"deepspeed.scheduler = {ds['type']} (nearest equivalent; the mf_ds runtime "
                   "applies MindFormers' exact formula from plan.run.lr_schedule)")
     return ds

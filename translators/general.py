@@ -73,7 +73,8 @@ GENERAL_BECOMES = {
     "use_legacy": ("runtime", "selects the model_config key names (legacy or mcore)"),
     "print_separate_loss": ("runtime", "run.print_separate_loss (LM, aux and MTP losses logged apart)"),
     "train_precision_sync": ("runtime", "run.deterministic (torch.use_deterministic_algorithms)"),
-    "lr_scale": ("mapped", "learning rate x global batch / lr_scale_factor when True"),
+    "lr_scale": ("mapped", "learning rate x device count (dp x mp x cp x pp) x batch_size / lr_scale_factor when "
+                           "True, as MindFormers' learning_rate_scale"),
     "lr_scale_factor": ("mapped", "see lr_scale"),
     "auto_trans_ckpt": ("dropped", "DeepSpeed checkpoints and HF safetensors need no resharding strategy"),
     "src_strategy_path_or_dir": ("dropped", "MindSpore sharding strategies do not apply to DeepSpeed checkpoints"),

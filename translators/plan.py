@@ -23,7 +23,7 @@ from translators.data import parse_data
 from translators.errors import ConfigError, show
 from translators.general import check_section_types, parse_general, parse_trainer
 from translators.loader import apply_overrides, load_yaml
-from translators.lr import lr_plan
+from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
 from translators.notes import Ledger, Note
 from translators.sections import (
@@ -114,7 +114,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     # DeepSpeed.
     runner = RunnerConfig.parse(tree.get("runner_config"), ledger)
-    _account_runner(ledger)
+    sink_size = runner.sink_size if runner.sink_mode and runner.sink_size != -1 else None
+    _account_runner(ledger, sink_size)
     mbi = general.micro_batch_interleave_num
     batch = ds.batch(runner, pc, mbi, world_size, gradient_accumulation_steps, ledger)
     _check_world(batch.world_size, ep, pc, parallel, moe)
@@ -133,9 +134,15 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     opt_given = "optimizer" in tree
     opt = Optimizer.parse(tree["optimizer"] if opt_given else Optimizer.TEMPLATE, ledger)
-    sched_given = "lr_schedule" in tree
-    sched = LrSchedule.parse(tree["lr_schedule"] if sched_given else None, ledger)
-    lr_scale = batch.global_batch / general.lr_scale_factor if general.lr_scale else 1.0
+    sched_given = bool(tree.get("lr_schedule"))  # an empty or null section is the template, as in MindFormers
+    sched = LrSchedule.parse(tree["lr_schedule"] if sched_given else LrSchedule.TEMPLATE, ledger)
+    if "lr_schedule" in tree and not sched_given:
+        ledger.runtime("lr_schedule", "empty: MindFormers' template CosineWithWarmUpLR (template.py)")
+    # create_lr_scheduler's learning_rate_scale: x device_num x train_dataset.batch_size / lr_scale_factor, where
+    # train_dataset.batch_size is runner_config.batch_size (dataset/utils.py) and device_num = dp x mp x cp x pp
+    # (check_rules.py; 1 without use_parallel): no gradient accumulation in it.
+    devices = pc.data_parallel * pc.model_parallel * pc.context_parallel * pc.pipeline_stage
+    lr_scale = devices * runner.batch_size / general.lr_scale_factor if general.lr_scale else None
     data = parse_data(tree, ledger, shape.seq_length if shape else None, mcore=family.mcore,
                       sliced=bool(shape and shape.input_sliced_sig))
     steps_per_epoch = None
@@ -144,9 +151,10 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         if steps_per_epoch is None:
             ledger.differs("train_dataset.data_loader.sizes", f"{data['train_samples']} samples make no full "
                            f"global batch of {batch.global_batch}: the step count comes from the data at run time")
-    total = steps_per_epoch * runner.epochs * data["repeat"] if steps_per_epoch else None
-    lr = lr_plan(sched, sched_given, lr_scale, total, ledger)
-    ds_optimizer, run_optimizer = ds.optimizer(opt, opt_given, lr["learning_rate"], ledger)
+    data_size = steps_per_epoch * data["repeat"] if steps_per_epoch else None  # MindFormers' get_dataset_size()
+    lr = lr_plan(sched, sched_given, lr_scale, runner.epochs, data_size, sink_size, ledger)
+    total = lr["resolved"]["total_steps"] if lr["resolved"] else lr["total_steps"]
+    ds_optimizer, run_optimizer = ds.optimizer(opt, opt_given, peak_lr(lr), ledger)
     if not opt_given:
         ledger.runtime("", "no optimizer section: MindFormers' template AdamW (betas 0.9/0.999, eps 1e-8)")
 
@@ -161,7 +169,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "steps_per_print": 2**31 - 1,  # the runtime's MFLossMonitor prints; DeepSpeed's own lines would repeat it
         "wall_clock_breakdown": False,
     }
-    scheduler = ds.scheduler(lr, lr["total_steps"], ledger)
+    scheduler = ds.scheduler(lr, ledger)
     if scheduler:
         config["scheduler"] = scheduler
     full_layers = sum(1 for layer in layers if layer["full_recompute"])
@@ -184,7 +192,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "epochs": runner.epochs,
         "stop_step": runner.stop_step,
         "steps_per_epoch": steps_per_epoch,
-        "total_steps": lr["total_steps"],
+        "total_steps": total,
         "world_size": batch.world_size,
         "micro_batch_size": batch.micro,
         "gradient_accumulation_steps": batch.gradient_accumulation_steps,
@@ -360,10 +368,13 @@ def _non_default(path: str, pc: ParallelConfig, po: ParallelOptimizerConfig) -> 
     return getattr(po, name) not in (-1, None)
 
 
-def _account_runner(ledger: Ledger) -> None:
+def _account_runner(ledger: Ledger, sink_size: int | None) -> None:
+    sink = "MindSpore data sink; an epoch is one pass over the data"
+    if sink_size is not None and sink_size > 1:
+        sink += " (lr_schedule's total_steps still counts whole sinks, as in MindFormers)"
     for name, kind, message in (("epochs", "runtime", "run.epochs"),
                                 ("sink_mode", "dropped", "MindSpore data sink; steps are counted one by one"),
-                                ("sink_size", "dropped", "MindSpore data sink; an epoch is one pass over the data"),
+                                ("sink_size", "dropped", sink),
                                 ("num_classes", "dropped", "not used by causal LMs"),
                                 ("stop_step", "runtime", "run.stop_step")):
         if ledger.present(f"runner_config.{name}"):

@@ -10,6 +10,7 @@ moe.py = mindformers/modules/transformer/moe.py (MoEConfig, line 88).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,23 +234,44 @@ class Optimizer(Section):
 
 @dataclass(frozen=True)
 class LrSchedule(Section):
-    """lr_schedule (LR; template default CosineWithWarmUpLR only if absent)."""
+    """lr_schedule (LR; the template's CosineWithWarmUpLR only if absent or empty). Every argument of every LR class
+    MindFormers builds from this section; None = not given. Which class takes which key, with its default and
+    MindFormers' own checks: translators/lr.py."""
 
     PATH = "lr_schedule"
-    type: str = key("CosineWithWarmUpLR", "schedule class")
-    learning_rate: float = key(5.0e-5, "peak learning rate", check=above(0))
-    lr_end: float | None = key(None, "final learning rate (0 cosine, 1e-7 polynomial)", check=at_least(0))
-    warmup_steps: int | None = key(None, "linear warm-up steps", check=at_least(0))
+    type: str | None = key(None, "LR class or alias (required when the section is given)")
+    learning_rate: float | None = key(None, "peak learning rate", check=above(0))
+    lr_end: float | None = key(None, "final learning rate (0 cosine, 1e-7 polynomial and WSD)", check=at_least(0))
+    warmup_steps: int | None = key(None, "linear warm-up steps")
     warmup_ratio: float | None = key(None, "warm-up as a fraction of total steps (wins)", check=between(0, 1))
-    warmup_epochs: int | None = key(None, "warm-up in epochs", check=at_least(0))
-    warmup_lr_init: float = key(0.0, "learning rate at step 0 of the warm-up", check=at_least(0))
-    total_steps: int | None = key(None, "-1 / None = epochs x steps per epoch",
+    warmup_epochs: int | None = key(None, "warm-up in epochs of the data set (the trainer's)", check=at_least(0))
+    warmup_lr_init: float | None = key(None, "learning rate at step 0 of the warm-up (0)")
+    total_steps: int | None = key(None, "-1 / None = epochs x data size",
                                   check=lambda v: None if v is None or v == -1 or v >= 1 else "-1 or an int >= 1")
-    num_cycles: float = key(0.5, "cosine cycles", check=above(0))
-    power: float = key(1.0, "polynomial power", check=above(0))
-    decay_steps: int | None = key(None, "cosine: lr_end after this step", check=at_least(1))
+    num_cycles: float | None = key(None, "cosine waves (0.5; restarts 1.0)")
+    power: float | None = key(None, "polynomial power (1.0)", check=at_least(0))
+    decay_steps: int | None = key(None, "cosine and cool-down: decay length; polynomial: decay length")
     decay_ratio: float | None = key(None, "decay_steps = total_steps x decay_ratio", check=between(0, 1))
+    keep_steps: int | None = key(None, "ConstantWithCoolDownLR: steps at learning_rate after the warm-up (0)")
+    final_steps: int | None = key(None, "ConstantWithCoolDownLR: steps at lr_end1 after the decay (0)")
+    lr_end1: float | None = key(None, "ConstantWithCoolDownLR: rate after the decay (0)")
+    lr_end2: float | None = key(None, "ConstantWithCoolDownLR: rate after final_steps (lr_end1)")
+    decay_start_steps: int | None = key(None, "WarmUpStableDecayLR: first step of the linear decay")
+    decay_start_ratio: float | None = key(None, "WarmUpStableDecayLR: decay_start_steps = total x ratio",
+                                          check=between(0, 1))
+    base_lr: float | None = key(None, "CosineAnnealing*: maximum learning rate")
+    t_max: int | None = key(None, "CosineAnnealingLR: half period in steps")
+    t_0: int | None = key(None, "CosineAnnealingWarmRestarts: first period in steps")
+    t_mult: int | None = key(None, "CosineAnnealingWarmRestarts: period growth factor (1)")
+    eta_min: float | None = key(None, "CosineAnnealing*: minimum learning rate (0)")
     auto_register: str | None = key(None, "research-dir class to import")
+
+    TEMPLATE = {"type": "CosineWithWarmUpLR", "learning_rate": 5.0e-5, "lr_end": 0.0, "warmup_ratio": 0.0,
+                "total_steps": -1}
+
+    def given_values(self) -> dict[str, Any]:
+        """The keys the section sets (a null is no value: MindFormers reads both as None)."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""MindFormers' optimizers and LR schedules, against their formulas."""
+"""MindFormers' optimizers against their formulas, and the LR schedule driving the optimizer (the schedules
+themselves against MindFormers' own values: test_lr.py)."""
 
 from __future__ import annotations
 
@@ -7,47 +8,43 @@ import math
 import pytest
 import torch
 
-from mf_ds.optim import AdamWeightDecay, build_scheduler, lr_factor, param_groups
+from mf_ds.optim import AdamWeightDecay, build_scheduler, param_groups
+from translators.errors import ConfigError
+from translators.lr import lr_plan
+from translators.notes import Ledger
+from translators.sections import LrSchedule
 
 
-def spec(kind: str, **kw) -> dict:
-    base = {"type": kind, "learning_rate": 1e-3, "lr_end": 1e-5, "warmup_steps": 10, "warmup_ratio": None,
-            "warmup_lr_init": 0.0, "total_steps": 100, "num_cycles": 0.5, "power": 1.0, "decay_steps": None,
-            "decay_ratio": None}
-    return {**base, **kw}
+def spec(**section) -> dict:
+    """run.lr_schedule for an lr_schedule section, as the translator writes it (total_steps from the data)."""
+    sched = LrSchedule.parse(section)
+    return lr_plan(sched, True, None, 2, None, None, Ledger({"lr_schedule": section}))
 
 
-@pytest.mark.parametrize("kind, step, expected", [
-    ("cosine", 0, 0.0),
-    ("cosine", 5, 5e-4),
-    ("cosine", 10, 1e-3),
-    ("cosine", 55, 1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + math.cos(math.pi * 45 / 90))),
-    ("cosine", 100, 1e-5),
-    ("constant", 50, 1e-3),
-    ("linear", 55, 1e-5 + (1e-3 - 1e-5) * 45 / 90),
-    ("polynomial", 55, (1e-3 - 1e-5) * (1 - 45 / 90) + 1e-5),
-    ("polynomial", 120, 1e-5),
-])
-def test_schedule_formulas(kind, step, expected):
-    assert lr_factor(spec(kind), 100)(step) * 1e-3 == pytest.approx(expected, rel=1e-9, abs=1e-12)
-
-
-def test_warmup_ratio_and_decay_steps():
-    factor = lr_factor(spec("cosine", warmup_steps=None, warmup_ratio=0.2, decay_ratio=0.5), 100)
-    assert factor(10) == pytest.approx(0.5)  # halfway through 20 warm-up steps
-    assert factor(50) * 1e-3 == pytest.approx(1e-5)  # lr_end from decay_steps = 50 on
-
-
-def test_scheduler_drives_the_optimizer():
+def test_scheduler_drives_the_optimizer_with_mindformers_rates():
+    """The rate of optimizer step s is MindFormers' lr(s), s from 0; total_steps = epochs x data size."""
     p = torch.nn.Parameter(torch.zeros(2, 2))
     opt = torch.optim.SGD([p], lr=0.5)
-    sched = build_scheduler(opt, spec("cosine"), 100)
+    lines = []
+    sched = build_scheduler(opt, spec(type="CosineWithWarmUpLR", learning_rate=1e-3, lr_end=1e-5, warmup_ratio=0.1),
+                            50, log=lines.append)
     seen = []
-    for _ in range(12):
+    for _ in range(120):
         seen.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
     assert seen[0] == 0.0 and seen[5] == pytest.approx(5e-4) and seen[10] == pytest.approx(1e-3)
+    assert seen[55] == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + math.cos(math.pi * 45 / 90)))
+    assert seen[100:] == [pytest.approx(1e-5)] * 20  # lr_end from total_steps (100) on, as in MindFormers
+    assert lines == ["Current warmup_ratio is 0.1, total_steps is 100, warmup_steps will be set to 10",
+                     "warmup_lr_init is not set. The default value 0.0 will be applied."]
+
+
+def test_scheduler_refuses_a_nan_rate_within_the_run():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    wsd = spec(type="WarmUpStableDecayLR", learning_rate=1e-3, warmup_steps=0, decay_start_steps=5)
+    with pytest.raises(ConfigError, match="NaN learning rate from step 0"):
+        build_scheduler(opt, wsd, 10, run_steps=3)
 
 
 def test_adam_weight_decay_has_no_bias_correction():

@@ -102,7 +102,7 @@ def test_cosine_schedule_with_known_steps():
     assert sched["type"] == "WarmupCosineLR"
     assert sched["params"]["total_num_steps"] == 100 and sched["params"]["warmup_num_steps"] == 10
     assert sched["params"]["cos_min_ratio"] == pytest.approx(0.1)
-    assert plan["run"]["lr_schedule"]["warmup_steps"] == 10
+    assert plan["run"]["lr_schedule"]["resolved"]["warmup_steps"] == 10
 
 
 def test_total_steps_from_megatron_sizes():
@@ -119,8 +119,10 @@ def test_unknown_total_steps_leaves_the_schedule_to_the_runtime():
 
 
 def test_lr_scale():
-    plan = plan_of(lr_scale=True, lr_scale_factor=4)
-    assert plan["run"]["lr_schedule"]["learning_rate"] == pytest.approx(3e-3 * 8 / 4)
+    """learning_rate_scale: x device_num (dp 2) x runner batch_size (2) / lr_scale_factor; not the global batch of
+    8, which counts gradient accumulation too."""
+    plan = plan_of(lr_scale=True, lr_scale_factor=2)
+    assert plan["run"]["lr_schedule"]["learning_rate"] == pytest.approx(3e-3 * 2 * 2 / 2)
 
 
 def test_use_parallel_false_resets_the_layout():
