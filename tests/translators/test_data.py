@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import CORPUS
+from tests.conftest import CORPUS, needs_shared
 from translators.data import column_roles
 from translators.errors import ConfigError
 from translators.plan import translate_file
@@ -29,6 +29,7 @@ def plan_data(*sets: str) -> tuple[dict, list[dict]]:
     return plan["run"]["data"], [n for n in plan["notes"] if n["key"].startswith("train_dataset")]
 
 
+@needs_shared  # the corpus' llama2 finetune YAML
 def test_minddataset_paths_reach_the_plan():
     data, notes = plan_data("train_dataset.data_loader.dataset_dir=/data/alpaca.mindrecord0")
     assert data["kind"] == "mindrecord" and data["paths"] == ["/data/alpaca.mindrecord0"]
@@ -46,6 +47,7 @@ def test_minddataset_paths_reach_the_plan():
     assert data["kind"] == "builtin"
 
 
+@needs_shared
 def test_a_column_must_feed_input_ids():
     with pytest.raises(ConfigError, match="no column feeds the model's input_ids") as info:
         plan_data("train_dataset.data_loader.dataset_dir=/d", "train_dataset.construct_args_key=[labels, input_ids]",
