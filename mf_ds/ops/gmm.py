@@ -377,6 +377,8 @@ def _product(name: str, operands: tuple[Tensor, ...], runners: dict) -> Tensor:
                 warnings.warn(f"mf_ds.ops.gmm: the {backend} grouped matmul failed for {name} ({type(exc).__name__}: "
                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); not using it",
                               RuntimeWarning, stacklevel=2)
+        if not timings:  # nothing ran: the pointer kernels again, to raise their own error
+            return usable["triton"]()
         CHOICES[key] = (min(timings, key=timings.get), timings)
     return usable[CHOICES[key][0]]()
 
