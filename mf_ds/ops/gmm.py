@@ -206,9 +206,11 @@ def grouped_mm_reference(x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tenso
 _empty = torch.empty  # tests poison the outputs through this hook
 
 
-# CUDA: autotuned per (K, N, E, layout, dtype), the first call of each key timing every config (a few seconds per
-# key, once per process). 128x128x64 with 3 stages is the Triton matmul tutorial's bf16 config for Hopper; the
-# others cover wide N, small groups and a deeper pipeline. GROUP_M / GROUP_K: the L2 swizzle width.
+# CUDA: autotuned per (M, N, K, E, layout, dtype), the first call of each key timing every config (a few seconds
+# per key, once per process; M is fixed by a run's token count and capacity). 128x128x64 with 3 stages is the
+# Triton matmul tutorial's bf16 config for Hopper; the others cover wide N, small groups and a deeper pipeline (on an
+# H100, 128x256x64 / 8 warps / 3 stages won every key of bench/results/gmm-cuda-*). GROUP_M / GROUP_K: the L2
+# swizzle width.
 _FWD_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
@@ -384,6 +386,8 @@ def _product(name: str, operands: tuple[Tensor, ...], runners: dict) -> Tensor:
 
 
 def _torch_fwd(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool = False) -> Tensor:
+    """torch's grouped_mm, padding rows zeroed (it leaves them uninitialised) unless the caller knows there are none:
+    the CUDA backend and the CPU path's products."""
     y_MN = torch.nn.functional.grouped_mm(x_MK, w_EKN, offs=offs_E)
     return y_MN if exact_rows else _zero_padding_rows(y_MN, offs_E)  # on CUDA a masked pass over all of y
 
@@ -397,9 +401,9 @@ def _torch_dw(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor) -> Ten
 def _fwd_runners(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool) -> dict:
     from mf_ds.ops import gmm_tma
 
+    # contiguous: grouped_mm rejects the stride-0 gradient of `y.sum().backward()`
     return {"triton": lambda: _gmm_triton(x_MK, w_EKN, offs_E), "tma": lambda: gmm_tma.gmm_fwd(x_MK, w_EKN, offs_E),
-            "torch": lambda: _torch_fwd(x_MK.contiguous(), w_EKN, offs_E, exact_rows)}  # contiguous: grouped_mm
-    # rejects stride-0 rows
+            "torch": lambda: _torch_fwd(x_MK.contiguous(), w_EKN, offs_E, exact_rows)}
 
 
 class GroupedMMFunction(torch.autograd.Function):
@@ -472,7 +476,7 @@ class GroupedMMTorchFunction(torch.autograd.Function):
     def forward(ctx, x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor) -> Tensor:
         offs_E = _offsets(tokens_per_expert_E)
         ctx.save_for_backward(x_MK, w_EKN, offs_E)
-        return _zero_padding_rows(torch.nn.functional.grouped_mm(x_MK, w_EKN, offs=offs_E), offs_E)
+        return _torch_fwd(x_MK, w_EKN, offs_E)
 
     @staticmethod
     def backward(ctx, dy_MN: Tensor):
@@ -482,13 +486,9 @@ class GroupedMMTorchFunction(torch.autograd.Function):
         dy_MN = dy_MN.contiguous()
         dx_MK = dw_EKN = None
         if ctx.needs_input_grad[0]:  # x: dY @ W^T per group, padding rows zero
-            dx_MK = _zero_padding_rows(
-                torch.nn.functional.grouped_mm(dy_MN, w_EKN.transpose(1, 2), offs=offs_E), offs_E)
+            dx_MK = _torch_fwd(dy_MN, w_EKN.transpose(1, 2), offs_E)
         if ctx.needs_input_grad[1]:  # w: X_e^T @ dY_e per expert (the 2D x 2D form; empty groups give zeros)
-            if w_EKN.stride(1) == 1:  # w is a transposed view (HF's [E, N, K] storage): dW in the same layout,
-                dw_EKN = torch.nn.functional.grouped_mm(dy_MN.t(), x_MK, offs=offs_E).transpose(1, 2)  # no copy
-            else:
-                dw_EKN = torch.nn.functional.grouped_mm(x_MK.t(), dy_MN, offs=offs_E)
+            dw_EKN = _torch_dw(x_MK, dy_MN, offs_E, w_EKN)
         return dx_MK, dw_EKN, None
 
 

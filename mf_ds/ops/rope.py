@@ -72,18 +72,7 @@ def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, seq_len, 
     row = sin_ptr + batch * stride_cos_b + pos * stride_cos_s
     sin1 = tl.load(row + pair, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
     sin2 = tl.load(row + COS2 + pair, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
-    if SRC_INTERLEAVED:
-        src_a = 2 * pair
-        src_b = 2 * pair + 1
-    else:
-        src_a = pair
-        src_b = pair + HALF
-    if DST_INTERLEAVED:
-        dst_a = 2 * pair
-        dst_b = 2 * pair + 1
-    else:
-        dst_a = pair
-        dst_b = pair + HALF
+    half_b = pair + HALF  # the split-half layout's second column of pair i (its first is i itself)
     both_cols = tl.arange(0, 2 * BLOCK_HALF)  # the interleaved layouts' columns 2i, 2i + 1 of pairs i < HALF
     both_ok = both_cols < 2 * HALF
     pass_cols = 2 * HALF + tl.arange(0, BLOCK_PASS)
@@ -114,8 +103,8 @@ def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, seq_len, 
                 both = tl.load(x_row + both_cols[None, :], mask=heads_ok & both_ok[None, :], other=0.0)
                 xa, xb = tl.split(tl.reshape(both.to(tl.float32), (BLOCK_H, BLOCK_HALF, 2)))
             else:
-                xa = tl.load(x_row + src_a[None, :], mask=ok, other=0.0).to(tl.float32)
-                xb = tl.load(x_row + src_b[None, :], mask=ok, other=0.0).to(tl.float32)
+                xa = tl.load(x_row + pair[None, :], mask=ok, other=0.0).to(tl.float32)
+                xb = tl.load(x_row + half_b[None, :], mask=ok, other=0.0).to(tl.float32)
             if BACKWARD:
                 ya = xa * cos1 + xb * sin2
                 yb = xb * cos2 - xa * sin1
@@ -126,8 +115,8 @@ def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, seq_len, 
                 both = tl.reshape(tl.join(ya, yb), (BLOCK_H, 2 * BLOCK_HALF))
                 tl.store(y_row + both_cols[None, :], both.to(y_base.dtype.element_ty), mask=heads_ok & both_ok[None, :])
             else:
-                tl.store(y_row + dst_a[None, :], ya.to(y_base.dtype.element_ty), mask=ok)
-                tl.store(y_row + dst_b[None, :], yb.to(y_base.dtype.element_ty), mask=ok)
+                tl.store(y_row + pair[None, :], ya.to(y_base.dtype.element_ty), mask=ok)
+                tl.store(y_row + half_b[None, :], yb.to(y_base.dtype.element_ty), mask=ok)
             if N_PASS > 0:  # partial rotary: the rest of the head is copied (its gradient passes through as well)
                 ok = heads_ok & pass_ok[None, :]
                 tl.store(y_row + pass_cols[None, :], tl.load(x_row + pass_cols[None, :], mask=ok), mask=ok)

@@ -131,5 +131,6 @@ def test_cosine_annealing_warm_restarts_restarts_where_mindformers_does():
             while (start := t_0 * (t_mult**n - 1) // (t_mult - 1)) < grid["below"]:
                 for step in (start - 1, start, start + 1):
                     want = moved.get((t_0, t_mult, step), _exact_warm_restarts(step, t_0, t_mult))
-                    assert cosine_annealing_warm_restarts(r, step) == pytest.approx(want, abs=1e-5), (t_0, t_mult, step)
+                    # base_lr 1: a wrong cycle index is off by up to 1; ours agrees to 1.4e-12 (measured)
+                    assert cosine_annealing_warm_restarts(r, step) == pytest.approx(want, abs=1e-9), (t_0, t_mult, step)
                 n += 1
