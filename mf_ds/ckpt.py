@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from mf_ds.errors import RunError
+from mf_ds.weights import Layout, model_slot, to_hf
 from translators import names
 
 DTYPES = {"Float32": torch.float32, "Float16": torch.float16, "BFloat16": torch.bfloat16, "Float64": torch.float64,
@@ -223,12 +224,15 @@ def _checkpoint_files(path: Path) -> list[Path]:
 
 
 def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
-              write: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, int]:
-    """Copy a MindFormers checkpoint into `model` (HF names) one tensor at a time; returns counts for the report.
+              write: Callable[[str, torch.Tensor], None] | None = None, layout: Layout = Layout(),
+              progress: Callable[[int], None] | None = None) -> dict[str, int]:
+    """Copy a MindFormers checkpoint into `model` one tensor at a time; returns counts for the report.
 
-    Every model parameter must come from the checkpoint (tied embeddings aside), every model weight in the
-    checkpoint must find a parameter of the same shape; optimizer state and counters are skipped. With `write`,
-    each checked tensor goes to write(hf_name, tensor) instead, and `model` may live on the meta device.
+    `family` is a key of translators/names.py (names.table_key). Every model parameter must come from the checkpoint
+    (tied embeddings aside), every model weight in the checkpoint must find its place, of the same shape; optimizer
+    state and counters are skipped. With `write`, each checked tensor goes to write(hf_name, tensor) under its HF
+    checkpoint name instead (the layout save_pretrained writes), and `model` may live on the meta device.
+    `progress(nbytes)` is called after each MindFormers tensor.
     """
     try:
         names.name_map(family)
@@ -236,37 +240,48 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
         raise RunError(f"{path}: {exc.args[0]}") from None
     state = model.state_dict()
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    loaded, skipped = set(), 0
+    filled: dict[str, int] = {}  # parameter -> elements written
+    loaded, skipped = 0, 0
     for mf_name, file, load in mindformers_weights(path):
-        hf_name = names.mf_to_hf(mf_name, family)
-        if hf_name is None:
+        if not names.is_weight(mf_name, family):  # optimizer state, counters: not read
             skipped += 1
             continue
-        kind = names.fused_kind(mf_name)
-        pieces = _unfuse(kind, hf_name, load(), model.config) if kind else {hf_name: load()}
-        for target, tensor in pieces.items():
-            if target not in state:
+        tensor = load()
+        pieces = to_hf(mf_name, tensor, family, model.config, layout)
+        if pieces is None:
+            skipped += 1
+            continue
+        for target, piece in pieces.items():
+            slot = model_slot(target, state)
+            if slot is None:
                 if target in tied:
                     continue
                 raise RunError(f"{file}: {mf_name} ({target}) is not a weight of this {family} model; is it a "
                                "checkpoint of another model?")
-            if tuple(tensor.shape) != tuple(state[target].shape):
-                raise RunError(f"{file}: {mf_name} has shape {list(tensor.shape)}, the model's {target} "
-                               f"{list(state[target].shape)}; does model_config match the checkpoint?")
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            param, index = slot
+            want = tuple(state[param][index].shape) if index else tuple(state[param].shape)
+            if tuple(piece.shape) != want:
+                raise RunError(f"{file}: {mf_name} gives {target} the shape {list(piece.shape)}, the model "
+                               f"{list(want)}; does model_config match the checkpoint?")
+            if piece.is_floating_point() and not torch.isfinite(piece).all():
                 raise RunError(f"{file}: weight {mf_name} holds inf/NaN (a damaged file?)")
             if write is not None:
-                write(target, tensor)
+                write(target, piece)
             else:
                 with torch.no_grad():
-                    state[target].copy_(tensor)
-            loaded.add(target)
-    missing = sorted(set(state) - loaded - tied - {k for k in state if k.endswith("rotary_emb.inv_freq")})
+                    (state[param][index] if index else state[param]).copy_(piece)
+            filled[param] = filled.get(param, 0) + piece.numel()
+            loaded += 1
+        if progress is not None:
+            progress(tensor.numel() * tensor.element_size())
+        del tensor, pieces
+    missing = sorted(p for p in set(state) - tied if filled.get(p, 0) < state[p].numel()
+                     and not p.endswith("rotary_emb.inv_freq"))
     if missing:
-        raise RunError(f"{path}: {len(missing)} weights of the model are not in the checkpoint (first: {missing[0]},"
-                       f" MindFormers name {names.hf_to_mf(missing[0], family)}); is it a checkpoint of another "
-                       "model?")
-    return {"loaded": len(loaded), "skipped": skipped}
+        raise RunError(f"{path}: {len(missing)} weights of the model are not (or not wholly) in the checkpoint "
+                       f"(first: {missing[0]}, MindFormers name {names.hf_to_mf(missing[0], family)}); is it a "
+                       "checkpoint of another model?")
+    return {"loaded": loaded, "skipped": skipped}
 
 
 def write_ckpt(path: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
@@ -323,24 +338,3 @@ def _key(field: int, wire: int) -> bytes:
 
 def _bytes_field(field: int, payload: bytes) -> bytes:
     return _key(field, 2) + _varint(len(payload)) + payload
-
-
-def _unfuse(kind: str, hf_name: str, fused: torch.Tensor, config) -> dict[str, torch.Tensor]:
-    """Undo mindformers/utils/convert_utils.py qkv_concat_hf2mg / ffn_concat_hf2mg."""
-    if kind == "gate_up":  # rows interleaved: [gate_0, up_0, gate_1, up_1, ...]
-        pairs = fused.reshape(fused.shape[0] // 2, 2, *fused.shape[1:])
-        gate, up = pairs[:, 0], pairs[:, 1]
-        stem = hf_name.replace(".feed_forward.w_gate_hidden.", ".mlp.")
-        return {stem.replace(".mlp.", ".mlp.gate_proj."): gate.contiguous(),
-                stem.replace(".mlp.", ".mlp.up_proj."): up.contiguous()}
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = config.hidden_size // heads
-    per_group = heads // kv_heads
-    grouped = fused.reshape(kv_heads, (per_group + 2) * head_dim, -1)  # per KV group: its q heads, k, v
-    q = grouped[:, : per_group * head_dim].reshape(heads * head_dim, -1)
-    k = grouped[:, per_group * head_dim:(per_group + 1) * head_dim].reshape(kv_heads * head_dim, -1)
-    v = grouped[:, (per_group + 1) * head_dim:].reshape(kv_heads * head_dim, -1)
-    stem = hf_name.replace(".attention.w_qkv.", ".self_attn.")
-    squeeze = fused.dim() == 1  # a bias
-    return {stem.replace(".self_attn.", f".self_attn.{p}_proj."): (t.reshape(-1) if squeeze else t).contiguous()
-            for p, t in (("q", q), ("k", k), ("v", v))}

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from mf_ds.ckpt import load_into, write_ckpt
+from mf_ds.weights import from_hf, layout_of, mindformers_names, model_slot
 from mf_ds.errors import RunError
 from translators import names
 
@@ -35,13 +36,31 @@ def _meta_model(plan: dict):
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
+def _family(plan: dict) -> str:
+    run = plan["run"]
+    return names.table_key(run["family"], run.get("layer_style"))
+
+
+def _progress(total: int, what: str):
+    """A byte-count bar on stderr (tqdm comes with transformers); silent when stderr is not a terminal."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=what, file=sys.stderr, disable=None, leave=False)
+
+
 def to_hf(plan: dict, src: str, dst: str) -> dict[str, int]:
-    """MindFormers checkpoint SRC -> HF directory DST."""
+    """MindFormers checkpoint SRC -> HF directory DST (HF checkpoint names: per expert, q/k/v and gate/up apart).
+    Holds the output and one MindFormers tensor at a time."""
     from safetensors.torch import save_file
+
+    from mf_ds.ckpt import _checkpoint_files
 
     model = _meta_model(plan)
     out: dict[str, torch.Tensor] = {}
-    counts = load_into(model, src, plan["run"]["family"], write=lambda name, t: out.__setitem__(name, t.contiguous()))
+    total = sum(f.stat().st_size for f in _checkpoint_files(Path(src)))
+    with _progress(total, "mf-convert") as bar:
+        counts = load_into(model, src, _family(plan), write=lambda name, t: out.__setitem__(name, t.contiguous()),
+                           layout=layout_of(plan), progress=bar.update)
     target = Path(dst)
     target.mkdir(parents=True, exist_ok=True)
     save_file(out, str(target / "model.safetensors"), metadata={"format": "pt"})
@@ -50,28 +69,43 @@ def to_hf(plan: dict, src: str, dst: str) -> dict[str, int]:
 
 
 def to_mindformers(plan: dict, src: str, dst: str) -> int:
-    """HF directory SRC -> MindFormers .ckpt or .safetensors DST; returns the number of tensors."""
+    """HF directory SRC -> MindFormers .ckpt or .safetensors DST; returns the number of tensors. Holds the output
+    (.safetensors) or nothing (.ckpt, streamed) beyond the MindFormers tensor being built."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     from mf_ds.model import weight_files
 
-    family = plan["run"]["family"]
-    names.name_map(family)
-    state = _meta_model(plan).state_dict()
+    family = _family(plan)
+    try:
+        names.name_map(family)
+    except KeyError as exc:
+        raise RunError(f"{src}: {exc.args[0]}") from None
+    model = _meta_model(plan)
+    state = model.state_dict()
     owners = weight_files(Path(src))  # checks the files (index, shards, checksums) first
-    unknown = sorted(set(owners) - set(state))
-    if unknown:
-        raise RunError(f"{owners[unknown[0]]}: {unknown[0]} is not a weight of the YAML's {family} model")
+    for name in sorted(owners):
+        slot = model_slot(name, state)
+        if slot is None:
+            raise RunError(f"{owners[name]}: {name} is not a weight of the YAML's {family} model")
+    layout = layout_of(plan)
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(str(owners[name]), framework="pt") as f:
+            tensor = f.get_tensor(name)
+        param, index = model_slot(name, state)
+        want = tuple(state[param][index].shape) if index else tuple(state[param].shape)
+        if tuple(tensor.shape) != want:
+            raise RunError(f"{owners[name]}: {name} has shape {list(tensor.shape)}, the YAML's model {list(want)}")
+        return tensor
 
     def tensors():
-        for name in sorted(owners):
-            with safe_open(str(owners[name]), framework="pt") as f:
-                tensor = f.get_tensor(name)
-            if tuple(tensor.shape) != tuple(state[name].shape):
-                raise RunError(f"{owners[name]}: {name} has shape {list(tensor.shape)}, the YAML's model "
-                               f"{list(state[name].shape)}")
-            yield names.hf_to_mf(name, family), tensor
+        groups = mindformers_names(sorted(owners), family)
+        with _progress(sum(f.stat().st_size for f in set(owners.values())), "mf-convert") as bar:
+            for mf_name in sorted(groups):
+                tensor = from_hf(mf_name, groups[mf_name], read, family, model.config, layout)
+                bar.update(tensor.numel() * tensor.element_size())
+                yield mf_name, tensor
 
     if dst.endswith(".ckpt"):
         return write_ckpt(dst, tensors())

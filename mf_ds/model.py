@@ -36,9 +36,12 @@ def build_model(plan: dict, load_checkpoint: str | None = None) -> torch.nn.Modu
     path = Path(load_checkpoint)
     if is_mindformers_checkpoint(path):
         from mf_ds.ckpt import load_into
+        from mf_ds.weights import layout_of
+        from translators.names import table_key
 
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        load_into(model, path, plan["run"]["family"])
+        load_into(model, path, table_key(plan["run"]["family"], plan["run"].get("layer_style")),
+                  layout=layout_of(plan))
         return model
     files = weight_files(path)
     try:

@@ -1,14 +1,28 @@
-"""MindFormers parameter names <-> Hugging Face names, one table per family (pure data; mf_ds/ckpt.py applies it).
+"""MindFormers parameter names <-> Hugging Face names, one table per family (pure data; mf_ds/weights.py applies it).
 
-Checked against MindFormers 1.7.0's own converters, which map with the same substring replacements:
-mindformers/models/llama/convert_weight.py and convert_reversed.py (`name_replace`), research/qwen2_5/
-convert_reversed.py (`name_replace`), and against the names MindFormers' legacy LlamaForCausalLM really has
-(tests/fixtures/mindformers/*/golden.json). Qwen2 / Qwen2.5 run on the same legacy LlamaForCausalLM (LlamaConfig
-with qkv_has_bias), so they share the table. No weight is permuted: MindFormers' RoPE rotates halves like HF's.
+The HF side is the layout Hugging Face checkpoints are saved in (what `save_pretrained` writes and what MindFormers'
+converters read): one tensor per expert and projection (`experts.3.w1.weight`), separate q/k/v and gate/up.
+transformers 5 fuses experts in memory (`experts.gate_up_proj` [E, 2I, H]); mf_ds/weights.py maps between the two.
 
-Fused layouts (`qkv_concat: True`): `attention.w_qkv` is q, k, v interleaved per KV group and
-`feed_forward.w_gate_hidden` is gate and up interleaved per row (mindformers/utils/convert_utils.py
-qkv_concat_hf2mg / ffn_concat_hf2mg); mf_ds/ckpt.py splits them back.
+Legacy families (LlamaForCausalLM and its research-folder variants), checked against MindFormers' own converters,
+which map with the same substring replacements: mindformers/models/llama/convert_weight.py and convert_reversed.py
+(`name_replace`), research/qwen2_5/convert_reversed.py, research/mixtral/convert_weight.py and convert_reversed.py
+(1.7.0), and against the names MindFormers' LlamaForCausalLM really has (tests/fixtures/mindformers/*/golden.json).
+Qwen2 / Qwen2.5 run on the same LlamaForCausalLM (LlamaConfig with qkv_has_bias), so they share the table. No
+weight is permuted: MindFormers' RoPE rotates halves like HF's.
+  Fused (`qkv_concat: True`): `attention.w_qkv` is q, k, v interleaved per KV group and `feed_forward.w_gate_hidden`
+  is gate and up interleaved per row (mindformers/utils/convert_utils.py qkv_concat_hf2mg / ffn_concat_hf2mg).
+  Mixtral's experts: `feed_forward.ffn.w1/w2/w3.weight`, the experts stacked on axis 0 as [E, out, in], or
+  [E, in, out] with `use_gmm` (research/mixtral/convert_weight.py, `convert_ms_to_gmm`).
+
+mcore families (`use_legacy: False`: qwen3, qwen3_moe), checked against `weight_mapping` in mindformers/models/
+qwen3*/utils.py and `convert_weight_dict` in modeling_qwen3*_train.py with parallel_core/utils/model_mixin.py (1.7.0):
+  `self_attention.linear_qkv`: per KV group its q heads, k, v (concat_qkv_weight_megatron), or q, k, v one after the
+  other with use_contiguous_weight_layout_attention (concat_qkv_weight_infer).
+  `mlp.linear_fc1` (dense): gate and up interleaved per row with use_interleaved_weight_layout_mlp (MindFormers'
+  default; concat_ffn_weight_megatron), else gate then up (concat_ffn_weight_infer).
+  `mlp.experts.weight1` [E*H, 2I]: per expert cat(gate, up) [2I, H] transposed, stacked, reshaped; `weight2` [E*I, H]:
+  per expert down [H, I] transposed (concat_expert_weight).
 
 Names outside the model (optimizer moments `adam_m.*` / `adam_v.*`, `global_step`, `epoch_num`, `step_num`,
 `loss_scale`, `scale_sense`, `learning_rate`, ...) are not weights: `mf_to_hf` returns None for them.
@@ -30,9 +44,48 @@ LLAMA = (
     (".attention_norm.", ".input_layernorm."),
     (".ffn_norm.", ".post_attention_layernorm."),
 )
-FUSED = {".attention.w_qkv.": "qkv", ".feed_forward.w_gate_hidden.": "gate_up"}
-NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA}
-MODEL_PREFIXES = ("model.", "lm_head.")
+MIXTRAL = LLAMA + ((".feed_forward.router.dense.", ".block_sparse_moe.gate."),)
+# mindformers/models/qwen3_moe/utils.py weight_mapping, MindFormers side first (the table there reads HF -> mcore).
+MCORE = (
+    ("embedding.word_embeddings.", "model.embed_tokens."),
+    ("decoder.final_layernorm.", "model.norm."),
+    ("output_layer.", "lm_head."),
+    ("decoder.layers.", "model.layers."),
+    (".self_attention.linear_proj.", ".self_attn.o_proj."),
+    (".self_attention.q_layernorm.", ".self_attn.q_norm."),
+    (".self_attention.k_layernorm.", ".self_attn.k_norm."),
+    (".router.weight", ".gate.weight"),
+    (".linear_fc2.", ".down_proj."),
+    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
+)
+NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mixtral": MIXTRAL, "qwen3/mcore": MCORE, "qwen3_moe/mcore": MCORE}
+
+# Fused MindFormers tensors: (name part, kind, HF name parts it holds, in order).
+FUSED = {
+    ".attention.w_qkv.": ("qkv", (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.")),
+    ".feed_forward.w_gate_hidden.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj.")),
+    ".self_attention.linear_qkv.": ("qkv", (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.")),
+    ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj.")),
+}
+# Stacked experts: (MindFormers name part, kind, HF per-expert name parts, `{e}` the expert).
+EXPERTS = {
+    "mixtral": {
+        ".feed_forward.ffn.w1.weight": ("stack", (".block_sparse_moe.experts.{e}.w1.weight",)),
+        ".feed_forward.ffn.w2.weight": ("stack", (".block_sparse_moe.experts.{e}.w2.weight",)),
+        ".feed_forward.ffn.w3.weight": ("stack", (".block_sparse_moe.experts.{e}.w3.weight",)),
+    },
+    "qwen3_moe/mcore": {
+        ".mlp.experts.weight1": ("weight1", (".mlp.experts.{e}.gate_proj.weight", ".mlp.experts.{e}.up_proj.weight")),
+        ".mlp.experts.weight2": ("weight2", (".mlp.experts.{e}.down_proj.weight",)),
+    },
+}
+LEGACY_PREFIXES = ("model.", "lm_head.")
+MCORE_PREFIXES = ("embedding.", "decoder.", "output_layer.")
+
+
+def table_key(family: str, layer_style: str | None = None) -> str:
+    """The key of the family's tables: mcore models (use_legacy: False) name their weights differently."""
+    return f"{family}/mcore" if layer_style == "mcore" else family
 
 
 def name_map(family: str) -> tuple[tuple[str, str], ...]:
@@ -42,20 +95,41 @@ def name_map(family: str) -> tuple[tuple[str, str], ...]:
     return NAME_MAPS[family]
 
 
-def is_weight(name: str) -> bool:
+def is_mcore(family: str) -> bool:
+    return family.endswith("/mcore")
+
+
+def strip(name: str, family: str) -> str:
+    """An mcore network holds GPTModel as `model`: its checkpoint names may carry that `model.` prefix."""
+    if is_mcore(family) and name.startswith("model.") and name[6:].startswith(MCORE_PREFIXES):
+        return name[6:]
+    return name
+
+
+def is_weight(name: str, family: str = "llama") -> bool:
     """True for a model parameter; False for optimizer state and counters saved beside it."""
-    return name.startswith(MODEL_PREFIXES)
+    return strip(name, family).startswith(MCORE_PREFIXES if is_mcore(family) else LEGACY_PREFIXES)
 
 
 def fused_kind(name: str) -> str | None:
     """'qkv' or 'gate_up' for a fused MindFormers weight, else None."""
-    return next((kind for part, kind in FUSED.items() if part in name), None)
+    return next((kind for part, (kind, _) in FUSED.items() if part in name), None)
+
+
+def expert_kind(name: str, family: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """(MindFormers part, kind, HF per-expert parts) for a stacked-experts weight, else None."""
+    for part, (kind, hf_parts) in EXPERTS.get(family, {}).items():
+        if name.endswith(part):
+            return part, kind, hf_parts
+    return None
 
 
 def mf_to_hf(name: str, family: str) -> str | None:
-    """The HF name of MindFormers parameter `name`; None when it is not a model weight."""
-    if not is_weight(name):
+    """The HF name of MindFormers parameter `name` (of a fused or stacked one: its stem, before the split); None
+    when it is not a model weight."""
+    if not is_weight(name, family):
         return None
+    name = strip(name, family)
     for mf, hf in name_map(family):
         name = name.replace(mf, hf)
     return name

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from mf_ds.ckpt import MindSporeCheckpoint, _unfuse, load_into
+from mf_ds.ckpt import MindSporeCheckpoint, load_into
+from mf_ds.weights import Layout, to_hf
 from mf_ds.errors import RunError
 from tests.conftest import CPU_ENV, ROOT
 from translators import names
@@ -131,7 +132,7 @@ def test_name_map_covers_the_model_both_ways(family):
 
 def test_fused_qkv_and_gate_up_are_split_back():
     """Fuse with MindFormers' own formulas (mindformers/utils/convert_utils.py qkv_concat_hf2mg, ffn_concat_hf2mg,
-    restated here) and split with mf_ds.ckpt._unfuse."""
+    restated here) and split with mf_ds.weights.to_hf."""
     model = hf_model("llama")
     config = model.config
     heads, kv, hidden = config.num_attention_heads, config.num_key_value_heads, config.hidden_size
@@ -143,13 +144,14 @@ def test_fused_qkv_and_gate_up_are_split_back():
     q, k, v = qkv[:hidden], qkv[hidden:hidden + hidden // n_rep], qkv[hidden + hidden // n_rep:]
     fused = np.concatenate((q.reshape(kv, hidden // kv, -1), k.reshape(kv, hidden // heads, -1),
                             v.reshape(kv, hidden // heads, -1)), axis=1).reshape(w, h)
-    parts = _unfuse("qkv", "model.layers.0.attention.w_qkv.weight", torch.from_numpy(fused), config)
+    parts = to_hf("model.layers.0.attention.w_qkv.weight", torch.from_numpy(fused), "llama", config, Layout())
     assert all(torch.equal(parts[attn + p + "_proj.weight"], sd[attn + p + "_proj.weight"]) for p in "qkv")
     mlp = "model.layers.0.mlp."
     gate, up = sd[mlp + "gate_proj.weight"].numpy(), sd[mlp + "up_proj.weight"].numpy()
     ffn = config.intermediate_size
     fused = np.concatenate((gate.reshape(ffn, 1, -1), up.reshape(ffn, 1, -1)), axis=1).reshape(2 * ffn, -1)
-    parts = _unfuse("gate_up", "model.layers.0.feed_forward.w_gate_hidden.weight", torch.from_numpy(fused), config)
+    parts = to_hf("model.layers.0.feed_forward.w_gate_hidden.weight", torch.from_numpy(fused), "llama", config,
+                  Layout())
     assert torch.equal(parts[mlp + "gate_proj.weight"], sd[mlp + "gate_proj.weight"])
     assert torch.equal(parts[mlp + "up_proj.weight"], sd[mlp + "up_proj.weight"])
 

@@ -19,23 +19,30 @@ from tests.mf_ds.test_ckpt import MF, TINY, golden, weights_of
 from translators.plan import translate_file
 
 
-def plan_for(family: str) -> dict:
-    """The llama fixture's Plan comes from the tiny finetune YAML; qwen2's HF config is written out by hand."""
+def plan_for(family: str, gmm: bool = False) -> dict:
+    """The llama fixture's Plan comes from the tiny finetune YAML; the others' HF configs are written out by hand."""
     if family == "llama":
         return translate_file(str(TINY)).plan
     c = golden(family)[0]["config"]
-    hf = {"model_type": "qwen2", "hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
+    moe = {}
+    if "moe_config" in c:  # MindFormers' MoEConfig: expert_num, num_experts_chosen; HF Mixtral renormalises top-k
+        moe = {"num_local_experts": c["moe_config"]["expert_num"],
+               "num_experts_per_tok": c["moe_config"]["num_experts_chosen"], "router_jitter_noise": 0.0}
+    hf = {"model_type": family, "hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
           "num_hidden_layers": c["num_layers"], "num_attention_heads": c["num_heads"],
           "num_key_value_heads": c["n_kv_heads"], "vocab_size": c["vocab_size"], "rms_norm_eps": c["rms_norm_eps"],
-          "rope_theta": c["theta"], "max_position_embeddings": c["seq_length"], "tie_word_embeddings": False}
-    return {"hf_config": hf, "run": {"family": family}, "notes": []}
+          "rope_theta": c["theta"], "max_position_embeddings": c["seq_length"], "tie_word_embeddings": False, **moe}
+    return {"hf_config": hf, "run": {"family": family}, "kernels": {"gmm": gmm}, "notes": []}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+HF_TENSORS = {"llama": 21, "qwen2": 27, "mixtral": 41}  # mixtral: 3 projections x 4 experts apart in each layer
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral"])
 def test_both_ways(tmp_path, family):
     plan = plan_for(family)
     assert to_hf(plan, str(MF / family / "model.ckpt"), str(tmp_path / "hf")) == {
-        "loaded": len(weights_of(family)), "skipped": 2}
+        "loaded": HF_TENSORS[family], "skipped": 2}
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True).eval()
     _, arrays = golden(family)
     ids = torch.from_numpy(arrays["input_ids"][:, :16].astype(np.int64))
@@ -56,6 +63,21 @@ def test_both_ways(tmp_path, family):
     assert ours.keys() == mindspore_file.keys() and all(torch.equal(ours[k], mindspore_file[k]) for k in ours)
     with safe_open(str(tmp_path / "back.safetensors"), framework="pt") as f:
         assert f.metadata() == {"format": "ms"}
+
+
+def test_mixtral_grouped_matmul_layout(tmp_path):
+    """use_gmm experts ([E, in, out], research/mixtral convert_ms_to_gmm) give the same HF tensors, and go back to
+    the gmm layout bit for bit."""
+    to_hf(plan_for("mixtral"), str(MF / "mixtral" / "model.ckpt"), str(tmp_path / "plain"))
+    plan = plan_for("mixtral", gmm=True)
+    to_hf(plan, str(MF / "mixtral" / "model_gmm.ckpt"), str(tmp_path / "gmm"))
+    plain, gmm = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("plain", "gmm"))
+    assert plain.keys() == gmm.keys() and all(torch.equal(plain[k], gmm[k]) for k in plain)
+    to_mindformers(plan, str(tmp_path / "gmm"), str(tmp_path / "back.ckpt"))
+    source, back = MindSporeCheckpoint(MF / "mixtral" / "model_gmm.ckpt"), MindSporeCheckpoint(tmp_path / "back.ckpt")
+    assert back.entries["model.layers.0.feed_forward.ffn.w1.weight"].dims == (4, 16, 32)
+    assert set(back.names()) == set(weights_of("mixtral"))
+    assert all(torch.equal(back.tensor(n), source.tensor(n)) for n in back.names())
 
 
 def test_ckpt_layout_is_save_checkpoints(tmp_path):

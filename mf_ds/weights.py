@@ -1,0 +1,217 @@
+"""MindFormers tensors <-> HF checkpoint tensors <-> a transformers 5 model's parameters (the tables: translators/
+names.py). Every split, stack and transpose here is exact (views and copies: the bits are kept).
+
+Shapes (legend): E experts, H hidden, I expert width, G KV groups, R q heads per group, D head_dim.
+  qkv      MindFormers [G*(R+2)*D, H] (per group: R q heads, k, v) or, `qkv_contiguous`, [q; k; v]
+  gate_up  MindFormers [2I, H] rows interleaved (gate_0, up_0, gate_1, ...) or, not `ffn_interleaved`, [gate; up]
+  stack    MindFormers [E, out, in] (Mixtral), [E, in, out] with `gmm`
+  weight1  MindFormers [E*H, 2I]: expert e's [gate_e; up_e] transposed; weight2 [E*I, H]: down_e transposed
+transformers 5 holds the experts fused: `experts.gate_up_proj` [E, 2I, H] = [gate_e; up_e] per expert,
+`experts.down_proj` [E, H, I] (transformers/conversion_mapping.py "mixtral", "qwen2_moe"), and Mixtral's
+`block_sparse_moe` is its `mlp`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from translators import names
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the YAML's MindFormers checkpoint lays out fused weights."""
+
+    gmm: bool = False  # stacked experts [E, in, out] (moe_config.use_gmm: GroupedMatmul)
+    qkv_contiguous: bool = False  # mcore use_contiguous_weight_layout_attention (MindFormers default False)
+    ffn_interleaved: bool = True  # mcore use_interleaved_weight_layout_mlp (MindFormers default True)
+
+
+def layout_of(plan: dict) -> Layout:
+    model = (plan.get("run") or {}).get("mindformers_layout") or {}
+    return Layout(gmm=bool((plan.get("kernels") or {}).get("gmm")),
+                  qkv_contiguous=bool(model.get("use_contiguous_weight_layout_attention", False)),
+                  ffn_interleaved=bool(model.get("use_interleaved_weight_layout_mlp", True)))
+
+
+def _dims(config) -> tuple[int, int, int]:
+    heads, groups = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return groups, heads // groups, head_dim
+
+
+def _split_qkv(fused: torch.Tensor, config, contiguous: bool) -> list[torch.Tensor]:
+    groups, per_group, head_dim = _dims(config)
+    if contiguous:
+        q, k, v = fused.split([groups * per_group * head_dim, groups * head_dim, groups * head_dim])
+        return [q, k, v]
+    grouped = fused.reshape(groups, (per_group + 2) * head_dim, -1)
+    shape = lambda n: (n * head_dim,) + tuple(fused.shape[1:])  # noqa: E731 (a bias stays 1-d)
+    return [grouped[:, : per_group * head_dim].reshape(shape(groups * per_group)),
+            grouped[:, per_group * head_dim:(per_group + 1) * head_dim].reshape(shape(groups)),
+            grouped[:, (per_group + 1) * head_dim:].reshape(shape(groups))]
+
+
+def _join_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config, contiguous: bool) -> torch.Tensor:
+    if contiguous:
+        return torch.cat([q, k, v])
+    groups, per_group, head_dim = _dims(config)
+    rest = tuple(q.shape[1:])
+    grouped = torch.cat([q.reshape(groups, per_group * head_dim, -1), k.reshape(groups, head_dim, -1),
+                         v.reshape(groups, head_dim, -1)], dim=1)
+    return grouped.reshape((groups * (per_group + 2) * head_dim,) + rest)
+
+
+def _split_gate_up(fused: torch.Tensor, interleaved: bool) -> list[torch.Tensor]:
+    if interleaved:
+        pairs = fused.reshape(fused.shape[0] // 2, 2, *fused.shape[1:])
+        return [pairs[:, 0], pairs[:, 1]]
+    return list(fused.chunk(2))
+
+
+def _join_gate_up(gate: torch.Tensor, up: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:
+        return torch.stack([gate, up], dim=1).reshape(2 * gate.shape[0], *gate.shape[1:])
+    return torch.cat([gate, up])
+
+
+def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Layout) -> dict[str, torch.Tensor] | None:
+    """The HF checkpoint tensors that MindFormers tensor `mf_name` holds; None when it is not a model weight."""
+    stem = names.mf_to_hf(mf_name, family)
+    if stem is None:
+        return None
+    expert = names.expert_kind(mf_name, family)
+    if expert:
+        part, kind, hf_parts = expert
+        base = stem[: -len(part)]  # the tables leave the experts' own name part as it is
+        out = {}
+        if kind == "stack":
+            for e, w in enumerate(tensor.unbind(0)):
+                out[base + hf_parts[0].format(e=e)] = (w.transpose(0, 1) if layout.gmm else w).contiguous()
+        elif kind == "weight1":  # [E*H, 2I] -> per expert [2I, H] = [gate; up]
+            experts = config.num_experts
+            for e, w in enumerate(tensor.reshape(experts, -1, tensor.shape[-1]).unbind(0)):
+                gate, up = w.transpose(0, 1).chunk(2)
+                out[base + hf_parts[0].format(e=e)] = gate.contiguous()
+                out[base + hf_parts[1].format(e=e)] = up.contiguous()
+        else:  # weight2: [E*I, H] -> per expert down [H, I]
+            experts = config.num_experts
+            for e, w in enumerate(tensor.reshape(experts, -1, tensor.shape[-1]).unbind(0)):
+                out[base + hf_parts[0].format(e=e)] = w.transpose(0, 1).contiguous()
+        return out
+    for part, (kind, hf_parts) in names.FUSED.items():
+        if part in stem:
+            mcore = names.is_mcore(family)
+            pieces = (_split_qkv(tensor, config, mcore and layout.qkv_contiguous) if kind == "qkv"
+                      else _split_gate_up(tensor, not mcore or layout.ffn_interleaved))
+            return {stem.replace(part, hf): p.contiguous() for hf, p in zip(hf_parts, pieces)}
+    return {stem: tensor}
+
+
+def mindformers_names(hf_names: list[str], family: str) -> dict[str, list[str]]:
+    """{MindFormers name: the HF names it is built from, in order} for the HF checkpoint names given."""
+    out: dict[str, list[str]] = {}
+    # mcore checkpoints always hold q/k/v and gate/up fused; legacy ones are written unfused (qkv_concat: False),
+    # which MindFormers' LlamaForCausalLM loads whatever its own qkv_concat.
+    fused = {hf: part for part, (_, hf_parts) in names.FUSED.items() for hf in hf_parts
+             if names.is_mcore(family) and part.startswith((".self_attention.", ".mlp.linear"))}
+    experts = []
+    for part, (kind, hf_parts) in names.EXPERTS.get(family, {}).items():
+        for i, hf in enumerate(hf_parts):
+            pattern = re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$"
+            experts.append((re.compile(pattern), part, kind, i))
+    for name in hf_names:
+        for pattern, part, kind, i in experts:
+            m = pattern.search(name)
+            if m:
+                mf = names.hf_to_mf(name[: m.start()], family) + part
+                out.setdefault(mf, []).append(name)
+                break
+        else:
+            hit = next(((hf, part) for hf, part in fused.items() if hf in name), None)
+            if hit:
+                mf = names.hf_to_mf(name.replace(hit[0], "\0"), family).replace("\0", hit[1])
+                out.setdefault(mf, []).append(name)
+            else:
+                out[names.hf_to_mf(name, family)] = [name]
+    return out
+
+
+def from_hf(mf_name: str, hf_names: list[str], read: Callable[[str], torch.Tensor], family: str, config,
+            layout: Layout) -> torch.Tensor:
+    """MindFormers tensor `mf_name` built from the HF checkpoint tensors `hf_names` (read one at a time)."""
+    expert = names.expert_kind(mf_name, family)
+    if expert:
+        _, kind, hf_parts = expert
+        index = {}
+        for name in hf_names:
+            for i, hf in enumerate(hf_parts):
+                m = re.search(re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$", name)
+                if m:
+                    index[(int(m.group(1)), i)] = name
+        experts = 1 + max(e for e, _ in index)
+        if kind == "stack":
+            first = read(index[(0, 0)])
+            shape = first.shape[::-1] if layout.gmm else first.shape
+            out = torch.empty((experts, *shape), dtype=first.dtype)
+            for e in range(experts):
+                w = first if e == 0 else read(index[(e, 0)])
+                out[e] = w.transpose(0, 1) if layout.gmm else w
+            return out
+        if kind == "weight1":
+            gate = read(index[(0, 0)])
+            out = torch.empty((experts, gate.shape[1], 2 * gate.shape[0]), dtype=gate.dtype)
+            for e in range(experts):
+                g = gate if e == 0 else read(index[(e, 0)])
+                out[e, :, : g.shape[0]] = g.transpose(0, 1)
+                out[e, :, g.shape[0]:] = read(index[(e, 1)]).transpose(0, 1)
+            return out.reshape(-1, out.shape[-1])
+        down = read(index[(0, 0)])
+        out = torch.empty((experts, down.shape[1], down.shape[0]), dtype=down.dtype)
+        for e in range(experts):
+            out[e] = (down if e == 0 else read(index[(e, 0)])).transpose(0, 1)
+        return out.reshape(-1, out.shape[-1])
+    kind = names.fused_kind(mf_name)
+    if kind:
+        mcore = names.is_mcore(family)
+        order = {hf: i for _, (k, hf_parts) in names.FUSED.items() if k == kind for i, hf in enumerate(hf_parts)}
+        parts = sorted(hf_names, key=lambda n: next(i for hf, i in order.items() if hf in n))
+        tensors = [read(n) for n in parts]
+        if kind == "qkv":
+            return _join_qkv(*tensors, config, mcore and layout.qkv_contiguous)
+        return _join_gate_up(*tensors, not mcore or layout.ffn_interleaved)
+    (name,) = hf_names
+    return read(name)
+
+
+# HF checkpoint names -> transformers 5 parameters: (pattern, parameter, slot). Slot: None (the whole parameter),
+# ("expert", i) (row e of a stacked parameter, the i-th half along dim 1 of gate_up).
+_EXPERT_PARAMS = (
+    (re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.w1\.weight$"), r"\1.mlp.experts.gate_up_proj", 0),
+    (re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.w3\.weight$"), r"\1.mlp.experts.gate_up_proj", 1),
+    (re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.w2\.weight$"), r"\1.mlp.experts.down_proj", None),
+    (re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.gate_proj\.weight$"), r"\1.mlp.experts.gate_up_proj", 0),
+    (re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.up_proj\.weight$"), r"\1.mlp.experts.gate_up_proj", 1),
+    (re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.down_proj\.weight$"), r"\1.mlp.experts.down_proj", None),
+)
+
+
+def model_slot(hf_name: str, state: dict[str, torch.Tensor]) -> tuple[str, tuple] | None:
+    """Where HF checkpoint tensor `hf_name` lies in a transformers 5 model: (parameter, index); None if nowhere."""
+    if hf_name in state:
+        return hf_name, ()
+    for pattern, target, half in _EXPERT_PARAMS:
+        m = pattern.match(hf_name)
+        if m and m.expand(target) in state:
+            param = m.expand(target)
+            e = int(m.group(2))
+            if half is None:
+                return param, (e,)
+            rows = state[param].shape[1] // 2
+            return param, (e, slice(half * rows, (half + 1) * rows))
+    renamed = hf_name.replace(".block_sparse_moe.", ".mlp.")
+    return (renamed, ()) if renamed in state else None
