@@ -32,10 +32,11 @@ class Layout:
 
 
 def layout_of(plan: dict) -> Layout:
-    model = (plan.get("run") or {}).get("mindformers_layout") or {}
-    return Layout(gmm=bool((plan.get("kernels") or {}).get("gmm")),
-                  qkv_contiguous=bool(model.get("use_contiguous_weight_layout_attention", False)),
-                  ffn_interleaved=bool(model.get("use_interleaved_weight_layout_mlp", True)))
+    """The Layout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout)."""
+    given = plan["run"].get("checkpoint_layout") or {}
+    return Layout(gmm=bool(given.get("use_gmm", False)),
+                  qkv_contiguous=bool(given.get("use_contiguous_weight_layout_attention", False)),
+                  ffn_interleaved=bool(given.get("use_interleaved_weight_layout_mlp", True)))
 
 
 def _dims(config) -> tuple[int, int, int]:

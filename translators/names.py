@@ -83,6 +83,26 @@ LEGACY_PREFIXES = ("model.", "lm_head.")
 MCORE_PREFIXES = ("embedding.", "decoder.", "output_layer.")
 
 
+# model.model_config switches that say how a MindFormers checkpoint of the model lays out its fused weights, with
+# MindFormers' defaults (TransformerConfig: use_contiguous_weight_layout_attention False,
+# use_interleaved_weight_layout_mlp True); moe_config.use_gmm: experts [E, in, out].
+LAYOUT_KEYS = {"use_contiguous_weight_layout_attention": False, "use_interleaved_weight_layout_mlp": True}
+
+
+def _flag(value, default: bool) -> bool:
+    return default if value is None else value is True or str(value).lower() == "true"  # YAML may say "True"
+
+
+def checkpoint_layout(tree: dict) -> dict[str, bool]:
+    """The YAML's checkpoint layout switches (run.checkpoint_layout), MindFormers' defaults where absent."""
+    model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
+    config = model.get("model_config") if isinstance(model.get("model_config"), dict) else {}
+    moe = tree.get("moe_config") if isinstance(tree.get("moe_config"), dict) else {}
+    out = {key: _flag(config.get(key), default) for key, default in LAYOUT_KEYS.items()}
+    out["use_gmm"] = _flag(moe.get("use_gmm"), False) or _flag(config.get("moe_grouped_gemm"), False)
+    return out
+
+
 def table_key(family: str, layer_style: str | None = None) -> str:
     """The key of the family's tables: mcore models (use_legacy: False) name their weights differently."""
     return f"{family}/mcore" if layer_style == "mcore" else family

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, layout, recompute
+from translators import families, layout, names, recompute
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
 from translators.errors import ConfigError, show
@@ -218,6 +218,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "tokenizer_dir": extra.tokenizer_dir,
         "max_nan_steps": extra.max_nan_steps,
         "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, ledger),
+        "checkpoint_layout": names.checkpoint_layout(tree),
     }
     notes = ledger.finish()
     plan = {"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe, "kernels": kernels,

@@ -32,7 +32,7 @@ def plan_for(family: str, gmm: bool = False) -> dict:
           "num_hidden_layers": c["num_layers"], "num_attention_heads": c["num_heads"],
           "num_key_value_heads": c["n_kv_heads"], "vocab_size": c["vocab_size"], "rms_norm_eps": c["rms_norm_eps"],
           "rope_theta": c["theta"], "max_position_embeddings": c["seq_length"], "tie_word_embeddings": False, **moe}
-    return {"hf_config": hf, "run": {"family": family}, "kernels": {"gmm": gmm}, "notes": []}
+    return {"hf_config": hf, "run": {"family": family, "checkpoint_layout": {"use_gmm": gmm}}, "notes": []}
 
 
 HF_TENSORS = {"llama": 21, "qwen2": 27, "mixtral": 41}  # mixtral: 3 projections x 4 experts apart in each layer
@@ -78,6 +78,48 @@ def test_mixtral_grouped_matmul_layout(tmp_path):
     assert back.entries["model.layers.0.feed_forward.ffn.w1.weight"].dims == (4, 16, 32)
     assert set(back.names()) == set(weights_of("mixtral"))
     assert all(torch.equal(back.tensor(n), source.tensor(n)) for n in back.names())
+
+
+def mcore_plan(family: str, **layout) -> dict:
+    return {"hf_config": golden(family)[0]["hf_config"], "notes": [],
+            "run": {"family": family, "layer_style": "mcore", "checkpoint_layout": layout}}
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_mcore_both_ways(tmp_path, family):
+    """mcore checkpoints (written by MindFormers' own convert_weight_dict from an HF model: fused linear_qkv per KV
+    group, linear_fc1 interleaved, experts stacked in weight1 / weight2) give the HF model's logits back, and the
+    HF directory converts back to MindFormers' tensors bit for bit."""
+    plan = mcore_plan(family)
+    counts = to_hf(plan, str(MF / family / "model.ckpt"), str(tmp_path / "hf"))
+    assert counts == {"loaded": {"qwen3": 25, "qwen3_moe": 45}[family], "skipped": 0}
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True).eval()
+    _, arrays = golden(family)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(arrays["input_ids"].astype(np.int64))).logits
+    np.testing.assert_allclose(logits.numpy(), arrays["logits"], atol=1e-5, rtol=0)
+    assert to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "back.ckpt")) == len(golden(family)[0]["params"])
+    source, back = MindSporeCheckpoint(MF / family / "model.ckpt"), MindSporeCheckpoint(tmp_path / "back.ckpt")
+    assert set(back.names()) == set(source.names())
+    assert all(torch.equal(back.tensor(n), source.tensor(n)) for n in back.names())
+
+
+def test_mcore_other_layouts_round_trip(tmp_path):
+    """The non-default switches (use_contiguous_weight_layout_attention: True, use_interleaved_weight_layout_mlp:
+    False) write q;k;v and gate;up one after the other, and read back to the same HF tensors."""
+    to_hf(mcore_plan("qwen3"), str(MF / "qwen3" / "model.ckpt"), str(tmp_path / "hf"))
+    plan = mcore_plan("qwen3", use_contiguous_weight_layout_attention=True, use_interleaved_weight_layout_mlp=False)
+    to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "flat.ckpt"))
+    hf = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    flat = MindSporeCheckpoint(tmp_path / "flat.ckpt")
+    attn, mlp = "model.layers.1.self_attn.", "model.layers.1.mlp."
+    assert torch.equal(flat.tensor("decoder.layers.1.self_attention.linear_qkv.weight"),
+                       torch.cat([hf[attn + p + "_proj.weight"] for p in "qkv"]))
+    assert torch.equal(flat.tensor("decoder.layers.1.mlp.linear_fc1.weight"),
+                       torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]]))
+    to_hf(plan, str(tmp_path / "flat.ckpt"), str(tmp_path / "hf2"))
+    again = load_file(str(tmp_path / "hf2" / "model.safetensors"))
+    assert again.keys() == hf.keys() and all(torch.equal(again[k], hf[k]) for k in hf)
 
 
 def test_ckpt_layout_is_save_checkpoints(tmp_path):

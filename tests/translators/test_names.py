@@ -1,0 +1,48 @@
+"""translators/names.py: the checkpoint layout switches a YAML sets, and the name tables both ways."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from translators import names
+from translators.loader import load_yaml
+from translators.plan import translate_file
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT.parent / "shared" / "reference" / "mindformers" / "corpus"
+MF = ROOT / "tests" / "fixtures" / "mindformers"
+
+
+def test_checkpoint_layout_defaults_and_yaml_values():
+    assert names.checkpoint_layout({}) == {"use_contiguous_weight_layout_attention": False,
+                                           "use_interleaved_weight_layout_mlp": True, "use_gmm": False}
+    tree = {"model": {"model_config": {"use_contiguous_weight_layout_attention": "True",
+                                       "use_interleaved_weight_layout_mlp": False}}, "moe_config": {"use_gmm": True}}
+    assert names.checkpoint_layout(tree) == {"use_contiguous_weight_layout_attention": True,
+                                             "use_interleaved_weight_layout_mlp": False, "use_gmm": True}
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="needs ../shared (the reference corpus)")
+def test_the_plan_carries_the_layout():
+    path = CORPUS / "r1.7.0__configs__qwen3_moe__pretrain_qwen3_30b_a3b_4k.yaml"
+    plan = translate_file(str(path)).plan
+    tree = load_yaml(str(path))
+    assert tree["model"]["model_config"]["use_contiguous_weight_layout_attention"] is False
+    assert plan["run"]["checkpoint_layout"] == names.checkpoint_layout(tree)
+    assert plan["run"]["checkpoint_layout"]["use_gmm"] is True  # moe_grouped_gemm: True
+    assert names.table_key(plan["run"]["family"], plan["run"]["layer_style"]) == "qwen3_moe/mcore"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral", "qwen3", "qwen3_moe"])
+def test_tables_both_ways_on_mindformers_names(family):
+    """Every unfused MindFormers weight name of the fixtures maps to an HF name and back to itself."""
+    golden = json.loads((MF / family / "golden.json").read_text())
+    key = names.table_key(family, "mcore" if "hf_config" in golden else None)
+    plain = [n for n in golden["params"] if names.is_weight(n, key) and not names.fused_kind(n)
+             and not names.expert_kind(n, key)]
+    assert plain and all(names.hf_to_mf(names.mf_to_hf(n, key), key) == n for n in plain)
+    assert all(names.mf_to_hf(n, key).startswith(("model.", "lm_head.")) for n in plain)
+    assert names.mf_to_hf("adam_m." + plain[0], key) is None
