@@ -18,6 +18,7 @@ copied out only when it is asked for, so a checkpoint larger than RAM loads one 
 from __future__ import annotations
 
 import binascii
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -241,47 +242,56 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
     state = model.state_dict()
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     filled: dict[str, int] = {}  # parameter -> elements written
-    loaded, skipped = 0, 0
+    partial: dict[str, tuple[torch.Tensor, int]] = {}  # HF tensor assembled from parts (write mode): buffer, filled
+    loaded, skipped, mtp = 0, 0, 0
     for mf_name, file, load in mindformers_weights(path):
         if not names.is_weight(mf_name, family):  # optimizer state, counters: not read
             skipped += 1
             continue
-        tensor = load()
-        pieces = to_hf(mf_name, tensor, family, model.config, layout)
-        if pieces is None:
-            skipped += 1
+        if names.mtp_layer(mf_name, family, model.config.num_hidden_layers):
+            mtp += 1  # transformers' DeepseekV3 builds no MTP layers (the Plan notes it)
             continue
-        for target, piece in pieces.items():
-            slot = model_slot(target, state)
+        tensor = load()
+        for piece in to_hf(mf_name, tensor, family, model.config, layout):
+            slot = model_slot(piece.name, state)
             if slot is None:
-                if target in tied:
+                if piece.name in tied:
                     continue
-                raise RunError(f"{file}: {mf_name} ({target}) is not a weight of this {family} model; is it a "
+                raise RunError(f"{file}: {mf_name} ({piece.name}) is not a weight of this {family} model; is it a "
                                "checkpoint of another model?")
             param, index = slot
-            want = tuple(state[param][index].shape) if index else tuple(state[param].shape)
-            if tuple(piece.shape) != want:
-                raise RunError(f"{file}: {mf_name} gives {target} the shape {list(piece.shape)}, the model "
-                               f"{list(want)}; does model_config match the checkpoint?")
-            if piece.is_floating_point() and not torch.isfinite(piece).all():
+            whole = state[param][index] if index else state[param]
+            region = whole.reshape(piece.view)[piece.index] if piece.view else whole
+            if tuple(piece.tensor.shape) != tuple(region.shape) or (piece.view and math.prod(piece.view)
+                                                                    != whole.numel()):
+                raise RunError(f"{file}: {mf_name} gives {piece.name} the shape {list(piece.tensor.shape)}, the "
+                               f"model {list(region.shape)}; does model_config match the checkpoint?")
+            if piece.tensor.is_floating_point() and not torch.isfinite(piece.tensor).all():
                 raise RunError(f"{file}: weight {mf_name} holds inf/NaN (a damaged file?)")
-            if write is not None:
-                write(target, piece)
+            if write is not None and piece.view:
+                buffer, done = partial.get(piece.name) or (torch.empty(whole.shape, dtype=piece.tensor.dtype), 0)
+                buffer.view(piece.view)[piece.index] = piece.tensor
+                done += piece.tensor.numel()
+                partial[piece.name] = (buffer, done)
+                if done == buffer.numel():
+                    write(piece.name, partial.pop(piece.name)[0])
+            elif write is not None:
+                write(piece.name, piece.tensor)
             else:
                 with torch.no_grad():
-                    (state[param][index] if index else state[param]).copy_(piece)
-            filled[param] = filled.get(param, 0) + piece.numel()
+                    (whole.view(piece.view)[piece.index] if piece.view else whole).copy_(piece.tensor)
+            filled[param] = filled.get(param, 0) + piece.tensor.numel()
             loaded += 1
         if progress is not None:
             progress(tensor.numel() * tensor.element_size())
-        del tensor, pieces
+        del tensor
     missing = sorted(p for p in set(state) - tied if filled.get(p, 0) < state[p].numel()
                      and not p.endswith("rotary_emb.inv_freq"))
     if missing:
         raise RunError(f"{path}: {len(missing)} weights of the model are not (or not wholly) in the checkpoint "
                        f"(first: {missing[0]}, MindFormers name {names.hf_to_mf(missing[0], family)}); is it a "
                        "checkpoint of another model?")
-    return {"loaded": loaded, "skipped": skipped}
+    return {"loaded": loaded, "skipped": skipped} | ({"mtp_skipped": mtp} if mtp else {})
 
 
 def write_ckpt(path: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:

@@ -100,7 +100,7 @@ def to_mindformers(plan: dict, src: str, dst: str) -> int:
         return tensor
 
     def tensors():
-        groups = mindformers_names(sorted(owners), family)
+        groups = mindformers_names(sorted(owners), family, layout)
         with _progress(sum(f.stat().st_size for f in set(owners.values())), "mf-convert") as bar:
             for mf_name in sorted(groups):
                 tensor = from_hf(mf_name, groups[mf_name], read, family, model.config, layout)

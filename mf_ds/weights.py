@@ -80,8 +80,54 @@ def _join_gate_up(gate: torch.Tensor, up: torch.Tensor, interleaved: bool) -> to
     return torch.cat([gate, up])
 
 
-def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Layout) -> dict[str, torch.Tensor] | None:
-    """The HF checkpoint tensors that MindFormers tensor `mf_name` holds; None when it is not a model weight."""
+@dataclass(frozen=True)
+class Piece:
+    """An HF checkpoint tensor, or (with `view`) the part `view(*view)[index]` of one, from a MindFormers tensor."""
+
+    name: str
+    tensor: torch.Tensor
+    view: tuple[int, ...] | None = None
+    index: tuple = ()
+
+
+def _mla(config) -> tuple[int, int, int, int]:
+    return (config.num_attention_heads, config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim)
+
+
+def _halves_to_pairs(rows: torch.Tensor, rope: int) -> torch.Tensor:
+    """[..., rope, r] rows reordered evens-then-odds (MindFormers) -> interleaved pairs (HF), along axis -2."""
+    lead = rows.shape[:-2]
+    return rows.reshape(*lead, 2, rope // 2, rows.shape[-1]).transpose(-3, -2).reshape(*lead, rope, rows.shape[-1])
+
+
+def _pairs_to_halves(rows: torch.Tensor, rope: int) -> torch.Tensor:
+    lead = rows.shape[:-2]
+    return rows.reshape(*lead, rope // 2, 2, rows.shape[-1]).transpose(-3, -2).reshape(*lead, rope, rows.shape[-1])
+
+
+def _split_where(kind: str, half: int, config, cols: int) -> tuple[tuple[int, ...], tuple]:
+    """research/deepseek3/convert_weight.py _mla_pt_to_ms, undone: the view of the HF tensor and the index in it
+    where MindFormers half `half` lies."""
+    heads, nope, rope, v_dim = _mla(config)
+    if kind == "kv_a":  # HF [kv_lora + rope, H]: the latent rows, then the shared k rope rows
+        lora = config.kv_lora_rank
+        return (lora + rope, cols), ((slice(0, lora),) if half == 0 else (slice(lora, None),))
+    second = rope if kind == "q_b" else v_dim  # q_b: per head nope then rope rows; kv_b: k_nope then v rows
+    return (heads, nope + second, cols), ((slice(None), slice(0, nope)) if half == 0 else (slice(None), slice(nope, None)))
+
+
+def _split_piece(kind: str, half: int, hf_name: str, tensor: torch.Tensor, config) -> Piece:
+    view, index = _split_where(kind, half, config, tensor.shape[-1])
+    rope = config.qk_rope_head_dim
+    if kind == "kv_a":
+        return Piece(hf_name, _halves_to_pairs(tensor, rope) if half else tensor, view, index)
+    part = tensor.reshape(view[0], -1, view[-1])
+    return Piece(hf_name, _halves_to_pairs(part, rope) if half and kind == "q_b" else part, view, index)
+
+
+def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Layout) -> list[Piece] | None:
+    """The HF checkpoint tensors (or parts of them) that MindFormers tensor `mf_name` holds; None when it is not a
+    model weight."""
     stem = names.mf_to_hf(mf_name, family)
     if stem is None:
         return None
@@ -89,56 +135,80 @@ def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Layou
     if expert:
         part, kind, hf_parts = expert
         base = stem[: -len(part)]  # the tables leave the experts' own name part as it is
-        out = {}
-        if kind == "stack":
+        out = []
+        if kind in ("stack", "stack_bmm"):
             for e, w in enumerate(tensor.unbind(0)):
-                out[base + hf_parts[0].format(e=e)] = (w.transpose(0, 1) if layout.gmm else w).contiguous()
-        elif kind == "weight1":  # [E*H, 2I] -> per expert [2I, H] = [gate; up]
-            experts = config.num_experts
-            for e, w in enumerate(tensor.reshape(experts, -1, tensor.shape[-1]).unbind(0)):
+                w = w.transpose(0, 1) if layout.gmm and kind == "stack" else w
+                out.append(Piece(base + hf_parts[0].format(e=e), w.contiguous()))
+        elif kind == "gmm_w1":  # [E, H, 2I] = [gate^T | up^T]
+            for e, w in enumerate(tensor.unbind(0)):
                 gate, up = w.transpose(0, 1).chunk(2)
-                out[base + hf_parts[0].format(e=e)] = gate.contiguous()
-                out[base + hf_parts[1].format(e=e)] = up.contiguous()
+                out += [Piece(base + hf_parts[0].format(e=e), gate.contiguous()),
+                        Piece(base + hf_parts[1].format(e=e), up.contiguous())]
+        elif kind == "gmm_w2":  # [E, I, H] = down^T
+            out = [Piece(base + hf_parts[0].format(e=e), w.transpose(0, 1).contiguous())
+                   for e, w in enumerate(tensor.unbind(0))]
+        elif kind == "weight1":  # [E*H, 2I] -> per expert [2I, H] = [gate; up]
+            for e, w in enumerate(tensor.reshape(config.num_experts, -1, tensor.shape[-1]).unbind(0)):
+                gate, up = w.transpose(0, 1).chunk(2)
+                out += [Piece(base + hf_parts[0].format(e=e), gate.contiguous()),
+                        Piece(base + hf_parts[1].format(e=e), up.contiguous())]
         else:  # weight2: [E*I, H] -> per expert down [H, I]
-            experts = config.num_experts
-            for e, w in enumerate(tensor.reshape(experts, -1, tensor.shape[-1]).unbind(0)):
-                out[base + hf_parts[0].format(e=e)] = w.transpose(0, 1).contiguous()
+            out = [Piece(base + hf_parts[0].format(e=e), w.transpose(0, 1).contiguous())
+                   for e, w in enumerate(tensor.reshape(config.num_experts, -1, tensor.shape[-1]).unbind(0))]
         return out
+    split = names.split_kind(mf_name, family)
+    if split:
+        part, kind, hf_part, half = split
+        return [_split_piece(kind, half, stem.replace(part, hf_part), tensor, config)]
     for part, (kind, hf_parts) in names.FUSED.items():
         if part in stem:
             mcore = names.is_mcore(family)
             pieces = (_split_qkv(tensor, config, mcore and layout.qkv_contiguous) if kind == "qkv"
                       else _split_gate_up(tensor, not mcore or layout.ffn_interleaved))
-            return {stem.replace(part, hf): p.contiguous() for hf, p in zip(hf_parts, pieces)}
-    return {stem: tensor}
+            return [Piece(stem.replace(part, hf), p.contiguous()) for hf, p in zip(hf_parts, pieces)]
+    return [Piece(stem, tensor)]
 
 
-def mindformers_names(hf_names: list[str], family: str) -> dict[str, list[str]]:
+def _expert_entries(family: str, layout: Layout):
+    """The stacked-expert entries that apply to this layout (DeepSeek names its experts by use_gmm)."""
+    for part, (kind, hf_parts) in names.EXPERTS.get(family, {}).items():
+        if (kind.startswith("gmm_") and not layout.gmm) or (kind == "stack_bmm" and layout.gmm):
+            continue
+        yield part, kind, hf_parts
+
+
+def _expert_pattern(hf: str) -> re.Pattern:
+    return re.compile(re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$")
+
+
+def mindformers_names(hf_names: list[str], family: str, layout: Layout = Layout()) -> dict[str, list[str]]:
     """{MindFormers name: the HF names it is built from, in order} for the HF checkpoint names given."""
     out: dict[str, list[str]] = {}
     # mcore checkpoints always hold q/k/v and gate/up fused; legacy ones are written unfused (qkv_concat: False),
     # which MindFormers' LlamaForCausalLM loads whatever its own qkv_concat.
     fused = {hf: part for part, (_, hf_parts) in names.FUSED.items() for hf in hf_parts
              if names.is_mcore(family) and part.startswith((".self_attention.", ".mlp.linear"))}
-    experts = []
-    for part, (kind, hf_parts) in names.EXPERTS.get(family, {}).items():
-        for i, hf in enumerate(hf_parts):
-            pattern = re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$"
-            experts.append((re.compile(pattern), part, kind, i))
+    experts = [(_expert_pattern(hf), part) for part, _, hf_parts in _expert_entries(family, layout) for hf in hf_parts]
+    splits = names.SPLIT.get(family, {})
     for name in hf_names:
-        for pattern, part, kind, i in experts:
+        for pattern, part in experts:
             m = pattern.search(name)
             if m:
-                mf = names.hf_to_mf(name[: m.start()], family) + part
-                out.setdefault(mf, []).append(name)
+                out.setdefault(names.hf_to_mf(name[: m.start()], family, layout.gmm) + part, []).append(name)
                 break
         else:
             hit = next(((hf, part) for hf, part in fused.items() if hf in name), None)
+            split = next(((hf, parts) for hf, (_, parts) in splits.items() if hf in name), None)
             if hit:
                 mf = names.hf_to_mf(name.replace(hit[0], "\0"), family).replace("\0", hit[1])
                 out.setdefault(mf, []).append(name)
+            elif split:
+                stem = names.hf_to_mf(name.replace(split[0], "\0"), family, layout.gmm)
+                for part in split[1]:
+                    out[stem.replace("\0", part)] = [name]
             else:
-                out[names.hf_to_mf(name, family)] = [name]
+                out[names.hf_to_mf(name, family, layout.gmm)] = [name]
     return out
 
 
@@ -151,17 +221,24 @@ def from_hf(mf_name: str, hf_names: list[str], read: Callable[[str], torch.Tenso
         index = {}
         for name in hf_names:
             for i, hf in enumerate(hf_parts):
-                m = re.search(re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$", name)
+                m = _expert_pattern(hf).search(name)
                 if m:
                     index[(int(m.group(1)), i)] = name
         experts = 1 + max(e for e, _ in index)
-        if kind == "stack":
+        if kind in ("stack", "stack_bmm", "gmm_w2"):
+            turn = (layout.gmm and kind == "stack") or kind == "gmm_w2"
             first = read(index[(0, 0)])
-            shape = first.shape[::-1] if layout.gmm else first.shape
-            out = torch.empty((experts, *shape), dtype=first.dtype)
+            out = torch.empty((experts, *(first.shape[::-1] if turn else first.shape)), dtype=first.dtype)
             for e in range(experts):
                 w = first if e == 0 else read(index[(e, 0)])
-                out[e] = w.transpose(0, 1) if layout.gmm else w
+                out[e] = w.transpose(0, 1) if turn else w
+            return out
+        if kind == "gmm_w1":  # [E, H, 2I] = [gate^T | up^T]
+            gate = read(index[(0, 0)])
+            out = torch.empty((experts, gate.shape[1], 2 * gate.shape[0]), dtype=gate.dtype)
+            for e in range(experts):
+                out[e, :, : gate.shape[0]] = (gate if e == 0 else read(index[(e, 0)])).transpose(0, 1)
+                out[e, :, gate.shape[0]:] = read(index[(e, 1)]).transpose(0, 1)
             return out
         if kind == "weight1":
             gate = read(index[(0, 0)])
@@ -176,6 +253,16 @@ def from_hf(mf_name: str, hf_names: list[str], read: Callable[[str], torch.Tenso
         for e in range(experts):
             out[e] = (down if e == 0 else read(index[(e, 0)])).transpose(0, 1)
         return out.reshape(-1, out.shape[-1])
+    split = names.split_kind(mf_name, family)
+    if split:
+        _, kind, _, half = split
+        (name,) = hf_names
+        whole = read(name)
+        view, where = _split_where(kind, half, config, whole.shape[-1])
+        part = whole.reshape(view)[where]
+        if half == 1 and kind in ("q_b", "kv_a"):
+            part = _pairs_to_halves(part, config.qk_rope_head_dim)
+        return part.reshape(-1, whole.shape[-1]).contiguous()
     kind = names.fused_kind(mf_name)
     if kind:
         mcore = names.is_mcore(family)

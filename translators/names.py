@@ -58,7 +58,41 @@ MCORE = (
     (".linear_fc2.", ".down_proj."),
     (".pre_mlp_layernorm.", ".post_attention_layernorm."),
 )
-NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mixtral": MIXTRAL, "qwen3/mcore": MCORE, "qwen3_moe/mcore": MCORE}
+# research/deepseek3/convert_weight.py (1.7.0): plain_name_replace, mla_name_replace, mlp_name_replace with
+# use_grouped_gemm (its default; BMM_NAMES below for the other).
+DEEPSEEK = (
+    ("model.tok_embeddings.embedding_weight", "model.embed_tokens.weight"),
+    ("model.norm_out.", "model.norm."),
+    (".attention.q2l_proj.", ".self_attn.q_a_proj."),
+    (".attention.lq_norm.", ".self_attn.q_a_layernorm."),
+    (".attention.lkv_norm.", ".self_attn.kv_a_layernorm."),
+    (".attention.wo.", ".self_attn.o_proj."),
+    (".attention_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+    (".feed_forward.shared_experts.w1.", ".mlp.shared_experts.gate_proj."),
+    (".feed_forward.shared_experts.w2.", ".mlp.shared_experts.down_proj."),
+    (".feed_forward.shared_experts.w3.", ".mlp.shared_experts.up_proj."),
+    (".feed_forward.w1.", ".mlp.gate_proj."),
+    (".feed_forward.w2.", ".mlp.down_proj."),
+    (".feed_forward.w3.", ".mlp.up_proj."),
+    (".feed_forward.routed_experts.router_dense.weight", ".mlp.gate.weight"),
+    (".feed_forward.routed_experts.topk_bias", ".mlp.gate.e_score_correction_bias"),
+)
+# Without use_grouped_gemm the router has other names (mlp_name_replace's bmm_key): (gmm name, bmm name).
+BMM_NAMES = {"deepseek_v3": ((".feed_forward.routed_experts.router_dense.weight",
+                              ".feed_forward.routed_experts.router.dense.weight"),
+                             (".feed_forward.routed_experts.topk_bias",
+                              ".feed_forward.routed_experts.router.router.topk_bias"))}
+NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mixtral": MIXTRAL, "deepseek_v3": DEEPSEEK, "qwen3/mcore": MCORE,
+             "qwen3_moe/mcore": MCORE}
+# One HF tensor that MindFormers keeps in two (research/deepseek3/convert_weight.py _mla_pt_to_ms): HF part, kind,
+# MindFormers parts. The rope rows of q_b_proj and kv_a_proj_with_mqa are reordered from HF's interleaved pairs
+# to halves (evens, then odds), as MindFormers' rotary embedding rotates halves.
+SPLIT = {"deepseek_v3": {
+    ".self_attn.q_b_proj.": ("q_b", (".attention.l2q_nope_proj.", ".attention.l2q_pe_proj.")),
+    ".self_attn.kv_a_proj_with_mqa.": ("kv_a", (".attention.kv2l_latent_kv.", ".attention.kv2l_k_pe.")),
+    ".self_attn.kv_b_proj.": ("kv_b", (".attention.lkv2kv_k_nope.", ".attention.lkv2kv_v.")),
+}}
 
 # Fused MindFormers tensors: (name part, kind, HF name parts it holds, in order).
 FUSED = {
@@ -73,6 +107,15 @@ EXPERTS = {
         ".feed_forward.ffn.w1.weight": ("stack", (".block_sparse_moe.experts.{e}.w1.weight",)),
         ".feed_forward.ffn.w2.weight": ("stack", (".block_sparse_moe.experts.{e}.w2.weight",)),
         ".feed_forward.ffn.w3.weight": ("stack", (".block_sparse_moe.experts.{e}.w3.weight",)),
+    },
+    # use_grouped_gemm: w1 [E, H, 2I] = [gate^T | up^T], w2 [E, I, H] = down^T (no `.weight`); else stacked as is.
+    "deepseek_v3": {
+        ".feed_forward.routed_experts.ffn.w1": ("gmm_w1", (".mlp.experts.{e}.gate_proj.weight",
+                                                           ".mlp.experts.{e}.up_proj.weight")),
+        ".feed_forward.routed_experts.ffn.w2": ("gmm_w2", (".mlp.experts.{e}.down_proj.weight",)),
+        ".feed_forward.routed_experts.ffn.w1.weight": ("stack_bmm", (".mlp.experts.{e}.gate_proj.weight",)),
+        ".feed_forward.routed_experts.ffn.w2.weight": ("stack_bmm", (".mlp.experts.{e}.down_proj.weight",)),
+        ".feed_forward.routed_experts.ffn.w3.weight": ("stack_bmm", (".mlp.experts.{e}.up_proj.weight",)),
     },
     "qwen3_moe/mcore": {
         ".mlp.experts.weight1": ("weight1", (".mlp.experts.{e}.gate_proj.weight", ".mlp.experts.{e}.up_proj.weight")),
@@ -144,19 +187,43 @@ def expert_kind(name: str, family: str) -> tuple[str, str, tuple[str, ...]] | No
     return None
 
 
+def split_kind(name: str, family: str) -> tuple[str, str, str, int] | None:
+    """(MindFormers part, kind, HF part, which half) for a MindFormers tensor that is part of one HF tensor."""
+    for hf, (kind, mf_parts) in SPLIT.get(family, {}).items():
+        for i, part in enumerate(mf_parts):
+            if part in name:
+                return part, kind, hf, i
+    return None
+
+
+def mtp_layer(name: str, family: str, num_layers: int) -> bool:
+    """A weight of DeepSeek's multi-token-prediction layers (research/deepseek3 mtp_name_replace: the fusers and
+    norms, and layers num_layers and up), which transformers' DeepseekV3 does not build."""
+    if family != "deepseek_v3":
+        return False
+    if name.startswith(("model.mtp_hidden_fusers.", "model.mtp_norms.")):
+        return True
+    parts = name.split(".")
+    return len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) >= num_layers
+
+
 def mf_to_hf(name: str, family: str) -> str | None:
     """The HF name of MindFormers parameter `name` (of a fused or stacked one: its stem, before the split); None
     when it is not a model weight."""
     if not is_weight(name, family):
         return None
     name = strip(name, family)
+    for gmm, bmm in BMM_NAMES.get(family, ()):
+        name = name.replace(bmm, gmm)
     for mf, hf in name_map(family):
         name = name.replace(mf, hf)
     return name
 
 
-def hf_to_mf(name: str, family: str) -> str:
-    """The MindFormers name of HF parameter `name` (the table backwards)."""
+def hf_to_mf(name: str, family: str, gmm: bool = True) -> str:
+    """The MindFormers name of HF parameter `name` (the table backwards); `gmm`: the router's use_gmm names."""
     for mf, hf in reversed(name_map(family)):
         name = name.replace(hf, mf)
+    for gmm_name, bmm_name in () if gmm else BMM_NAMES.get(family, ()):
+        name = name.replace(gmm_name, bmm_name)
     return name

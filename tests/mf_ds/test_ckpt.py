@@ -144,14 +144,15 @@ def test_fused_qkv_and_gate_up_are_split_back():
     q, k, v = qkv[:hidden], qkv[hidden:hidden + hidden // n_rep], qkv[hidden + hidden // n_rep:]
     fused = np.concatenate((q.reshape(kv, hidden // kv, -1), k.reshape(kv, hidden // heads, -1),
                             v.reshape(kv, hidden // heads, -1)), axis=1).reshape(w, h)
-    parts = to_hf("model.layers.0.attention.w_qkv.weight", torch.from_numpy(fused), "llama", config, Layout())
+    parts = {p.name: p.tensor for p in to_hf("model.layers.0.attention.w_qkv.weight", torch.from_numpy(fused),
+                                             "llama", config, Layout())}
     assert all(torch.equal(parts[attn + p + "_proj.weight"], sd[attn + p + "_proj.weight"]) for p in "qkv")
     mlp = "model.layers.0.mlp."
     gate, up = sd[mlp + "gate_proj.weight"].numpy(), sd[mlp + "up_proj.weight"].numpy()
     ffn = config.intermediate_size
     fused = np.concatenate((gate.reshape(ffn, 1, -1), up.reshape(ffn, 1, -1)), axis=1).reshape(2 * ffn, -1)
-    parts = to_hf("model.layers.0.feed_forward.w_gate_hidden.weight", torch.from_numpy(fused), "llama", config,
-                  Layout())
+    parts = {p.name: p.tensor for p in to_hf("model.layers.0.feed_forward.w_gate_hidden.weight",
+                                             torch.from_numpy(fused), "llama", config, Layout())}
     assert torch.equal(parts[mlp + "gate_proj.weight"], sd[mlp + "gate_proj.weight"])
     assert torch.equal(parts[mlp + "up_proj.weight"], sd[mlp + "up_proj.weight"])
 

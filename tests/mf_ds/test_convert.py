@@ -122,6 +122,27 @@ def test_mcore_other_layouts_round_trip(tmp_path):
     assert again.keys() == hf.keys() and all(torch.equal(again[k], hf[k]) for k in hf)
 
 
+@pytest.mark.parametrize("file,gmm,n_mtp", [("model.ckpt", True, 23), ("model_bmm.ckpt", False, 24)])
+def test_deepseek_v3_both_ways(tmp_path, file, gmm, n_mtp):
+    """Legacy DeepSeek-V3 (written by research/deepseek3/convert_weight.py's own functions from an HF model): MLA
+    halves (q_b, kv_a with their rope rows reordered, kv_b), shared experts, router bias, routed experts in the
+    grouped-matmul or the batched layout. The MTP layer is skipped (transformers builds none) and not written back."""
+    g, arrays = golden("deepseek_v3")
+    plan = {"hf_config": g["hf_config"], "notes": [],
+            "run": {"family": "deepseek_v3", "layer_style": "deepseek", "checkpoint_layout": {"use_gmm": gmm}}}
+    counts = to_hf(plan, str(MF / "deepseek_v3" / file), str(tmp_path / "hf"))
+    assert counts == {"loaded": 47, "skipped": 0, "mtp_skipped": n_mtp}  # 41 HF tensors, 3 of them per layer in 2 parts
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True).eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(arrays["input_ids"].astype(np.int64))).logits
+    np.testing.assert_allclose(logits.numpy(), arrays["logits"], atol=1e-5, rtol=0)
+    to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "back.ckpt"))
+    source, back = MindSporeCheckpoint(MF / "deepseek_v3" / file), MindSporeCheckpoint(tmp_path / "back.ckpt")
+    mtp = {n for n in source.names() if n.startswith(("model.mtp_", "model.layers.2."))}
+    assert len(mtp) == n_mtp and set(back.names()) == set(source.names()) - mtp
+    assert all(torch.equal(back.tensor(n), source.tensor(n)) for n in back.names())
+
+
 def test_ckpt_layout_is_save_checkpoints(tmp_path):
     """The same messages as mindspore.save_checkpoint(net): the file is exactly model_crc.ckpt less its 17-byte
     CRC trailer in size (the order of the parameters is HF's, sorted)."""

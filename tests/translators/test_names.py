@@ -36,13 +36,25 @@ def test_the_plan_carries_the_layout():
     assert names.table_key(plan["run"]["family"], plan["run"]["layer_style"]) == "qwen3_moe/mcore"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe"])
 def test_tables_both_ways_on_mindformers_names(family):
     """Every unfused MindFormers weight name of the fixtures maps to an HF name and back to itself."""
     golden = json.loads((MF / family / "golden.json").read_text())
-    key = names.table_key(family, "mcore" if "hf_config" in golden else None)
+    key = names.table_key(family, "mcore" if family.startswith("qwen3") else None)
     plain = [n for n in golden["params"] if names.is_weight(n, key) and not names.fused_kind(n)
-             and not names.expert_kind(n, key)]
+             and not names.expert_kind(n, key) and not names.split_kind(n, key) and not names.mtp_layer(n, key, 2)]
     assert plain and all(names.hf_to_mf(names.mf_to_hf(n, key), key) == n for n in plain)
     assert all(names.mf_to_hf(n, key).startswith(("model.", "lm_head.")) for n in plain)
     assert names.mf_to_hf("adam_m." + plain[0], key) is None
+
+
+def test_deepseek_router_names_follow_use_gmm():
+    gmm = "model.layers.1.feed_forward.routed_experts.router_dense.weight"
+    bmm = "model.layers.1.feed_forward.routed_experts.router.dense.weight"
+    assert names.mf_to_hf(gmm, "deepseek_v3") == names.mf_to_hf(bmm, "deepseek_v3") == "model.layers.1.mlp.gate.weight"
+    assert names.hf_to_mf("model.layers.1.mlp.gate.weight", "deepseek_v3", gmm=False) == bmm
+    assert names.hf_to_mf("model.layers.1.mlp.gate.e_score_correction_bias", "deepseek_v3") == \
+        "model.layers.1.feed_forward.routed_experts.topk_bias"
+    assert names.mtp_layer("model.mtp_norms.0.weight", "deepseek_v3", 61)
+    assert names.mtp_layer("model.layers.61.attention.wo.weight", "deepseek_v3", 61)
+    assert not names.mtp_layer("model.layers.60.attention.wo.weight", "deepseek_v3", 61)
