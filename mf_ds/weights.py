@@ -27,6 +27,7 @@ class Layout:
     """How the YAML's MindFormers checkpoint lays out fused weights."""
 
     gmm: bool = False  # stacked experts [E, in, out] (moe_config.use_gmm: GroupedMatmul)
+    qkv_concat: bool = False  # legacy: attention.w_qkv and feed_forward.w_gate_hidden (LlamaConfig qkv_concat)
     qkv_contiguous: bool = False  # mcore use_contiguous_weight_layout_attention (MindFormers default False)
     ffn_interleaved: bool = True  # mcore use_interleaved_weight_layout_mlp (MindFormers default True)
 
@@ -34,7 +35,7 @@ class Layout:
 def layout_of(plan: dict) -> Layout:
     """The Layout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout)."""
     given = plan["run"].get("checkpoint_layout") or {}
-    return Layout(gmm=bool(given.get("use_gmm", False)),
+    return Layout(gmm=bool(given.get("use_gmm", False)), qkv_concat=bool(given.get("qkv_concat", False)),
                   qkv_contiguous=bool(given.get("use_contiguous_weight_layout_attention", False)),
                   ffn_interleaved=bool(given.get("use_interleaved_weight_layout_mlp", True)))
 
@@ -185,10 +186,11 @@ def _expert_pattern(hf: str) -> re.Pattern:
 def mindformers_names(hf_names: list[str], family: str, layout: Layout = Layout()) -> dict[str, list[str]]:
     """{MindFormers name: the HF names it is built from, in order} for the HF checkpoint names given."""
     out: dict[str, list[str]] = {}
-    # mcore checkpoints always hold q/k/v and gate/up fused; legacy ones are written unfused (qkv_concat: False),
-    # which MindFormers' LlamaForCausalLM loads whatever its own qkv_concat.
+    # mcore checkpoints always hold q/k/v and gate/up fused; legacy ones when the YAML says qkv_concat: True (the
+    # network then has only w_qkv / w_gate_hidden, and MindFormers loads nothing else into them).
+    mcore = names.is_mcore(family)
     fused = {hf: part for part, (_, hf_parts) in names.FUSED.items() for hf in hf_parts
-             if names.is_mcore(family) and part.startswith((".self_attention.", ".mlp.linear"))}
+             if (mcore or layout.qkv_concat) and part.startswith((".self_attention.", ".mlp.linear")) == mcore}
     experts = [(_expert_pattern(hf), part) for part, _, hf_parts in _expert_entries(family, layout) for hf in hf_parts]
     splits = names.SPLIT.get(family, {})
     for name in hf_names:

@@ -45,6 +45,14 @@ LLAMA = (
     (".ffn_norm.", ".post_attention_layernorm."),
 )
 MIXTRAL = LLAMA + ((".feed_forward.router.dense.", ".block_sparse_moe.gate."),)
+# research/qwen2/convert_moe_weight.py (1.6.0; the folder left MindFormers in 1.7.0) name_replace.
+QWEN2_MOE = LLAMA + (
+    (".feed_forward.routed_experts.router.dense.", ".mlp.gate."),
+    (".feed_forward.shared_experts.w1.", ".mlp.shared_expert.gate_proj."),
+    (".feed_forward.shared_experts.w2.", ".mlp.shared_expert.down_proj."),
+    (".feed_forward.shared_experts.w3.", ".mlp.shared_expert.up_proj."),
+    (".feed_forward.shared_experts_gate.", ".mlp.shared_expert_gate."),
+)
 # mindformers/models/qwen3_moe/utils.py weight_mapping, MindFormers side first (the table there reads HF -> mcore).
 MCORE = (
     ("embedding.word_embeddings.", "model.embed_tokens."),
@@ -83,7 +91,7 @@ BMM_NAMES = {"deepseek_v3": ((".feed_forward.routed_experts.router_dense.weight"
                               ".feed_forward.routed_experts.router.dense.weight"),
                              (".feed_forward.routed_experts.topk_bias",
                               ".feed_forward.routed_experts.router.router.topk_bias"))}
-NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mixtral": MIXTRAL, "deepseek_v3": DEEPSEEK, "qwen3/mcore": MCORE,
+NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE, "deepseek_v3": DEEPSEEK, "qwen3/mcore": MCORE,
              "qwen3_moe/mcore": MCORE}
 # One HF tensor that MindFormers keeps in two (research/deepseek3/convert_weight.py _mla_pt_to_ms): HF part, kind,
 # MindFormers parts. The rope rows of q_b_proj and kv_a_proj_with_mqa are reordered from HF's interleaved pairs
@@ -108,6 +116,11 @@ EXPERTS = {
         ".feed_forward.ffn.w2.weight": ("stack", (".block_sparse_moe.experts.{e}.w2.weight",)),
         ".feed_forward.ffn.w3.weight": ("stack", (".block_sparse_moe.experts.{e}.w3.weight",)),
     },
+    "qwen2_moe": {
+        ".feed_forward.routed_experts.ffn.w1.weight": ("stack", (".mlp.experts.{e}.gate_proj.weight",)),
+        ".feed_forward.routed_experts.ffn.w2.weight": ("stack", (".mlp.experts.{e}.down_proj.weight",)),
+        ".feed_forward.routed_experts.ffn.w3.weight": ("stack", (".mlp.experts.{e}.up_proj.weight",)),
+    },
     # use_grouped_gemm: w1 [E, H, 2I] = [gate^T | up^T], w2 [E, I, H] = down^T (no `.weight`); else stacked as is.
     "deepseek_v3": {
         ".feed_forward.routed_experts.ffn.w1": ("gmm_w1", (".mlp.experts.{e}.gate_proj.weight",
@@ -127,9 +140,11 @@ MCORE_PREFIXES = ("embedding.", "decoder.", "output_layer.")
 
 
 # model.model_config switches that say how a MindFormers checkpoint of the model lays out its fused weights, with
-# MindFormers' defaults (TransformerConfig: use_contiguous_weight_layout_attention False,
+# MindFormers' defaults (LlamaConfig: qkv_concat False, which also fuses gate/up: llama_transformer.py passes
+# ffn_concat=qkv_concat; TransformerConfig: use_contiguous_weight_layout_attention False,
 # use_interleaved_weight_layout_mlp True); moe_config.use_gmm: experts [E, in, out].
-LAYOUT_KEYS = {"use_contiguous_weight_layout_attention": False, "use_interleaved_weight_layout_mlp": True}
+LAYOUT_KEYS = {"qkv_concat": False, "use_contiguous_weight_layout_attention": False,
+               "use_interleaved_weight_layout_mlp": True}
 
 
 def _flag(value, default: bool) -> bool:

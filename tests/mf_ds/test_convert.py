@@ -25,9 +25,14 @@ def plan_for(family: str, gmm: bool = False) -> dict:
         return translate_file(str(TINY)).plan
     c = golden(family)[0]["config"]
     moe = {}
-    if "moe_config" in c:  # MindFormers' MoEConfig: expert_num, num_experts_chosen; HF Mixtral renormalises top-k
+    if family == "mixtral":  # MindFormers' MoEConfig: expert_num, num_experts_chosen; HF Mixtral renormalises top-k
         moe = {"num_local_experts": c["moe_config"]["expert_num"],
                "num_experts_per_tok": c["moe_config"]["num_experts_chosen"], "router_jitter_noise": 0.0}
+    if family == "qwen2_moe":  # legacy MoE: routed and shared experts are intermediate_size wide
+        moe = {"num_experts": c["moe_config"]["expert_num"], "num_experts_per_tok": c["moe_config"]["num_experts_chosen"],
+               "norm_topk_prob": c["moe_config"]["norm_topk_prob"], "moe_intermediate_size": c["intermediate_size"],
+               "shared_expert_intermediate_size": c["intermediate_size"], "decoder_sparse_step": 1,
+               "mlp_only_layers": []}
     hf = {"model_type": family, "hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
           "num_hidden_layers": c["num_layers"], "num_attention_heads": c["num_heads"],
           "num_key_value_heads": c["n_kv_heads"], "vocab_size": c["vocab_size"], "rms_norm_eps": c["rms_norm_eps"],
@@ -35,10 +40,11 @@ def plan_for(family: str, gmm: bool = False) -> dict:
     return {"hf_config": hf, "run": {"family": family, "checkpoint_layout": {"use_gmm": gmm}}, "notes": []}
 
 
-HF_TENSORS = {"llama": 21, "qwen2": 27, "mixtral": 41}  # mixtral: 3 projections x 4 experts apart in each layer
+# mixtral, qwen2_moe: 3 projections x 4 experts apart in each layer
+HF_TENSORS = {"llama": 21, "qwen2": 27, "mixtral": 41, "qwen2_moe": 55}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral", "qwen2_moe"])
 def test_both_ways(tmp_path, family):
     plan = plan_for(family)
     assert to_hf(plan, str(MF / family / "model.ckpt"), str(tmp_path / "hf")) == {
@@ -65,18 +71,20 @@ def test_both_ways(tmp_path, family):
         assert f.metadata() == {"format": "ms"}
 
 
-def test_mixtral_grouped_matmul_layout(tmp_path):
-    """use_gmm experts ([E, in, out], research/mixtral convert_ms_to_gmm) give the same HF tensors, and go back to
-    the gmm layout bit for bit."""
-    to_hf(plan_for("mixtral"), str(MF / "mixtral" / "model.ckpt"), str(tmp_path / "plain"))
-    plan = plan_for("mixtral", gmm=True)
-    to_hf(plan, str(MF / "mixtral" / "model_gmm.ckpt"), str(tmp_path / "gmm"))
+@pytest.mark.parametrize("family,w1", [("mixtral", "model.layers.0.feed_forward.ffn.w1.weight"),
+                                       ("qwen2_moe", "model.layers.0.feed_forward.routed_experts.ffn.w1.weight")])
+def test_moe_grouped_matmul_layout(tmp_path, family, w1):
+    """use_gmm experts ([E, in, out], research/mixtral and research/qwen2 convert_ms_to_gmm) give the same HF
+    tensors, and go back to the gmm layout bit for bit."""
+    to_hf(plan_for(family), str(MF / family / "model.ckpt"), str(tmp_path / "plain"))
+    plan = plan_for(family, gmm=True)
+    to_hf(plan, str(MF / family / "model_gmm.ckpt"), str(tmp_path / "gmm"))
     plain, gmm = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("plain", "gmm"))
     assert plain.keys() == gmm.keys() and all(torch.equal(plain[k], gmm[k]) for k in plain)
     to_mindformers(plan, str(tmp_path / "gmm"), str(tmp_path / "back.ckpt"))
-    source, back = MindSporeCheckpoint(MF / "mixtral" / "model_gmm.ckpt"), MindSporeCheckpoint(tmp_path / "back.ckpt")
-    assert back.entries["model.layers.0.feed_forward.ffn.w1.weight"].dims == (4, 16, 32)
-    assert set(back.names()) == set(weights_of("mixtral"))
+    source, back = MindSporeCheckpoint(MF / family / "model_gmm.ckpt"), MindSporeCheckpoint(tmp_path / "back.ckpt")
+    assert back.entries[w1].dims == (4, 16, 32)
+    assert set(back.names()) == set(weights_of(family))
     assert all(torch.equal(back.tensor(n), source.tensor(n)) for n in back.names())
 
 
@@ -141,6 +149,24 @@ def test_deepseek_v3_both_ways(tmp_path, file, gmm, n_mtp):
     mtp = {n for n in source.names() if n.startswith(("model.mtp_", "model.layers.2."))}
     assert len(mtp) == n_mtp and set(back.names()) == set(source.names()) - mtp
     assert all(torch.equal(back.tensor(n), source.tensor(n)) for n in back.names())
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen2_moe"])
+def test_legacy_qkv_concat(tmp_path, family):
+    """qkv_concat: True (LlamaConfig; it fuses gate/up too): HF -> attention.w_qkv (weight and bias, per KV group,
+    mindformers/utils/convert_utils.py qkv_concat_hf2mg) and feed_forward.w_gate_hidden (dense layers), which read
+    back to the same HF tensors."""
+    to_hf(plan_for(family), str(MF / family / "model.ckpt"), str(tmp_path / "hf"))
+    plan = plan_for(family)
+    plan["run"]["checkpoint_layout"]["qkv_concat"] = True
+    to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "fused.ckpt"))
+    fused = MindSporeCheckpoint(tmp_path / "fused.ckpt")
+    assert "model.layers.0.attention.w_qkv.bias" in fused.names()
+    assert not any(".attention.wq." in n or ".attention.wk." in n for n in fused.names())
+    assert ("model.layers.0.feed_forward.w_gate_hidden.weight" in fused.names()) == (family == "qwen2")
+    to_hf(plan, str(tmp_path / "fused.ckpt"), str(tmp_path / "again"))
+    hf, again = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("hf", "again"))
+    assert again.keys() == hf.keys() and all(torch.equal(again[k], hf[k]) for k in hf)
 
 
 def test_ckpt_layout_is_save_checkpoints(tmp_path):
