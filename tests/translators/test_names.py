@@ -17,11 +17,11 @@ MF = ROOT / "tests" / "fixtures" / "mindformers"
 
 
 def test_checkpoint_layout_defaults_and_yaml_values():
-    assert names.checkpoint_layout({}) == {"use_contiguous_weight_layout_attention": False,
+    assert names.checkpoint_layout({}) == {"qkv_concat": False, "use_contiguous_weight_layout_attention": False,
                                            "use_interleaved_weight_layout_mlp": True, "use_gmm": False}
-    tree = {"model": {"model_config": {"use_contiguous_weight_layout_attention": "True",
+    tree = {"model": {"model_config": {"qkv_concat": True, "use_contiguous_weight_layout_attention": "True",
                                        "use_interleaved_weight_layout_mlp": False}}, "moe_config": {"use_gmm": True}}
-    assert names.checkpoint_layout(tree) == {"use_contiguous_weight_layout_attention": True,
+    assert names.checkpoint_layout(tree) == {"qkv_concat": True, "use_contiguous_weight_layout_attention": True,
                                              "use_interleaved_weight_layout_mlp": False, "use_gmm": True}
 
 
@@ -36,7 +36,7 @@ def test_the_plan_carries_the_layout():
     assert names.table_key(plan["run"]["family"], plan["run"]["layer_style"]) == "qwen3_moe/mcore"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "qwen3", "qwen3_moe"])
 def test_tables_both_ways_on_mindformers_names(family):
     """Every unfused MindFormers weight name of the fixtures maps to an HF name and back to itself."""
     golden = json.loads((MF / family / "golden.json").read_text())
