@@ -18,6 +18,7 @@ copied out only when it is asked for, so a checkpoint larger than RAM loads one 
 from __future__ import annotations
 
 import binascii
+import json
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -196,6 +197,14 @@ def mindformers_weights(path: str | os.PathLike) -> Iterator[tuple[str, str, obj
                 yield name, str(file), (lambda h=handle, n=name: h.get_tensor(n))
 
 
+SHARDED = ("merge it into one checkpoint first: MindFormers' toolkit/safetensors/unified_safetensors.py "
+           "--mindspore_ckpt_dir DIR --src_strategy_dirs STRATEGY_DIR --output_dir OUT (a unified safetensors "
+           "directory with param_name_map.json, which load_checkpoint takes), or mindformers/tools/ckpt_transform/"
+           "transform_checkpoint.py --src_checkpoint DIR --src_strategy STRATEGY --dst_checkpoint_dir OUT without "
+           "--dst_strategy (a complete .ckpt)")
+INDEX = "param_name_map.json"  # mindspore.parallel.unified_safetensors' index (and MindFormers' converted HF dirs')
+
+
 def _checkpoint_files(path: Path) -> list[Path]:
     if path.is_file():
         if path.suffix not in (".ckpt", ".safetensors"):
@@ -205,15 +214,17 @@ def _checkpoint_files(path: Path) -> list[Path]:
         raise RunError(f"{path}: load_checkpoint does not exist")
     rank0 = path / "rank_0"
     if rank0.is_dir():
-        ckpts = sorted(rank0.glob("*.ckpt"))
+        ckpts = sorted(rank0.glob("*.ckpt")) or sorted(rank0.glob("*.safetensors"))
         others = sorted(p.name for p in path.glob("rank_*") if p.name != "rank_0")
         if others:
-            raise RunError(f"{path}: a sharded checkpoint of {len(others) + 1} ranks; merge it first with "
-                           "MindFormers' transform_checkpoint (or save a unified safetensors) and load that")
+            raise RunError(f"{path}: a checkpoint sharded over {len(others) + 1} ranks (rank_0..{others[-1]}); "
+                           + SHARDED)
         if len(ckpts) != 1:
-            raise RunError(f"{rank0}: expected one .ckpt file, found {len(ckpts)}"
+            raise RunError(f"{rank0}: expected one .ckpt or .safetensors file, found {len(ckpts)}"
                            + (f" ({', '.join(p.name for p in ckpts)}): name the file" if ckpts else ""))
         return ckpts
+    if (path / INDEX).is_file():
+        return _indexed_files(path / INDEX)
     ckpts, tensors = sorted(path.glob("*.ckpt")), sorted(path.glob("*.safetensors"))
     if len(ckpts) > 1:
         raise RunError(f"{path}: holds {len(ckpts)} .ckpt files; name the one to load")
@@ -222,6 +233,36 @@ def _checkpoint_files(path: Path) -> list[Path]:
     if not ckpts and not tensors:
         raise RunError(f"{path}: holds no .ckpt or .safetensors weights")
     return ckpts or tensors
+
+
+def _indexed_files(index: Path) -> list[Path]:
+    """The files of a unified / merged safetensors directory, checked against its index: every file it names
+    exists and holds the tensors it places there. The index is {"weight_map": {name: file}} (unified_safetensors)
+    or {name: file} (MindFormers' _convert_index_json)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        data = json.loads(index.read_text())
+        weight_map = data["weight_map"] if "weight_map" in data else data
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError("not a {tensor name: file} map")
+    except (OSError, ValueError, TypeError) as exc:
+        raise RunError(f"{index}: not a safetensors index ({type(exc).__name__}: {exc})") from None
+    files = sorted(set(weight_map.values()))
+    for name in files:
+        file = index.parent / name
+        if not file.is_file():
+            raise RunError(f"{file}: missing (named by {index.name})")
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                held = set(f.keys())
+        except (OSError, SafetensorError) as exc:
+            raise RunError(f"{file}: not a readable safetensors file ({exc}); truncated or damaged?") from None
+        lacking = sorted(t for t, owner in weight_map.items() if owner == name and t not in held)
+        if lacking:
+            raise RunError(f"{file}: lacks {lacking[0]}" + (f" and {len(lacking) - 1} more tensors" if len(lacking) > 1
+                                                             else "") + f", which {index.name} places there")
+    return [index.parent / name for name in files]
 
 
 def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mf_ds.ckpt import MindSporeCheckpoint, load_into
@@ -163,8 +163,11 @@ def test_checkpoint_directories(tmp_path):
     shutil.copy(MF / "llama" / "model.ckpt", single / "rank_0" / "llama_rank_0-1_1.ckpt")
     assert load_into(hf_model("llama"), single, "llama")["loaded"] == 21
     (single / "rank_1").mkdir()
-    with pytest.raises(RunError, match="a sharded checkpoint of 2 ranks; merge it first"):
+    with pytest.raises(RunError) as err:
         load_into(hf_model("llama"), single, "llama")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{single}: a checkpoint sharded over 2 ranks (rank_0..rank_1)")
+    assert "unified_safetensors.py" in message and "transform_checkpoint.py" in message
     flat = tmp_path / "flat"
     flat.mkdir()
     shutil.copy(MF / "llama" / "model.ckpt", flat / "a.ckpt")
@@ -174,6 +177,40 @@ def test_checkpoint_directories(tmp_path):
         load_into(hf_model("llama"), flat, "llama")
     with pytest.raises(RunError, match="is not a weight of this llama model|has shape"):
         load_into(hf_model("llama"), MF / "qwen2" / "model.ckpt", "llama")
+
+
+def test_unified_safetensors_with_its_index(tmp_path):
+    """A unified / merged safetensors directory (mindspore.parallel.unified_safetensors: part{i}.safetensors and
+    param_name_map.json {"metadata", "weight_map"}) loads; its index is checked against its files."""
+    tensors = load_file(str(MF / "llama" / "model.safetensors"))
+    names_ = sorted(tensors)
+    unified = tmp_path / "unified"
+    unified.mkdir()
+    weight_map = {}
+    for i, part in enumerate((names_[::2], names_[1::2])):
+        save_file({n: tensors[n] for n in part}, str(unified / f"part{i}.safetensors"), metadata={"format": "ms"})
+        weight_map.update(dict.fromkeys(part, f"part{i}.safetensors"))
+    index = unified / "param_name_map.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    model = hf_model("llama")
+    assert load_into(model, unified, "llama")["loaded"] == 21
+    reference = hf_model("llama")
+    load_into(reference, MF / "llama" / "model.safetensors", "llama")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    index.write_text(json.dumps(weight_map))  # MindFormers' own converted index: the bare map
+    assert load_into(hf_model("llama"), unified, "llama")["loaded"] == 21
+
+    index.write_text(json.dumps({**weight_map, "lm_head.weight": "part7.safetensors"}))
+    with pytest.raises(RunError, match=rf"^{unified / 'part7.safetensors'}: missing \(named by param_name_map.json\)$"):
+        load_into(hf_model("llama"), unified, "llama")
+    wrong = ({"part0.safetensors", "part1.safetensors"} - {weight_map["model.norm_out.weight"]}).pop()
+    index.write_text(json.dumps({**weight_map, "model.norm_out.weight": wrong}))
+    with pytest.raises(RunError, match=rf"^{unified / wrong}: lacks model.norm_out.weight, which param_name_map.json places "
+                                       "there$"):
+        load_into(hf_model("llama"), unified, "llama")
+    index.write_text("{not json")
+    with pytest.raises(RunError, match=rf"^{index}: not a safetensors index"):
+        load_into(hf_model("llama"), unified, "llama")
 
 
 def test_finetune_yaml_first_step_loss_is_mindformers(tmp_path):
