@@ -6,6 +6,8 @@ misspelt section name (`recompute_confg`) would otherwise lose a whole section w
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 from translators.errors import ConfigError, did_you_mean, join, show
@@ -81,8 +83,9 @@ GENERAL_BECOMES = {
     "only_save_strategy": ("dropped", "there is no sharding strategy to save"),
     "transform_process_num": ("dropped", "no resharding step"),
     "remove_redundancy": ("dropped", "DeepSpeed writes each shard once; HF weights are saved from rank 0"),
-    "pretrained_model_dir": ("dropped", "the HF config comes from model_config; an HF directory's weights load "
-                                        "through load_checkpoint"),
+    "pretrained_model_dir": ("runtime", "mcore: its config.json seeds model_config (model_config keys win, as "
+                                        "build_config.merge_model_config); with load_checkpoint empty and *.safetensors "
+                                        "in it, run.load_checkpoint (trainer.py _try_use_pretrained_model_dir_as_ckpt)"),
     "do_eval": ("dropped", "evaluation during training is not run; use the saved HF checkpoint"),
     "eval_step_interval": ("dropped", "evaluation during training is not run"),
     "eval_epoch_interval": ("dropped", "evaluation during training is not run"),
@@ -131,6 +134,17 @@ class Trainer(Section):
     model_name: str = key("", "informational model name (checkpoint prefix default)")
 
 
+def weights_path(general: General) -> str | None:
+    """What MindFormers loads: load_checkpoint, else pretrained_model_dir when it holds *.safetensors
+    (mindformers/trainer/trainer.py _try_use_pretrained_model_dir_as_ckpt with contains_safetensors_files)."""
+    if general.load_checkpoint:
+        return general.load_checkpoint
+    directory = general.pretrained_model_dir
+    if directory and os.path.isdir(directory) and any(n.endswith(".safetensors") for n in os.listdir(directory)):
+        return directory
+    return None
+
+
 def parse_general(tree: dict, ledger: Ledger) -> General:
     """Parse the top-level scalars and account for every top-level key that is not a known section."""
     scalars = {k: v for k, v in tree.items() if k in General.fields()}
@@ -149,7 +163,7 @@ def parse_general(tree: dict, ledger: Ledger) -> General:
             ledger.dropped(name, reason)
     if general.run_mode is not None and general.run_mode not in ("train", "finetune"):
         raise ConfigError("run_mode", f"expected 'train' or 'finetune' (mf-ds trains), got {show(general.run_mode)}")
-    if general.run_mode == "finetune" and not general.load_checkpoint:
+    if general.run_mode == "finetune" and not weights_path(general):
         ledger.differs("run_mode", "finetune without load_checkpoint starts from random weights")
     if isinstance(general.resume_training, str) and not general.load_checkpoint:
         raise ConfigError("resume_training", "a checkpoint name needs load_checkpoint set")

@@ -21,7 +21,7 @@ from translators import families, layout, names, recompute
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
 from translators.errors import ConfigError, show
-from translators.general import check_section_types, parse_general, parse_trainer
+from translators.general import check_section_types, parse_general, parse_trainer, weights_path
 from translators.loader import apply_overrides, load_yaml
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
@@ -206,7 +206,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "lr_schedule": lr,
         "data": data,
         "callbacks": callbacks,
-        "load_checkpoint": general.load_checkpoint or None,
+        "load_checkpoint": weights_path(general),
         "load_ckpt_format": general.load_ckpt_format,
         "resume_training": general.resume_training,
         "ignore_data_skip": general.ignore_data_skip,

@@ -221,3 +221,30 @@ def test_finetune_yaml_first_step_loss_is_mindformers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert first["loss"] == pytest.approx(golden("llama")[0]["loss"], abs=1e-5)
+
+
+def test_pretrained_model_dir_gives_the_weights(tmp_path):
+    """An mcore YAML with load_checkpoint empty and pretrained_model_dir an HF directory with *.safetensors: that
+    directory is the weights (trainer.py _try_use_pretrained_model_dir_as_ckpt); its config.json seeds model_config
+    (model_config keys win); without safetensors there it loads none, as MindFormers."""
+    from translators.loader import load_yaml
+    from translators.plan import translate
+
+    from mf_ds.model import build_model, hf_config
+
+    tree = load_yaml(str(ROOT / "configs" / "tiny_qwen3_moe.yaml"))
+    plan = translate(tree).plan
+    torch.manual_seed(3)
+    source = AutoModelForCausalLM.from_config(hf_config(plan), dtype=torch.float32)
+    hf_dir = tmp_path / "hf"
+    source.config.save_pretrained(str(hf_dir))
+    tree["pretrained_model_dir"] = str(hf_dir)
+    assert translate(tree).plan["run"]["load_checkpoint"] is None  # config.json alone: no weights
+    source.save_pretrained(str(hf_dir))
+    translation = translate(tree)
+    assert translation.plan["run"]["load_checkpoint"] == str(hf_dir)
+    assert any(n.key == "pretrained_model_dir" and n.kind == "runtime" for n in translation.ledger.finish())
+    model = build_model(translation.plan, translation.plan["run"]["load_checkpoint"])
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
+    tree["load_checkpoint"] = str(MF / "llama" / "model.ckpt")  # load_checkpoint, when given, wins
+    assert translate(tree).plan["run"]["load_checkpoint"] == str(MF / "llama" / "model.ckpt")
