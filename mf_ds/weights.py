@@ -27,15 +27,26 @@ class Layout:
     """How the YAML's MindFormers checkpoint lays out fused weights."""
 
     gmm: bool = False  # stacked experts [E, in, out] (moe_config.use_gmm: GroupedMatmul)
-    qkv_concat: bool = False  # legacy: attention.w_qkv and feed_forward.w_gate_hidden (LlamaConfig qkv_concat)
+    qkv_concat: bool = False  # legacy: attention.w_qkv and feed_forward.w_gate_hidden (LlamaConfig qkv_concat);
+    #                           GLM: query_key_value (ChatGLM2Config qkv_concat, default True)
+    mlp_concat: bool = True  # GLM: dense_h_to_4h, else dense_left / dense_right
     qkv_contiguous: bool = False  # mcore use_contiguous_weight_layout_attention (MindFormers default False)
     ffn_interleaved: bool = True  # mcore use_interleaved_weight_layout_mlp (MindFormers default True)
 
 
 def layout_of(plan: dict) -> Layout:
-    """The Layout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout)."""
+    """The Layout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout), with the family's
+    own defaults where the YAML is silent."""
+    from mf_ds.errors import RunError
+
     given = plan["run"].get("checkpoint_layout") or {}
-    return Layout(gmm=bool(given.get("use_gmm", False)), qkv_concat=bool(given.get("qkv_concat", False)),
+    glm = names.style(names.table_key(plan["run"]["family"], plan["run"].get("layer_style"))) == "glm"
+    if glm and given.get("use_rearrange_rope"):
+        raise RunError("model.model_config.use_rearrange_rope: True: MindFormers' q/k rows are rearranged "
+                       "(glm2/convert_weight.py rearrange_w); mf-ds reads checkpoints without it only")
+    qkv_concat = given.get("qkv_concat")
+    return Layout(gmm=bool(given.get("use_gmm", False)), qkv_concat=glm if qkv_concat is None else bool(qkv_concat),
+                  mlp_concat=given.get("mlp_concat") is not False,
                   qkv_contiguous=bool(given.get("use_contiguous_weight_layout_attention", False)),
                   ffn_interleaved=bool(given.get("use_interleaved_weight_layout_mlp", True)))
 
@@ -109,6 +120,8 @@ def _pairs_to_halves(rows: torch.Tensor, rope: int) -> torch.Tensor:
 def _split_where(kind: str, half: int, config, cols: int) -> tuple[tuple[int, ...], tuple]:
     """research/deepseek3/convert_weight.py _mla_pt_to_ms, undone: the view of the HF tensor and the index in it
     where MindFormers half `half` lies."""
+    if kind == "halves":  # GLM gate_up_proj [2I, H]: gate rows, then up rows
+        return (2, config.intermediate_size, cols), (half,)
     heads, nope, rope, v_dim = _mla(config)
     if kind == "kv_a":  # HF [kv_lora + rope, H]: the latent rows, then the shared k rope rows
         lora = config.kv_lora_rank
@@ -119,6 +132,8 @@ def _split_where(kind: str, half: int, config, cols: int) -> tuple[tuple[int, ..
 
 def _split_piece(kind: str, half: int, hf_name: str, tensor: torch.Tensor, config) -> Piece:
     view, index = _split_where(kind, half, config, tensor.shape[-1])
+    if kind == "halves":
+        return Piece(hf_name, tensor, view, index)
     rope = config.qk_rope_head_dim
     if kind == "kv_a":
         return Piece(hf_name, _halves_to_pairs(tensor, rope) if half else tensor, view, index)
@@ -162,11 +177,11 @@ def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Layou
     if split:
         part, kind, hf_part, half = split
         return [_split_piece(kind, half, stem.replace(part, hf_part), tensor, config)]
-    for part, (kind, hf_parts) in names.FUSED.items():
+    for part, (kind, hf_parts) in names.fused_parts(family).items():
         if part in stem:
             mcore = names.is_mcore(family)
-            pieces = (_split_qkv(tensor, config, mcore and layout.qkv_contiguous) if kind == "qkv"
-                      else _split_gate_up(tensor, not mcore or layout.ffn_interleaved))
+            pieces = (_split_qkv(tensor, config, kind == "qkv_cat" or (mcore and layout.qkv_contiguous))
+                      if kind.startswith("qkv") else _split_gate_up(tensor, not mcore or layout.ffn_interleaved))
             return [Piece(stem.replace(part, hf), p.contiguous()) for hf, p in zip(hf_parts, pieces)]
     return [Piece(stem, tensor)]
 
@@ -188,11 +203,10 @@ def mindformers_names(hf_names: list[str], family: str, layout: Layout = Layout(
     out: dict[str, list[str]] = {}
     # mcore checkpoints always hold q/k/v and gate/up fused; legacy ones when the YAML says qkv_concat: True (the
     # network then has only w_qkv / w_gate_hidden, and MindFormers loads nothing else into them).
-    mcore = names.is_mcore(family)
-    fused = {hf: part for part, (_, hf_parts) in names.FUSED.items() for hf in hf_parts
-             if (mcore or layout.qkv_concat) and part.startswith((".self_attention.", ".mlp.linear")) == mcore}
+    fused = {hf: part for part, (_, hf_parts) in names.fused_parts(family).items() for hf in hf_parts
+             if names.is_mcore(family) or layout.qkv_concat}
     experts = [(_expert_pattern(hf), part) for part, _, hf_parts in _expert_entries(family, layout) for hf in hf_parts]
-    splits = names.SPLIT.get(family, {})
+    splits = {hf: v for hf, v in names.SPLIT.get(family, {}).items() if v[0] != "halves" or not layout.mlp_concat}
     for name in hf_names:
         for pattern, part in experts:
             m = pattern.search(name)
@@ -265,14 +279,15 @@ def from_hf(mf_name: str, hf_names: list[str], read: Callable[[str], torch.Tenso
         if half == 1 and kind in ("q_b", "kv_a"):
             part = _pairs_to_halves(part, config.qk_rope_head_dim)
         return part.reshape(-1, whole.shape[-1]).contiguous()
-    kind = names.fused_kind(mf_name)
+    kind = names.fused_kind(mf_name, family)
     if kind:
         mcore = names.is_mcore(family)
-        order = {hf: i for _, (k, hf_parts) in names.FUSED.items() if k == kind for i, hf in enumerate(hf_parts)}
+        order = {hf: i for _, (k, hf_parts) in names.fused_parts(family).items() if k == kind
+                 for i, hf in enumerate(hf_parts)}
         parts = sorted(hf_names, key=lambda n: next(i for hf, i in order.items() if hf in n))
         tensors = [read(n) for n in parts]
-        if kind == "qkv":
-            return _join_qkv(*tensors, config, mcore and layout.qkv_contiguous)
+        if kind.startswith("qkv"):
+            return _join_qkv(*tensors, config, kind == "qkv_cat" or (mcore and layout.qkv_contiguous))
         return _join_gate_up(*tensors, not mcore or layout.ffn_interleaved)
     (name,) = hf_names
     return read(name)

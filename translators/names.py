@@ -91,23 +91,43 @@ BMM_NAMES = {"deepseek_v3": ((".feed_forward.routed_experts.router_dense.weight"
                               ".feed_forward.routed_experts.router.dense.weight"),
                              (".feed_forward.routed_experts.topk_bias",
                               ".feed_forward.routed_experts.router.router.topk_bias"))}
-NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE, "deepseek_v3": DEEPSEEK, "qwen3/mcore": MCORE,
+# mindformers/models/glm2/convert_weight.py + convert_reversed.py (1.7.0) and ChatGLM2ForConditionalGeneration's
+# own names, to transformers' `glm` (THUDM/glm-4-9b-hf): the same weights, renamed; both fuse gate/up, gate first.
+GLM = (
+    ("transformer.embedding.embedding_weight", "model.embed_tokens.weight"),
+    ("transformer.encoder.final_layernorm.", "model.norm."),
+    ("transformer.output_layer.", "lm_head."),
+    ("transformer.encoder.layers.", "model.layers."),
+    (".self_attention.dense.", ".self_attn.o_proj."),
+    (".self_attention.wq.", ".self_attn.q_proj."),
+    (".self_attention.wk.", ".self_attn.k_proj."),
+    (".self_attention.wv.", ".self_attn.v_proj."),
+    (".mlp.dense_h_to_4h.", ".mlp.gate_up_proj."),
+    (".mlp.dense_4h_to_h.", ".mlp.down_proj."),
+)
+NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE, "deepseek_v3": DEEPSEEK,
+             "glm4": GLM, "chatglm": GLM, "qwen3/mcore": MCORE,
              "qwen3_moe/mcore": MCORE}
 # One HF tensor that MindFormers keeps in two (research/deepseek3/convert_weight.py _mla_pt_to_ms): HF part, kind,
 # MindFormers parts. The rope rows of q_b_proj and kv_a_proj_with_mqa are reordered from HF's interleaved pairs
 # to halves (evens, then odds), as MindFormers' rotary embedding rotates halves.
+# GLM with mlp_concat False: dense_left (gate) and dense_right (up) are the halves of gate_up_proj (mlp_split).
 SPLIT = {"deepseek_v3": {
     ".self_attn.q_b_proj.": ("q_b", (".attention.l2q_nope_proj.", ".attention.l2q_pe_proj.")),
     ".self_attn.kv_a_proj_with_mqa.": ("kv_a", (".attention.kv2l_latent_kv.", ".attention.kv2l_k_pe.")),
     ".self_attn.kv_b_proj.": ("kv_b", (".attention.lkv2kv_k_nope.", ".attention.lkv2kv_v.")),
-}}
+}, "glm4": {".mlp.gate_up_proj.": ("halves", (".mlp.dense_left.", ".mlp.dense_right."))}}
+SPLIT["chatglm"] = SPLIT["glm4"]
 
 # Fused MindFormers tensors: (name part, kind, HF name parts it holds, in order).
+_QKV = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.")
 FUSED = {
-    ".attention.w_qkv.": ("qkv", (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.")),
-    ".feed_forward.w_gate_hidden.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj.")),
-    ".self_attention.linear_qkv.": ("qkv", (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.")),
-    ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj.")),
+    "legacy": {".attention.w_qkv.": ("qkv", _QKV),
+               ".feed_forward.w_gate_hidden.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj."))},
+    "mcore": {".self_attention.linear_qkv.": ("qkv", _QKV),
+              ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj."))},
+    # glm2/convert_weight.py attn_split: query_key_value is q, k, v one after the other (np.split on axis 0)
+    "glm": {".self_attention.query_key_value.": ("qkv_cat", _QKV)},
 }
 # Stacked experts: (MindFormers name part, kind, HF per-expert name parts, `{e}` the expert).
 EXPERTS = {
@@ -137,17 +157,20 @@ EXPERTS = {
 }
 LEGACY_PREFIXES = ("model.", "lm_head.")
 MCORE_PREFIXES = ("embedding.", "decoder.", "output_layer.")
+GLM_PREFIXES = ("transformer.",)
+NOT_WEIGHTS = (".paged_attention_mgr.",)  # inference KV caches a network saves beside its weights
 
 
 # model.model_config switches that say how a MindFormers checkpoint of the model lays out its fused weights, with
 # MindFormers' defaults (LlamaConfig: qkv_concat False, which also fuses gate/up: llama_transformer.py passes
 # ffn_concat=qkv_concat; TransformerConfig: use_contiguous_weight_layout_attention False,
 # use_interleaved_weight_layout_mlp True); moe_config.use_gmm: experts [E, in, out].
-LAYOUT_KEYS = {"qkv_concat": False, "use_contiguous_weight_layout_attention": False,
-               "use_interleaved_weight_layout_mlp": True}
+# qkv_concat / mlp_concat: None when the YAML does not say (the default is the family's: ChatGLM2Config True).
+LAYOUT_KEYS = {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,
+               "use_contiguous_weight_layout_attention": False, "use_interleaved_weight_layout_mlp": True}
 
 
-def _flag(value, default: bool) -> bool:
+def _flag(value, default: bool | None) -> bool | None:
     return default if value is None else value is True or str(value).lower() == "true"  # YAML may say "True"
 
 
@@ -177,6 +200,15 @@ def is_mcore(family: str) -> bool:
     return family.endswith("/mcore")
 
 
+def style(family: str) -> str:
+    """Which MindFormers model code names the family's weights: 'mcore', 'glm' (ChatGLM2 classes) or 'legacy'."""
+    return "mcore" if is_mcore(family) else "glm" if NAME_MAPS.get(family) is GLM else "legacy"
+
+
+def fused_parts(family: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    return FUSED[style(family)]
+
+
 def strip(name: str, family: str) -> str:
     """An mcore network holds GPTModel as `model`: its checkpoint names may carry that `model.` prefix."""
     if is_mcore(family) and name.startswith("model.") and name[6:].startswith(MCORE_PREFIXES):
@@ -186,12 +218,13 @@ def strip(name: str, family: str) -> str:
 
 def is_weight(name: str, family: str = "llama") -> bool:
     """True for a model parameter; False for optimizer state and counters saved beside it."""
-    return strip(name, family).startswith(MCORE_PREFIXES if is_mcore(family) else LEGACY_PREFIXES)
+    prefixes = {"mcore": MCORE_PREFIXES, "glm": GLM_PREFIXES}.get(style(family), LEGACY_PREFIXES)
+    return strip(name, family).startswith(prefixes) and not any(part in name for part in NOT_WEIGHTS)
 
 
-def fused_kind(name: str) -> str | None:
-    """'qkv' or 'gate_up' for a fused MindFormers weight, else None."""
-    return next((kind for part, (kind, _) in FUSED.items() if part in name), None)
+def fused_kind(name: str, family: str = "llama") -> str | None:
+    """'qkv', 'qkv_cat' or 'gate_up' for a fused MindFormers weight, else None."""
+    return next((kind for part, (kind, _) in fused_parts(family).items() if part in name), None)
 
 
 def expert_kind(name: str, family: str) -> tuple[str, str, tuple[str, ...]] | None:

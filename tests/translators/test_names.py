@@ -17,11 +17,13 @@ MF = ROOT / "tests" / "fixtures" / "mindformers"
 
 
 def test_checkpoint_layout_defaults_and_yaml_values():
-    assert names.checkpoint_layout({}) == {"qkv_concat": False, "use_contiguous_weight_layout_attention": False,
+    assert names.checkpoint_layout({}) == {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,
+                                           "use_contiguous_weight_layout_attention": False,
                                            "use_interleaved_weight_layout_mlp": True, "use_gmm": False}
     tree = {"model": {"model_config": {"qkv_concat": True, "use_contiguous_weight_layout_attention": "True",
                                        "use_interleaved_weight_layout_mlp": False}}, "moe_config": {"use_gmm": True}}
-    assert names.checkpoint_layout(tree) == {"qkv_concat": True, "use_contiguous_weight_layout_attention": True,
+    assert names.checkpoint_layout(tree) == {"qkv_concat": True, "mlp_concat": None, "use_rearrange_rope": False,
+                                             "use_contiguous_weight_layout_attention": True,
                                              "use_interleaved_weight_layout_mlp": False, "use_gmm": True}
 
 
@@ -36,16 +38,19 @@ def test_the_plan_carries_the_layout():
     assert names.table_key(plan["run"]["family"], plan["run"]["layer_style"]) == "qwen3_moe/mcore"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "glm4", "qwen3",
+                                    "qwen3_moe"])
 def test_tables_both_ways_on_mindformers_names(family):
     """Every unfused MindFormers weight name of the fixtures maps to an HF name and back to itself."""
     golden = json.loads((MF / family / "golden.json").read_text())
     key = names.table_key(family, "mcore" if family.startswith("qwen3") else None)
-    plain = [n for n in golden["params"] if names.is_weight(n, key) and not names.fused_kind(n)
+    plain = [n for n in golden["params"] if names.is_weight(n, key) and not names.fused_kind(n, key)
              and not names.expert_kind(n, key) and not names.split_kind(n, key) and not names.mtp_layer(n, key, 2)]
     assert plain and all(names.hf_to_mf(names.mf_to_hf(n, key), key) == n for n in plain)
     assert all(names.mf_to_hf(n, key).startswith(("model.", "lm_head.")) for n in plain)
     assert names.mf_to_hf("adam_m." + plain[0], key) is None
+    assert not names.is_weight("transformer.encoder.layers.0.self_attention.infer_attention.paged_attention_mgr."
+                               "key_cache", "glm4")
 
 
 def test_deepseek_router_names_follow_use_gmm():
