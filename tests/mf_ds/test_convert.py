@@ -17,6 +17,7 @@ from mf_ds.ckpt import MindSporeCheckpoint
 from mf_ds.convert import cli, to_hf, to_mindformers
 from mf_ds.errors import RunError
 from tests.mf_ds.test_ckpt import MF, TINY, golden, weights_of
+from translators import names
 from translators.plan import translate_file
 
 
@@ -237,3 +238,35 @@ def test_cli(tmp_path, capsys):
     assert err == f"mf-convert: error: {tmp_path / 'x.bin'}: the MindFormers output must end in .ckpt or .safetensors\n"
     assert cli(["--mf-config", str(TINY), str(MF / "qwen2" / "model.ckpt"), str(tmp_path / "q")]) == 2
     assert "is not a weight of this llama model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family,file", [("mixtral", "model_gmm.ckpt"), ("qwen2_moe", "model.ckpt"),
+                                         ("deepseek_v3", "model.ckpt"), ("glm4", "model_split.ckpt"),
+                                         ("qwen3_moe", "model.ckpt")])
+def test_load_into_a_live_model(tmp_path, family, file):
+    """What mf-train's load_checkpoint does (build_model): the tensors go straight into transformers' fused
+    parameters (experts.gate_up_proj [E, 2I, H], q_b_proj from its two MindFormers halves, ...), the same model
+    from_pretrained makes of mf-convert's HF directory."""
+    from mf_ds.ckpt import load_into
+    from mf_ds.model import build_model
+    from mf_ds.weights import layout_of
+
+    plans = {"mixtral": lambda: plan_for("mixtral", gmm=True), "qwen2_moe": lambda: plan_for("qwen2_moe"),
+             "glm4": lambda: glm_plan(qkv_concat=False, mlp_concat=False),
+             "qwen3_moe": lambda: mcore_plan("qwen3_moe"),
+             "deepseek_v3": lambda: {"hf_config": golden("deepseek_v3")[0]["hf_config"], "notes": [],
+                                     "run": {"family": "deepseek_v3", "layer_style": "deepseek",
+                                             "checkpoint_layout": {"use_gmm": True}}}}
+    plan = plans[family]()
+    to_hf(plan, str(MF / family / file), str(tmp_path / "hf"))
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True)
+    model = build_model(plan)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))  # poisoned: every element must be written
+    family_key = names.table_key(plan["run"]["family"], plan["run"].get("layer_style"))
+    load_into(model, MF / family / file, family_key, layout=layout_of(plan))
+    expected = reference.state_dict()
+    assert all(torch.equal(t, expected[n]) for n, t in model.state_dict().items()), family
+    built = build_model(plan, str(MF / family / file)).state_dict()  # mf-train's own path, the layout from the Plan
+    assert all(torch.equal(t, expected[n]) for n, t in built.items())
