@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from mf_ds.ckpt import load_into, write_ckpt
-from mf_ds.weights import from_hf, layout_of, mindformers_names, model_slot
 from mf_ds.errors import RunError
+from mf_ds.weights import from_hf, layout_of, mindformers_names, model_slot
 from translators import names
 
 

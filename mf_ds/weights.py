@@ -34,6 +34,9 @@ class Layout:
     ffn_interleaved: bool = True  # mcore use_interleaved_weight_layout_mlp (MindFormers default True)
 
 
+DEFAULT_LAYOUT = Layout()
+
+
 def layout_of(plan: dict) -> Layout:
     """The Layout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout), with the family's
     own defaults where the YAML is silent."""
@@ -127,7 +130,8 @@ def _split_where(kind: str, half: int, config, cols: int) -> tuple[tuple[int, ..
         lora = config.kv_lora_rank
         return (lora + rope, cols), ((slice(0, lora),) if half == 0 else (slice(lora, None),))
     second = rope if kind == "q_b" else v_dim  # q_b: per head nope then rope rows; kv_b: k_nope then v rows
-    return (heads, nope + second, cols), ((slice(None), slice(0, nope)) if half == 0 else (slice(None), slice(nope, None)))
+    rows = slice(0, nope) if half == 0 else slice(nope, None)
+    return (heads, nope + second, cols), (slice(None), rows)
 
 
 def _split_piece(kind: str, half: int, hf_name: str, tensor: torch.Tensor, config) -> Piece:
@@ -182,7 +186,7 @@ def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Layou
             mcore = names.is_mcore(family)
             pieces = (_split_qkv(tensor, config, kind == "qkv_cat" or (mcore and layout.qkv_contiguous))
                       if kind.startswith("qkv") else _split_gate_up(tensor, not mcore or layout.ffn_interleaved))
-            return [Piece(stem.replace(part, hf), p.contiguous()) for hf, p in zip(hf_parts, pieces)]
+            return [Piece(stem.replace(part, hf), p.contiguous()) for hf, p in zip(hf_parts, pieces, strict=True)]
     return [Piece(stem, tensor)]
 
 
@@ -198,7 +202,7 @@ def _expert_pattern(hf: str) -> re.Pattern:
     return re.compile(re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$")
 
 
-def mindformers_names(hf_names: list[str], family: str, layout: Layout = Layout()) -> dict[str, list[str]]:
+def mindformers_names(hf_names: list[str], family: str, layout: Layout = DEFAULT_LAYOUT) -> dict[str, list[str]]:
     """{MindFormers name: the HF names it is built from, in order} for the HF checkpoint names given."""
     out: dict[str, list[str]] = {}
     # mcore checkpoints always hold q/k/v and gate/up fused; legacy ones when the YAML says qkv_concat: True (the

@@ -7,7 +7,6 @@ misspelt section name (`recompute_confg`) would otherwise lose a whole section w
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass
 
 from translators.errors import ConfigError, did_you_mean, join, show
@@ -84,8 +83,9 @@ GENERAL_BECOMES = {
     "transform_process_num": ("dropped", "no resharding step"),
     "remove_redundancy": ("dropped", "DeepSpeed writes each shard once; HF weights are saved from rank 0"),
     "pretrained_model_dir": ("runtime", "mcore: its config.json seeds model_config (model_config keys win, as "
-                                        "build_config.merge_model_config); with load_checkpoint empty and *.safetensors "
-                                        "in it, run.load_checkpoint (trainer.py _try_use_pretrained_model_dir_as_ckpt)"),
+                                        "build_config.merge_model_config); with load_checkpoint empty and "
+                                        "*.safetensors in it, run.load_checkpoint (trainer.py "
+                                        "_try_use_pretrained_model_dir_as_ckpt)"),
     "do_eval": ("dropped", "evaluation during training is not run; use the saved HF checkpoint"),
     "eval_step_interval": ("dropped", "evaluation during training is not run"),
     "eval_epoch_interval": ("dropped", "evaluation during training is not run"),

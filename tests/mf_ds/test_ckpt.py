@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mf_ds.ckpt import MindSporeCheckpoint, load_into
-from mf_ds.weights import Layout, to_hf
 from mf_ds.errors import RunError
+from mf_ds.weights import Layout, to_hf
 from tests.conftest import CPU_ENV, ROOT
 from translators import names
 from translators.plan import translate_file
@@ -196,7 +196,8 @@ def test_unified_safetensors_with_its_index(tmp_path):
     assert load_into(model, unified, "llama")["loaded"] == 21
     reference = hf_model("llama")
     load_into(reference, MF / "llama" / "model.safetensors", "llama")
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values(),
+                                                  strict=True))
     index.write_text(json.dumps(weight_map))  # MindFormers' own converted index: the bare map
     assert load_into(hf_model("llama"), unified, "llama")["loaded"] == 21
 
@@ -205,8 +206,8 @@ def test_unified_safetensors_with_its_index(tmp_path):
         load_into(hf_model("llama"), unified, "llama")
     wrong = ({"part0.safetensors", "part1.safetensors"} - {weight_map["model.norm_out.weight"]}).pop()
     index.write_text(json.dumps({**weight_map, "model.norm_out.weight": wrong}))
-    with pytest.raises(RunError, match=rf"^{unified / wrong}: lacks model.norm_out.weight, which param_name_map.json places "
-                                       "there$"):
+    with pytest.raises(RunError, match=rf"^{unified / wrong}: lacks model.norm_out.weight, which param_name_map.json "
+                                       "places there$"):
         load_into(hf_model("llama"), unified, "llama")
     index.write_text("{not json")
     with pytest.raises(RunError, match=rf"^{index}: not a safetensors index"):
@@ -227,10 +228,9 @@ def test_pretrained_model_dir_gives_the_weights(tmp_path):
     """An mcore YAML with load_checkpoint empty and pretrained_model_dir an HF directory with *.safetensors: that
     directory is the weights (trainer.py _try_use_pretrained_model_dir_as_ckpt); its config.json seeds model_config
     (model_config keys win); without safetensors there it loads none, as MindFormers."""
+    from mf_ds.model import build_model, hf_config
     from translators.loader import load_yaml
     from translators.plan import translate
-
-    from mf_ds.model import build_model, hf_config
 
     tree = load_yaml(str(ROOT / "configs" / "tiny_qwen3_moe.yaml"))
     plan = translate(tree).plan
@@ -245,6 +245,7 @@ def test_pretrained_model_dir_gives_the_weights(tmp_path):
     assert translation.plan["run"]["load_checkpoint"] == str(hf_dir)
     assert any(n.key == "pretrained_model_dir" and n.kind == "runtime" for n in translation.ledger.finish())
     model = build_model(translation.plan, translation.plan["run"]["load_checkpoint"])
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values(),
+                                                  strict=True))
     tree["load_checkpoint"] = str(MF / "llama" / "model.ckpt")  # load_checkpoint, when given, wins
     assert translate(tree).plan["run"]["load_checkpoint"] == str(MF / "llama" / "model.ckpt")

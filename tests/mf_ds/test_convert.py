@@ -31,7 +31,8 @@ def plan_for(family: str, gmm: bool = False) -> dict:
         moe = {"num_local_experts": c["moe_config"]["expert_num"],
                "num_experts_per_tok": c["moe_config"]["num_experts_chosen"], "router_jitter_noise": 0.0}
     if family == "qwen2_moe":  # legacy MoE: routed and shared experts are intermediate_size wide
-        moe = {"num_experts": c["moe_config"]["expert_num"], "num_experts_per_tok": c["moe_config"]["num_experts_chosen"],
+        moe = {"num_experts": c["moe_config"]["expert_num"],
+               "num_experts_per_tok": c["moe_config"]["num_experts_chosen"],
                "norm_topk_prob": c["moe_config"]["norm_topk_prob"], "moe_intermediate_size": c["intermediate_size"],
                "shared_expert_intermediate_size": c["intermediate_size"], "decoder_sparse_step": 1,
                "mlp_only_layers": []}
