@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 from mf_ds.ckpt import MindSporeCheckpoint
 from mf_ds.convert import cli, to_hf, to_mindformers
 from mf_ds.errors import RunError
+from tests.conftest import ROOT
 from tests.mf_ds.test_ckpt import MF, TINY, golden, weights_of
 from translators import names
 from translators.plan import translate_file
@@ -271,3 +272,21 @@ def test_load_into_a_live_model(tmp_path, family, file):
     assert all(torch.equal(t, expected[n]) for n, t in model.state_dict().items()), family
     built = build_model(plan, str(MF / family / file)).state_dict()  # mf-train's own path, the layout from the Plan
     assert all(torch.equal(t, expected[n]) for n, t in built.items())
+
+
+def test_cli_round_trip_on_an_mcore_yaml(tmp_path, capsys):
+    """configs/tiny_qwen3_moe.yaml through the translator: its Plan names the mcore table and layout; an HF
+    directory -> .ckpt (MindFormers' mcore names, experts stacked) -> HF again, the same tensors."""
+    from mf_ds.model import hf_config
+
+    yaml = str(ROOT / "configs" / "tiny_qwen3_moe.yaml")
+    plan = translate_file(yaml).plan
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(hf_config(plan), dtype=torch.float32).save_pretrained(str(tmp_path / "hf"))
+    assert cli(["--mf-config", yaml, str(tmp_path / "hf"), str(tmp_path / "mf.ckpt")]) == 0
+    assert json.loads(capsys.readouterr().out)["direction"] == "hf->mindformers"
+    mf = MindSporeCheckpoint(tmp_path / "mf.ckpt")
+    assert "decoder.layers.0.mlp.experts.weight1" in mf.names() and "output_layer.weight" in mf.names()
+    assert cli(["--mf-config", yaml, str(tmp_path / "mf.ckpt"), str(tmp_path / "again")]) == 0
+    first, again = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("hf", "again"))
+    assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
