@@ -290,3 +290,18 @@ def test_cli_round_trip_on_an_mcore_yaml(tmp_path, capsys):
     assert cli(["--mf-config", yaml, str(tmp_path / "mf.ckpt"), str(tmp_path / "again")]) == 0
     first, again = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("hf", "again"))
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+
+
+def test_progress_counts_every_weight_byte(tmp_path):
+    """load_into reports each MindFormers tensor's bytes as it goes (mf-convert's progress bar): the weights' total,
+    nothing for the counters it skips."""
+    from mf_ds.ckpt import load_into
+    from mf_ds.convert import _meta_model
+
+    plan = plan_for("mixtral")
+    seen = []
+    load_into(_meta_model(plan), MF / "mixtral" / "model.ckpt", "mixtral", write=lambda n, t: None,
+              progress=seen.append)
+    ckpt = MindSporeCheckpoint(MF / "mixtral" / "model.ckpt")
+    assert len(seen) == len(weights_of("mixtral"))
+    assert sum(seen) == sum(ckpt.tensor(n).numel() * 4 for n in weights_of("mixtral"))
