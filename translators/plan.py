@@ -208,7 +208,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "data": data,
         "callbacks": callbacks,
         "load_checkpoint": general.load_checkpoint or None,
-        "load_ckpt_format": general.load_ckpt_format,
+        # MindFormers reads a checkpoint as safetensors only when told so (load_ckpt_format == 'safetensors')
+        "load_ckpt_format": "safetensors" if general.load_ckpt_format == "safetensors" else "ckpt",
         "resume_training": general.resume_training,
         "ignore_data_skip": general.ignore_data_skip,
         "deterministic": bool(general.train_precision_sync),
