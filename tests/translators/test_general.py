@@ -31,3 +31,19 @@ def test_load_ckpt_format_with_a_checkpoint_must_be_ckpt_or_safetensors():
     with pytest.raises(ConfigError, match=r"^load_ckpt_format: expected 'ckpt' or 'safetensors' with load_checkpoint "
                                           r"set, got '' \(MindFormers: config\.load_ckpt_format only support"):
         translate(tree)
+
+
+# --- parallel.parallel_mode: core/context/validators.py validate_parallel_mode ------------------------------------
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3, "SEMI_AUTO_PARALLEL", "DATA_PARALLEL", "STAND_ALONE", "MANUAL_PARALLEL"])
+def test_parallel_mode_takes_mindformers_names(mode):
+    tree = copy.deepcopy(BASE)
+    tree.setdefault("parallel", {})["parallel_mode"] = mode
+    translate(tree)
+
+
+def test_parallel_mode_refuses_what_mindformers_refuses():
+    tree = copy.deepcopy(BASE)
+    tree.setdefault("parallel", {})["parallel_mode"] = "semi_auto_parallel"  # not a key of PARALLEL_MODE
+    with pytest.raises(ConfigError, match=r"^parallel\.parallel_mode: expected one of 0, 1, 2, 3, 'DATA_PARALLEL'"):
+        translate(tree)
