@@ -70,9 +70,10 @@ def check(case: dict) -> None:
         with pytest.raises(ConfigError) as info:
             resolve(case)
         assert info.value.path.startswith(KEY_PREFIXES), info.value
-        if case["function"] == "LayerSetting._format_recompute_dict" and error["message"].startswith("Illegal input"):
+        shared = case["function"] == "LayerSetting._format_recompute_dict" and error["message"].startswith("Illegal")
+        if shared or "MindFormers' LayerSetting raises" in str(info.value):
             # a 2-D list shared by several patterns (issue 16 item 7): MindFormers' own message, with the list as
-            # its first pattern left it
+            # its first pattern left it (numpy rows and all)
             assert error["message"] in str(info.value)
         return
     try:
@@ -132,3 +133,9 @@ def test_the_golden_file_covers_what_issue_16_names():
     assert by_name["swap_full_ids"]["layers"]["full"] == "0,3,5"
     assert sum("error" in c for c in GOLDEN["cases"]) >= 30
     assert len(GOLDEN["cases"]) >= 300
+
+
+@pytest.mark.parametrize("case", cases("LayerSetting"))
+def test_layersetting_random_settings(case):
+    """Seeded random settings of every form over random layouts: the whole of LayerSetting (__init__ and set)."""
+    check(case)
