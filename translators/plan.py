@@ -249,7 +249,7 @@ def _layers(rc: RecomputeConfig, pc: ParallelConfig, pipe: PipelineConfig, shape
     try:
         lay = layout.build_layout(n_layout, pc.pipeline_stage, vpp, offset, scheduler=pipe.pipeline_scheduler)
     except ConfigError as exc:
-        if not _layout_free(rc, swap):
+        if not _layout_free(rc):
             raise
         # Master's mcore YAMLs (Telechat3: 45 layers on 8 stages, offset 0) pass a layout r1.5.0's LayerSetting
         # rejects; when every recompute value is a bool or a pattern list the layout decides nothing.
@@ -310,21 +310,19 @@ def _loss_mask_pad_id(hf_config: dict | None, family: Any, ledger: Ledger) -> in
     return pad if isinstance(pad, int) else None
 
 
-def _layout_free(rc: RecomputeConfig, swap: bool = False) -> bool:
-    """True when no recompute value counts layers per stage (bools and pattern lists only; with swap_config.swap,
-    the global layer ids of recompute, select_recompute and select_comm_recompute too; the excludes still count)."""
-    def free(value: Any, ids: bool) -> bool:
+def _layout_free(rc: RecomputeConfig) -> bool:
+    """True when no recompute value counts layers per stage (bools and pattern lists only)."""
+    def free(value: Any) -> bool:
         if isinstance(value, bool):
             return True
         if isinstance(value, list):
-            return all(isinstance(v, str) for v in value) or (ids and all(isinstance(v, int) for v in value))
+            return all(isinstance(v, str) for v in value)
         if isinstance(value, dict):
-            return all(free(v, ids) for v in value.values())
+            return all(free(v) for v in value.values())
         return False
 
-    return all(free(getattr(rc, name), swap and not name.endswith("_exclude"))
-               for name in ("recompute", "select_recompute", "select_comm_recompute", "select_recompute_exclude",
-                            "select_comm_recompute_exclude"))
+    return all(free(getattr(rc, name)) for name in ("recompute", "select_recompute", "select_comm_recompute",
+                                                      "select_recompute_exclude", "select_comm_recompute_exclude"))
 
 
 def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po: ParallelOptimizerConfig) -> None:

@@ -595,20 +595,3 @@ def test_swap_config_swap_makes_the_plan_read_global_layer_ids():
     tree["swap_config"] = {"swap": "yes"}
     with pytest.raises(ConfigError, match=r"^swap_config\.swap: expected a bool, got 'yes'$"):
         translate(tree)
-
-
-def test_swap_ids_need_no_layout_where_counts_do():
-    """A layout r1.5.0's LayerSetting rejects (5 layers on 2 stages, offset 0) decides nothing for global layer ids."""
-    from tests.conftest import CONFIGS
-    from translators.loader import load_yaml
-    from translators.plan import translate
-
-    tree = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
-    tree["model"]["model_config"].update(num_layers=5, offset=0)
-    tree["parallel_config"].update(pipeline_stage=2, micro_batch_num=2)
-    tree["recompute_config"] = {"recompute": [1, 4]}
-    with pytest.raises(ConfigError, match=r"^model\.model_config\.offset: sum of offset is 0"):
-        translate(tree)
-    tree["swap_config"] = {"swap": True}
-    plan = translate(tree).plan
-    assert [i for i, layer in enumerate(plan["layers"]) if layer["full_recompute"]] == [1, 4]
