@@ -165,7 +165,7 @@ def test_swiglu_experts_equals_split_path(gather, capacity, dtype, monkeypatch):
 
     select_path("triton", monkeypatch)
     monkeypatch.setattr(gmm, "_empty", _poisoned_empty)
-    T, top_k, E, H, I = 9, 2, 4, 40, 24  # I not a multiple of the tile: masked columns in both halves
+    T, top_k, E, H, I = 9, 2, 4, 40, 24  # noqa: E741 - I: the expert width; not a multiple of the tile
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(T, H, generator=g) / H**0.5).to(DEVICE, dtype)
     w13 = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).to(DEVICE, dtype).transpose(1, 2)  # HF layouts
