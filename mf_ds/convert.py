@@ -14,6 +14,7 @@ prints.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -128,17 +129,19 @@ def cli(argv: list[str] | None = None) -> int:
     from translators.plan import translate_file
 
     try:
-        plan = translate_file(args.mf_config).plan
-        src = Path(args.src)
-        if src.is_dir() and (src / "config.json").is_file():
-            count = to_mindformers(plan, args.src, args.dst)
-            print(json.dumps({"direction": "hf->mindformers", "tensors": count, "output": args.dst}))
-        else:
-            counts = to_hf(plan, args.src, args.dst)
-            print(json.dumps({"direction": "mindformers->hf", **counts, "output": args.dst}))
+        # stdout holds the one JSON line; what the libraries print on the way (DeepSpeed's logger writes to stdout
+        # when transformers imports it) goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            plan = translate_file(args.mf_config).plan
+            src = Path(args.src)
+            if src.is_dir() and (src / "config.json").is_file():
+                result = {"direction": "hf->mindformers", "tensors": to_mindformers(plan, args.src, args.dst)}
+            else:
+                result = {"direction": "mindformers->hf", **to_hf(plan, args.src, args.dst)}
     except (RunError, ConfigError, OSError) as exc:
         print(f"mf-convert: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
+    print(json.dumps({**result, "output": args.dst}))
     return 0
 
 
