@@ -5,6 +5,9 @@ The batch triad (DeepSpeed asserts `train_batch_size == micro * GA * dp_world`):
   GA      = (parallel_config.micro_batch_num if pipeline_stage > 1 else runner_config.gradient_accumulation_steps)
             * micro_batch_interleave_num           # base_trainer.py _check_global_batch_size_for_auto_parallel
   global  = micro * GA * data_parallel             # MindFormers' global batch
+MindFormers accumulates only in semi-auto or auto parallel: stand-alone (use_parallel False) and parallel_mode 0 / 3
+reset runner_config.gradient_accumulation_steps to 1 with a warning (base_trainer.py _check_grad_accumulation_steps),
+and so does the translation.
 The DeepSpeed run is data parallel over `world_size` ranks (default: parallel_config.data_parallel), and keeps
 MindFormers' global batch: GA = global / (micro * world_size), an error when that does not divide. An explicit
 `--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA instead.
@@ -46,9 +49,20 @@ class Batch:
 
 
 def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | None, ga_override: int | None,
-          ledger: Ledger) -> Batch:
+          ledger: Ledger, accumulates: bool = True) -> Batch:
+    """`accumulates`: MindFormers' parallel mode is semi-auto or auto parallel, the only modes in which it keeps
+    runner_config.gradient_accumulation_steps."""
     pp = pc.pipeline_stage
-    mf_ga = (pc.micro_batch_num if pp > 1 else runner.gradient_accumulation_steps) * mbi
+    runner_ga = runner.gradient_accumulation_steps
+    reset = not accumulates and runner_ga > 1
+    if reset:
+        # Measured with MindFormers 1.7.0 (tests/fixtures/mindformers/run): the YAML with 4 trains the same steps,
+        # bit for bit, as with 1.
+        ledger.dropped("runner_config.gradient_accumulation_steps",
+                       f"{runner_ga} is reset to 1, as MindFormers does outside semi-auto and auto parallel "
+                       "(\"gradient_accumulation_steps currently need to be used in semi_auto_parallel mode\")")
+        runner_ga = 1
+    mf_ga = (pc.micro_batch_num if pp > 1 else runner_ga) * mbi
     mf_global = runner.batch_size * mf_ga * pc.data_parallel
     world = world_size if world_size is not None else pc.data_parallel
     if world < 1:
@@ -71,7 +85,7 @@ def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | 
     else:
         ga = mf_global // (runner.batch_size * world)
     source = "parallel_config.micro_batch_num" if pp > 1 else "runner_config.gradient_accumulation_steps"
-    if ga_override is None:
+    if ga_override is None and not (reset and pp == 1):
         ledger.mapped(source, f"deepspeed.gradient_accumulation_steps = {ga}"
                       + (f" (the global batch {mf_global} kept on {world} ranks)" if world != pc.data_parallel else ""))
     ledger.mapped("runner_config.batch_size", f"deepspeed.train_micro_batch_size_per_gpu = {runner.batch_size}")

@@ -22,6 +22,7 @@ import numpy as np
 from mf_ds.ckpt import MindSporeCheckpoint
 from mf_ds.data import MindRecord
 from tests.conftest import CPU_ENV, ROOT
+from translators.plan import translate_file
 
 RUN = ROOT / "tests" / "fixtures" / "mindformers" / "run"
 GOLDEN = json.loads((RUN / "golden.json").read_text())
@@ -42,6 +43,18 @@ def test_golden_run_fixture_has_no_pad_token():
     assert "model.tok_embeddings.embedding_weight" in MindSporeCheckpoint(RUN / "init.ckpt").names()
     assert [s["step"] for s in GOLDEN["steps"]] == list(range(1, 11))
     assert not any(s["overflow"] for s in GOLDEN["steps"]) and {s["loss_scale"] for s in GOLDEN["steps"]} == {1.0}
+
+
+def test_check_grad_accumulation_steps_stand_alone():
+    """BaseTrainer._check_grad_accumulation_steps: the golden YAML with gradient_accumulation_steps 4 trained, in
+    MindFormers, the same 10 steps bit for bit as with 1 (stand-alone resets it to 1; measured 2026-11-23). The
+    translation resets it too, so mf-train runs the golden run's batches."""
+    yaml = str(RUN / "finetune_llama2_tiny.yaml")
+    one = translate_file(yaml).plan
+    four = translate_file(yaml, ["runner_config.gradient_accumulation_steps=4"]).plan
+    assert four["deepspeed"]["train_batch_size"] == one["deepspeed"]["train_batch_size"] == 2
+    assert four["deepspeed"]["gradient_accumulation_steps"] == one["deepspeed"]["gradient_accumulation_steps"] == 1
+    assert four["run"] == one["run"]
 
 
 def test_trainer_train_step_by_step(tmp_path):

@@ -126,8 +126,26 @@ def test_lr_scale():
 
 
 def test_use_parallel_false_resets_the_layout():
+    """parallel_config to 1s, and the accumulation of 2 to 1: stand-alone MindFormers does not accumulate."""
     plan = plan_of(use_parallel=False)
-    assert plan["run"]["world_size"] == 1 and plan["deepspeed"]["train_batch_size"] == 4
+    assert plan["run"]["world_size"] == 1 and plan["deepspeed"]["train_batch_size"] == 2
+    assert plan["deepspeed"]["gradient_accumulation_steps"] == 1
+
+
+@pytest.mark.parametrize("use_parallel, mode, ga", [
+    (True, 1, 2), (True, 2, 2),    # semi-auto, auto parallel: accumulated
+    (True, 0, 1), (True, 3, 1),    # data parallel, hybrid parallel: reset to 1
+    (False, 1, 1),                 # stand-alone, whatever parallel_mode says
+])
+def test_check_grad_accumulation_steps(use_parallel, mode, ga):
+    """MindFormers' BaseTrainer._check_grad_accumulation_steps: gradient_accumulation_steps (2 in tiny_llama) only
+    takes effect in semi-auto or auto parallel; elsewhere it is reset to 1, and the ledger says so."""
+    plan = plan_of(use_parallel=use_parallel, parallel__parallel_mode=mode)
+    dp = 2 if use_parallel else 1
+    assert plan["deepspeed"]["gradient_accumulation_steps"] == ga
+    assert plan["run"]["global_batch_size"] == plan["run"]["mindformers_global_batch_size"] == 2 * ga * dp
+    notes = notes_on(plan, "runner_config.gradient_accumulation_steps")
+    assert any("reset to 1, as MindFormers does" in n for n in notes) == (ga == 1)
 
 
 def test_string_quirk_is_taken_as_a_number_with_a_note():
