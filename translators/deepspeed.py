@@ -224,7 +224,9 @@ def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tup
     for name in ("betas", "beta1", "beta2"):
         if getattr(opt, name) is not None and name not in spelling:
             takes = f"takes {' and '.join(spelling)}, not {name}" if spelling else f"takes no {name}"
+            # MindFormers' words (1.7.0, MindSpore 2.7.2), after the "<class>: " its registry puts in front
             why = ("KeyError: For 'Adam', invalid keys are passed as kwargs" if opt.type == "Adam" else
+                   f"TypeError: got an unexpected keyword argument '{name}'" if opt.type in ("Lamb", "SGD") else
                    f"TypeError: {opt.type}.__init__() got an unexpected keyword argument '{name}'")
             raise ConfigError(f"optimizer.{name}", f"{opt.type} {takes}: MindFormers stops with "
                               f"\"{why}\"")
@@ -232,7 +234,7 @@ def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tup
         betas = opt.betas if opt.betas is not None else [0.9, 0.999]
     else:
         betas = [opt.beta1 if opt.beta1 is not None else 0.9, opt.beta2 if opt.beta2 is not None else 0.999]
-    eps = opt.eps if opt.eps is not None else 1e-6 if adamw_family else 1e-8
+    eps = opt.eps if opt.eps is not None else 1e-6 if adamw_family or opt.type == "Lamb" else 1e-8  # classes' own
     params: dict[str, Any] = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": opt.weight_decay}
     ds_type = {"Adam": "Adam", "SGD": "SGD", "Lamb": "Lamb"}.get(opt.type, "AdamW")
     if adamw_family:

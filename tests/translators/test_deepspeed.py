@@ -86,12 +86,13 @@ def test_betas_spelling_mindformers_refuses(optimizer, key):
 @pytest.mark.parametrize("optimizer, betas", [
     ({"type": "AdamW", "betas": [0.8, 0.95]}, [0.8, 0.95]),
     ({"type": "Adam", "beta1": 0.8, "beta2": 0.95}, [0.8, 0.95]),
-    ({"type": "Lamb", "beta2": 0.95}, [0.9, 0.95]),
+    ({"type": "Lamb", "beta2": 0.95}, [0.9, 0.95]),     # MindSpore's Lamb: eps 1e-6
     ({"type": "AdamWeightDecay", "beta1": 0.8}, [0.8, 0.999]),
 ])
 def test_betas_spelling_mindformers_reads(optimizer, betas):
     plan = plan_of(optimizer=optimizer)
     assert plan["deepspeed"]["optimizer"]["params"]["betas"] == betas == plan["run"]["optimizer"]["betas"]
+    assert plan["run"]["optimizer"]["eps"] == {"AdamW": 1e-8, "Adam": 1e-8}.get(optimizer["type"], 1e-6)
 
 
 @pytest.mark.parametrize("wrapper, ga, clip", [
