@@ -15,7 +15,7 @@ Each DeepSpeed micro batch is one part, and the runtime multiplies its loss by N
 so the gradient is the sum over the parts, as in MindFormers; MFLossMonitor prints the sum / N, the parts' mean.
 The DeepSpeed run is data parallel over `world_size` ranks (default: parallel_config.data_parallel), and keeps
 MindFormers' global batch: GA = global / (micro * world_size), an error when that does not divide. An explicit
-`--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA instead.
+`--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA = N x micro_batch_interleave_num instead.
 
 Other rules (keys.md Appendix A, deepspeed-and-hf.md):
   * clipping: `max_grad_norm` when use_clip_grad, else 0.0 (DeepSpeed's own default is 1.0 since PR #8068);

@@ -54,6 +54,11 @@ def test_micro_batch_interleaved_parts(use_parallel, micro, ga):
     one_step = plan_of(micro_batch_interleave_num=2, use_parallel=use_parallel,
                        runner_config__gradient_accumulation_steps=1, runner_wrapper={"type": "MFTrainOneStepCell"})
     assert one_step["deepspeed"]["gradient_clipping"] == 0.0
+    # --gradient_accumulation_steps 3: 3 accumulation steps of the 2 parts each
+    override = translate_file(str(CONFIGS / "tiny_llama.yaml"), ["micro_batch_interleave_num=2",
+                                                                 f"use_parallel={use_parallel}"],
+                              gradient_accumulation_steps=3).plan
+    assert override["deepspeed"]["gradient_accumulation_steps"] == 6
 
 
 def test_micro_batch_interleaved_refusals():
