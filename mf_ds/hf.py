@@ -112,6 +112,15 @@ class MFTrainer(Trainer):
         """`data_size`: the data set in global batches per epoch (x repeat), for lr_schedule.total_steps -1."""
         self.plan, self.data_size = plan, data_size
         super().__init__(*args, **kwargs)
+        # micro_batch_interleave_num: each micro batch is one of the parts whose mean losses MindFormers'
+        # MicroBatchInterleaved adds, so each part keeps its own mean (not a share of the window's token mean) and
+        # its loss is multiplied by the count (compute_loss); the logged loss is the parts' mean (training_step).
+        self.interleave = plan["run"]["micro_batch_interleave_num"]
+        if self.interleave > 1:
+            self.model_accepts_loss_kwargs = False
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        return super().training_step(model, inputs, num_items_in_batch) / self.interleave
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The LM loss plus the MoE layers' aux and z losses of this forward (mf_ds.moe.aux_loss)."""
@@ -120,13 +129,15 @@ class MFTrainer(Trainer):
         result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                       num_items_in_batch=num_items_in_batch)
         extra = aux_loss(model)
-        if extra is None:
-            return result
-        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
-            # The LM loss is already normalised over the whole accumulation window (the Trainer will not divide
-            # it by GA); the aux loss is this micro batch's mean, so it takes its 1/GA share here.
-            extra = extra / self.args.gradient_accumulation_steps
-        return (result[0] + extra, result[1]) if return_outputs else result + extra
+        loss = result[0] if return_outputs else result
+        if extra is not None:
+            if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+                # The LM loss is already normalised over the whole accumulation window (the Trainer will not
+                # divide it by GA); the aux loss is this micro batch's mean, so it takes its 1/GA share here.
+                extra = extra / self.args.gradient_accumulation_steps
+            loss = loss + extra
+        loss = loss * self.interleave
+        return (loss, result[1]) if return_outputs else loss
 
     def create_optimizer(self, model=None):
         from mf_ds.optim import build_optimizer

@@ -171,6 +171,7 @@ class Trainer:
         self.pad_id = run["loss_mask_pad_id"]
         self.micro = run["micro_batch_size"]
         self.ga = run["gradient_accumulation_steps"]
+        self.interleave = run["micro_batch_interleave_num"]  # micro batches are parts whose losses MindFormers adds
         global_batch = run["global_batch_size"]
         self.steps_per_epoch = len(self.dataset) // global_batch
         if self.steps_per_epoch == 0:
@@ -280,8 +281,9 @@ class Trainer:
                 if self.moe:
                     extra = moe_layer.aux_loss(self.engine.module)  # MindFormers adds the balance losses
                     loss = loss if extra is None else loss + extra
-                self.engine.backward(loss)
-                total += loss.detach().double()
+                # x interleave: MicroBatchInterleaved sums the parts' losses, where DeepSpeed divides by GA
+                self.engine.backward(loss * self.interleave)
+                total += loss.detach().double()  # logged: the parts' mean, as MFLossMonitor's loss / interleave
                 if not self.engine.is_gradient_accumulation_boundary():
                     checkpoint.fault_point("step.backward", self.step + 1)
                 elif not self._engine_records_norm:

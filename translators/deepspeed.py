@@ -1,13 +1,21 @@
 """MindFormers training settings -> a DeepSpeed JSON config (accepted by `DeepSpeedConfig` as is, no "auto").
 
 The batch triad (DeepSpeed asserts `train_batch_size == micro * GA * dp_world`):
-  micro   = runner_config.batch_size
+  micro   = runner_config.batch_size (/ micro_batch_interleave_num outside semi-auto / auto parallel)
   GA      = (parallel_config.micro_batch_num if pipeline_stage > 1 else runner_config.gradient_accumulation_steps)
             * micro_batch_interleave_num           # base_trainer.py _check_global_batch_size_for_auto_parallel
   global  = micro * GA * data_parallel             # MindFormers' global batch
+MindFormers accumulates only in semi-auto or auto parallel: stand-alone (use_parallel False) and parallel_mode 0 / 3
+reset runner_config.gradient_accumulation_steps to 1 with a warning (base_trainer.py _check_grad_accumulation_steps),
+and so does the translation.
+micro_batch_interleave_num N wraps the network in MindSpore's MicroBatchInterleaved, which cuts each step's batch
+into N parts on axis 0 and ADDS the parts' (mean) losses. In semi-auto / auto parallel the per-card batch is first
+multiplied by N (parts of batch_size); elsewhere it stays batch_size (parts of batch_size / N, which must divide).
+Each DeepSpeed micro batch is one part, and the runtime multiplies its loss by N (run.micro_batch_interleave_num),
+so the gradient is the sum over the parts, as in MindFormers; MFLossMonitor prints the sum / N, the parts' mean.
 The DeepSpeed run is data parallel over `world_size` ranks (default: parallel_config.data_parallel), and keeps
 MindFormers' global batch: GA = global / (micro * world_size), an error when that does not divide. An explicit
-`--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA instead.
+`--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA = N x micro_batch_interleave_num instead.
 
 Other rules (keys.md Appendix A, deepspeed-and-hf.md):
   * clipping: `max_grad_norm` when use_clip_grad, else 0.0 (DeepSpeed's own default is 1.0 since PR #8068);
@@ -34,6 +42,7 @@ from translators.sections import LossScale, Optimizer, Parallel, ParallelConfig,
 ADAMW_NO_BIAS_CORRECTION = ("FP32StateAdamWeightDecay", "FusedAdamWeightDecay", "AdamWeightDecay")
 OPTIMIZERS = ("AdamW", *ADAMW_NO_BIAS_CORRECTION, "Adam", "SGD", "Lamb")
 OPTIMIZER_ALIASES = {"adam": "Adam", "sgd": "SGD"}  # registered by MindFormers beside the class names
+BETAS = {"AdamW": ("betas",), "SGD": ()}  # the keys each class takes for its betas; the others: beta1, beta2
 
 
 @dataclass(frozen=True)
@@ -45,13 +54,34 @@ class Batch:
     world_size: int
     global_batch: int          # micro * GA * world_size, what DeepSpeed calls train_batch_size
     mindformers_global: int    # MindFormers' global batch for the YAML's own layout
+    interleave: int            # micro_batch_interleave_num: micro batches are its parts, their losses x it
 
 
 def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | None, ga_override: int | None,
-          ledger: Ledger) -> Batch:
+          ledger: Ledger, accumulates: bool = True) -> Batch:
+    """`accumulates`: MindFormers' parallel mode is semi-auto or auto parallel, the only modes in which it keeps
+    runner_config.gradient_accumulation_steps, and multiplies the per-card batch by `mbi`
+    (micro_batch_interleave_num) before MicroBatchInterleaved cuts it into `mbi` parts."""
     pp = pc.pipeline_stage
-    mf_ga = (pc.micro_batch_num if pp > 1 else runner.gradient_accumulation_steps) * mbi
-    mf_global = runner.batch_size * mf_ga * pc.data_parallel
+    runner_ga = runner.gradient_accumulation_steps
+    reset = not accumulates and runner_ga > 1
+    if reset:
+        # Measured with MindFormers 1.7.0 (tests/fixtures/mindformers/run): the YAML with 4 trains the same steps,
+        # bit for bit, as with 1.
+        ledger.dropped("runner_config.gradient_accumulation_steps",
+                       f"{runner_ga} is reset to 1, as MindFormers does outside semi-auto and auto parallel "
+                       "(\"gradient_accumulation_steps currently need to be used in semi_auto_parallel mode\")")
+        runner_ga = 1
+    part = runner.batch_size  # one interleaved part: the DeepSpeed micro batch
+    if mbi > 1 and not accumulates:
+        if runner.batch_size % mbi:
+            # MindSpore's _MicroBatch: "the 0th dimension shape of input(...) must be divided by micro size(...)"
+            raise ConfigError("micro_batch_interleave_num", f"runner_config.batch_size {runner.batch_size} is not a "
+                              f"multiple of {mbi}: MindSpore's MicroBatchInterleaved cannot cut the batch into "
+                              f"{mbi} parts (ValueError in MindFormers)")
+        part = runner.batch_size // mbi
+    mf_ga = (pc.micro_batch_num if pp > 1 else runner_ga) * mbi
+    mf_global = part * mf_ga * pc.data_parallel
     world = world_size if world_size is not None else pc.data_parallel
     if world < 1:
         raise ConfigError("--world-size", f"expected an int >= 1, got {world}")
@@ -62,22 +92,26 @@ def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | 
     if ga_override is not None:
         if ga_override < 1:
             raise ConfigError("--gradient_accumulation_steps", f"expected an int >= 1, got {ga_override}")
-        ga = ga_override
+        ga = ga_override * mbi  # each accumulation step still holds the interleaved parts
         ledger.mapped("runner_config.gradient_accumulation_steps", f"overridden on the command line: "
-                      f"deepspeed.gradient_accumulation_steps = {ga}")
-    elif mf_global % (runner.batch_size * world):
-        raise ConfigError("--world-size", f"MindFormers' global batch {mf_global} (batch_size {runner.batch_size} x "
+                      f"deepspeed.gradient_accumulation_steps = {ga}"
+                      + (f" ({ga_override} x micro_batch_interleave_num {mbi})" if mbi > 1 else ""))
+    elif mf_global % (part * world):
+        raise ConfigError("--world-size", f"MindFormers' global batch {mf_global} (micro batch {part} x "
                           f"data_parallel {pc.data_parallel} x accumulation {mf_ga}) is not a multiple of "
-                          f"batch_size x world size {world}",
+                          f"micro batch x world size {world}",
                           "choose a world size that divides it, or set --gradient_accumulation_steps")
     else:
-        ga = mf_global // (runner.batch_size * world)
+        ga = mf_global // (part * world)
     source = "parallel_config.micro_batch_num" if pp > 1 else "runner_config.gradient_accumulation_steps"
-    if ga_override is None:
+    if ga_override is None and not (reset and pp == 1):
         ledger.mapped(source, f"deepspeed.gradient_accumulation_steps = {ga}"
+                      + (f" ({mf_ga // mbi} x micro_batch_interleave_num {mbi} parts)" if mbi > 1 else "")
                       + (f" (the global batch {mf_global} kept on {world} ranks)" if world != pc.data_parallel else ""))
-    ledger.mapped("runner_config.batch_size", f"deepspeed.train_micro_batch_size_per_gpu = {runner.batch_size}")
-    result = Batch(runner.batch_size, ga, world, runner.batch_size * ga * world, mf_global)
+    ledger.mapped("runner_config.batch_size", f"deepspeed.train_micro_batch_size_per_gpu = {part}"
+                  + (f" (one of the {mbi} parts of a batch of {part * mbi} that MicroBatchInterleaved cuts)"
+                     if mbi > 1 else ""))
+    result = Batch(part, ga, world, part * ga * world, mf_global, mbi)
     if result.global_batch != mf_global:
         ledger.differs("runner_config", f"global batch {result.global_batch} differs from MindFormers' {mf_global}")
     return result
@@ -207,17 +241,25 @@ def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tup
     if opt.type not in OPTIMIZERS:
         raise ConfigError("optimizer.type", f"{opt.type!r} is not supported", "supported: " + ", ".join(OPTIMIZERS))
     adamw_family = opt.type in ADAMW_NO_BIAS_CORRECTION
-    if adamw_family:
-        betas = [opt.beta1 if opt.beta1 is not None else 0.9, opt.beta2 if opt.beta2 is not None else 0.999]
-        eps = opt.eps if opt.eps is not None else 1e-6
-        if opt.betas is not None:
-            ledger.differs("optimizer.betas", f"{opt.type} reads beta1/beta2; betas is ignored, as in MindFormers")
-    else:
+    # MindFormers passes the section to the class as keyword arguments, and each class takes one spelling:
+    # MindFormers' AdamW (r1.5.0 to 1.7.0) takes betas; MindSpore's AdamWeightDecay, Adam and Lamb and MindFormers'
+    # FP32StateAdamWeightDecay / FusedAdamWeightDecay (r1.5.0) take beta1 and beta2; SGD takes neither. The other
+    # spelling stops MindFormers (TypeError; MindSpore's Adam raises KeyError on any unknown key).
+    spelling = BETAS.get(opt.type, ("beta1", "beta2"))
+    for name in ("betas", "beta1", "beta2"):
+        if getattr(opt, name) is not None and name not in spelling:
+            takes = f"takes {' and '.join(spelling)}, not {name}" if spelling else f"takes no {name}"
+            # MindFormers' words (1.7.0, MindSpore 2.7.2), after the "<class>: " its registry puts in front
+            why = ("KeyError: For 'Adam', invalid keys are passed as kwargs" if opt.type == "Adam" else
+                   f"TypeError: got an unexpected keyword argument '{name}'" if opt.type in ("Lamb", "SGD") else
+                   f"TypeError: {opt.type}.__init__() got an unexpected keyword argument '{name}'")
+            raise ConfigError(f"optimizer.{name}", f"{opt.type} {takes}: MindFormers stops with "
+                              f"\"{why}\"")
+    if spelling == ("betas",):
         betas = opt.betas if opt.betas is not None else [0.9, 0.999]
-        eps = opt.eps if opt.eps is not None else 1e-8
-        for name in ("beta1", "beta2"):
-            if getattr(opt, name) is not None:
-                ledger.differs(f"optimizer.{name}", f"{opt.type} reads betas; {name} is ignored")
+    else:
+        betas = [opt.beta1 if opt.beta1 is not None else 0.9, opt.beta2 if opt.beta2 is not None else 0.999]
+    eps = opt.eps if opt.eps is not None else 1e-6 if adamw_family or opt.type == "Lamb" else 1e-8  # classes' own
     params: dict[str, Any] = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": opt.weight_decay}
     ds_type = {"Adam": "Adam", "SGD": "SGD", "Lamb": "Lamb"}.get(opt.type, "AdamW")
     if adamw_family:

@@ -30,7 +30,7 @@ class General(Section):
     auto_trans_ckpt: bool = key(False, "reshard load_checkpoint to this layout")
     src_strategy_path_or_dir: str = key("", "strategy of a sharded source checkpoint")
     only_save_strategy: bool = key(False, "dump the sharding strategy and exit")
-    micro_batch_interleave_num: int = key(1, "interleaved parts per batch (multiplies the global batch)",
+    micro_batch_interleave_num: int = key(1, "parts per batch whose losses are added (MicroBatchInterleaved)",
                                           check=at_least(1))
     use_legacy: bool = key(True, "False selects the mcore model_config")
     pretrained_model_dir: str = key("", "HF model directory whose config.json seeds the mcore model_config")
@@ -69,8 +69,11 @@ GENERAL_BECOMES = {
     "load_ckpt_format": ("runtime", "run.load_ckpt_format (the weights' own format is read from the file)"),
     "resume_training": ("runtime", "run.resume_training (DeepSpeed engine state: optimizer, step, data position)"),
     "ignore_data_skip": ("runtime", "run.ignore_data_skip"),
-    "micro_batch_interleave_num": ("mapped", "multiplies deepspeed.gradient_accumulation_steps (same global batch; "
-                                             "the TP overlap it exists for does not apply)"),
+    "micro_batch_interleave_num": ("runtime", "run.micro_batch_interleave_num: each micro batch is one part of the "
+                                              "batch and its loss is multiplied by it, so the gradient is the sum "
+                                              "over the parts, as MindFormers' MicroBatchInterleaved adds their "
+                                              "losses; the logged loss is their mean (MFLossMonitor divides by it). "
+                                              "The TP overlap it exists for does not apply"),
     "use_legacy": ("runtime", "selects the model_config key names (legacy or mcore)"),
     "print_separate_loss": ("runtime", "run.print_separate_loss (LM, aux and MTP losses logged apart)"),
     "train_precision_sync": ("runtime", "run.deterministic (torch.use_deterministic_algorithms)"),

@@ -118,13 +118,17 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     sink_size = runner.sink_size if runner.sink_mode and runner.sink_size != -1 else None
     _account_runner(ledger, sink_size)
     mbi = general.micro_batch_interleave_num
-    batch = ds.batch(runner, pc, mbi, world_size, gradient_accumulation_steps, ledger)
+    if mbi > 1 and family.mcore:
+        raise ConfigError("micro_batch_interleave_num", f"{mbi} with use_legacy: False: MindFormers 1.7.0 raises "
+                          "\"micro_batch_interleave_num > 1, is not supported when use_legacy=False.\"")
+    accumulates = general.use_parallel and parallel.parallel_mode in (1, 2)  # semi-auto / auto parallel
+    batch = ds.batch(runner, pc, mbi, world_size, gradient_accumulation_steps, ledger, accumulates)
     _check_world(batch.world_size, ep, pc, parallel, moe)
     wrapper_given = "runner_wrapper" in tree
     wrapper = RunnerWrapper.parse(tree["runner_wrapper"] if wrapper_given else RunnerWrapper.TEMPLATE, ledger)
     if not wrapper_given:
         ledger.runtime("", "no runner_wrapper: MindFormers' template (clipping on, dynamic loss scale 2^16)")
-    replaced = pc.pipeline_stage > 1 or batch.gradient_accumulation_steps > 1
+    replaced = pc.pipeline_stage > 1 or batch.gradient_accumulation_steps > batch.interleave  # parts are no GA
     clip = ds.clipping(wrapper, wrapper_given, replaced, ledger)
     _account_wrapper(ledger)
     compute_dtype = shape.compute_dtype if shape else "float32"
@@ -197,6 +201,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "world_size": batch.world_size,
         "micro_batch_size": batch.micro,
         "gradient_accumulation_steps": batch.gradient_accumulation_steps,
+        "micro_batch_interleave_num": batch.interleave,
         "global_batch_size": batch.global_batch,
         "mindformers_global_batch_size": batch.mindformers_global,
         "seq_length": data["seq_length"],
@@ -345,7 +350,8 @@ def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po
         "parallel_config.context_parallel_algo": ("dropped", "no context parallelism here"),
         "parallel_config.ulysses_degree_in_cp": ("dropped", "no context parallelism here"),
         "parallel_config.mem_coeff": ("dropped", "pipeline-balance tool coefficient"),
-        "parallel.parallel_mode": ("dropped", "DeepSpeed is data parallel; no MindSpore parallel modes"),
+        "parallel.parallel_mode": ("dropped", "DeepSpeed is data parallel; no MindSpore parallel modes (read only "
+                                   "for MindFormers' rule that 0 and 3 reset gradient_accumulation_steps to 1)"),
         "parallel.full_batch": ("runtime", "each rank reads its own shard of the global batch"),
         "parallel.gradients_mean": ("dropped", "DeepSpeed averages gradients over data parallel"),
         "parallel.enable_alltoall": ("dropped", "expert parallelism always uses all-to-all here"),

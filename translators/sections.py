@@ -227,9 +227,9 @@ class Optimizer(Section):
 
     PATH = "optimizer"
     type: str = key("AdamW", "optimizer class")
-    betas: list[float] | None = key(None, "AdamW betas", check=_betas)
-    beta1: float | None = key(None, "AdamWeightDecay-family beta1", check=between(0, 0.999999))
-    beta2: float | None = key(None, "AdamWeightDecay-family beta2", check=between(0, 0.999999))
+    betas: list[float] | None = key(None, "AdamW's betas (the other classes take beta1, beta2)", check=_betas)
+    beta1: float | None = key(None, "beta1 of AdamWeightDecay and its family, Adam, Lamb", check=between(0, 0.999999))
+    beta2: float | None = key(None, "beta2 of AdamWeightDecay and its family, Adam, Lamb", check=between(0, 0.999999))
     eps: float | None = key(None, "epsilon (1e-8 AdamW, 1e-6 AdamWeightDecay family)", check=above(0))
     weight_decay: float = key(0.0, "decoupled weight decay on matrices", check=at_least(0))
     learning_rate: float | None = key(None, "ignored when lr_schedule exists", check=above(0))

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import CONFIGS
 from translators.errors import ConfigError
 from translators.loader import load_yaml
-from translators.plan import translate
+from translators.plan import translate, translate_file
 
 BASE = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
 
@@ -39,9 +39,65 @@ def test_pipeline_rule_uses_micro_batch_num():
     assert any("ignored under pipeline_stage > 1" in n for n in notes)
 
 
-def test_micro_batch_interleave_multiplies_accumulation():
-    plan = plan_of(micro_batch_interleave_num=2)
-    assert plan["deepspeed"]["gradient_accumulation_steps"] == 4
+@pytest.mark.parametrize("use_parallel, micro, ga", [
+    (True, 2, 4),    # semi-auto: the per-card batch x 2, cut into parts of batch_size 2; x runner GA 2
+    (False, 1, 2),   # stand-alone: the batch of 2 stays, cut into 2 parts of 1 (GA reset to 1)
+])
+def test_micro_batch_interleaved_parts(use_parallel, micro, ga):
+    """MicroBatchInterleaved: each DeepSpeed micro batch is one part, and the runtime adds the parts' losses."""
+    plan = plan_of(micro_batch_interleave_num=2, use_parallel=use_parallel)
+    ds = plan["deepspeed"]
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (micro, ga)
+    assert plan["run"]["micro_batch_interleave_num"] == 2
+    assert [n.split("]")[0] for n in notes_on(plan, "micro_batch_interleave_num")] == ["[runtime"]
+    # the parts are no accumulation: MFTrainOneStepCell is not swapped for the clipping pipeline cell
+    one_step = plan_of(micro_batch_interleave_num=2, use_parallel=use_parallel,
+                       runner_config__gradient_accumulation_steps=1, runner_wrapper={"type": "MFTrainOneStepCell"})
+    assert one_step["deepspeed"]["gradient_clipping"] == 0.0
+    # --gradient_accumulation_steps 3: 3 accumulation steps of the 2 parts each
+    override = translate_file(str(CONFIGS / "tiny_llama.yaml"), ["micro_batch_interleave_num=2",
+                                                                 f"use_parallel={use_parallel}"],
+                              gradient_accumulation_steps=3).plan
+    assert override["deepspeed"]["gradient_accumulation_steps"] == 6
+
+
+def test_micro_batch_interleaved_refusals():
+    """Where MindFormers fails: a batch the parts do not divide (MindSpore's _MicroBatch ValueError), and an mcore
+    model (1.7.0: "micro_batch_interleave_num > 1, is not supported when use_legacy=False.")."""
+    with pytest.raises(ConfigError, match="micro_batch_interleave_num: runner_config.batch_size 3 is not a multiple"):
+        plan_of(micro_batch_interleave_num=2, use_parallel=False, runner_config__batch_size=3)
+    plan_of(micro_batch_interleave_num=2, use_parallel=True, runner_config__batch_size=3)  # parts of 3
+    with pytest.raises(ConfigError, match="use_legacy=False"):
+        translate_file(str(CONFIGS / "tiny_qwen3_moe.yaml"), ["micro_batch_interleave_num=2"])
+
+
+@pytest.mark.parametrize("optimizer, key", [
+    ({"type": "AdamW", "beta1": 0.8}, "beta1"),
+    ({"type": "AdamW", "betas": [0.9, 0.95], "beta2": 0.95}, "beta2"),
+    ({"type": "FP32StateAdamWeightDecay", "betas": [0.9, 0.95]}, "betas"),
+    ({"type": "AdamWeightDecay", "beta1": 0.9, "betas": [0.9, 0.95]}, "betas"),
+    ({"type": "Adam", "betas": [0.9, 0.95]}, "betas"),
+    ({"type": "Lamb", "betas": [0.9, 0.95]}, "betas"),
+    ({"type": "SGD", "beta1": 0.9}, "beta1"),
+])
+def test_betas_spelling_mindformers_refuses(optimizer, key):
+    """MindFormers hands the section to the class as keywords: MindFormers' AdamW (r1.5.0 to 1.7.0) takes betas only
+    ("TypeError: AdamW.__init__() got an unexpected keyword argument 'beta1'", measured with 1.7.0), MindSpore's
+    AdamWeightDecay family, Adam and Lamb take beta1 / beta2 only, SGD neither."""
+    with pytest.raises(ConfigError, match=f"optimizer.{key}: {optimizer['type']} takes .*MindFormers stops with"):
+        plan_of(optimizer=optimizer)
+
+
+@pytest.mark.parametrize("optimizer, betas", [
+    ({"type": "AdamW", "betas": [0.8, 0.95]}, [0.8, 0.95]),
+    ({"type": "Adam", "beta1": 0.8, "beta2": 0.95}, [0.8, 0.95]),
+    ({"type": "Lamb", "beta2": 0.95}, [0.9, 0.95]),     # MindSpore's Lamb: eps 1e-6
+    ({"type": "AdamWeightDecay", "beta1": 0.8}, [0.8, 0.999]),
+])
+def test_betas_spelling_mindformers_reads(optimizer, betas):
+    plan = plan_of(optimizer=optimizer)
+    assert plan["deepspeed"]["optimizer"]["params"]["betas"] == betas == plan["run"]["optimizer"]["betas"]
+    assert plan["run"]["optimizer"]["eps"] == {"AdamW": 1e-8, "Adam": 1e-8}.get(optimizer["type"], 1e-6)
 
 
 @pytest.mark.parametrize("wrapper, ga, clip", [
@@ -144,8 +200,26 @@ def test_lr_scale():
 
 
 def test_use_parallel_false_resets_the_layout():
+    """parallel_config to 1s, and the accumulation of 2 to 1: stand-alone MindFormers does not accumulate."""
     plan = plan_of(use_parallel=False)
-    assert plan["run"]["world_size"] == 1 and plan["deepspeed"]["train_batch_size"] == 4
+    assert plan["run"]["world_size"] == 1 and plan["deepspeed"]["train_batch_size"] == 2
+    assert plan["deepspeed"]["gradient_accumulation_steps"] == 1
+
+
+@pytest.mark.parametrize("use_parallel, mode, ga", [
+    (True, 1, 2), (True, 2, 2),    # semi-auto, auto parallel: accumulated
+    (True, 0, 1), (True, 3, 1),    # data parallel, hybrid parallel: reset to 1
+    (False, 1, 1),                 # stand-alone, whatever parallel_mode says
+])
+def test_check_grad_accumulation_steps(use_parallel, mode, ga):
+    """MindFormers' BaseTrainer._check_grad_accumulation_steps: gradient_accumulation_steps (2 in tiny_llama) only
+    takes effect in semi-auto or auto parallel; elsewhere it is reset to 1, and the ledger says so."""
+    plan = plan_of(use_parallel=use_parallel, parallel__parallel_mode=mode)
+    dp = 2 if use_parallel else 1
+    assert plan["deepspeed"]["gradient_accumulation_steps"] == ga
+    assert plan["run"]["global_batch_size"] == plan["run"]["mindformers_global_batch_size"] == 2 * ga * dp
+    notes = notes_on(plan, "runner_config.gradient_accumulation_steps")
+    assert any("reset to 1, as MindFormers does" in n for n in notes) == (ga == 1)
 
 
 def test_string_quirk_is_taken_as_a_number_with_a_note():
