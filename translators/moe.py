@@ -210,10 +210,12 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
         topk_method = "greedy"
     if mcore and cfg.n_group and cfg.topk_group:
         topk_method = "noaux_tc" if cfg.balance_via_topk_bias else "group_limited_greedy"  # mcore's own rule
-    if mcore and balancing == "gbs_aux_loss" and aux.get("expert"):
-        ledger.differs("model.model_config.moe_router_load_balancing_type", "gbs_aux_loss: MindFormers averages "
-                       "f over the data-parallel ranks and the step's micro-batches; mf_ds uses this rank's "
-                       "micro-batch (sub_seq_aux_loss's f over a whole shard)")
+    if mcore:
+        ledger.runtime("model.model_config.moe_router_load_balancing_type", {
+            "sub_seq_aux_loss": "P and f per tensor x context-parallel slice of a shard (MindFormers' default)",
+            "seq_aux_loss": "P and f per data-parallel x context-parallel shard",
+            "gbs_aux_loss": "f averaged over every rank and the step's micro-batches so far, reset every step "
+                            "(all-reduced in each MoE forward)"}[balancing])
     token_groups, multiple = _token_groups(path, pc, cfg, balancing)
     if token_groups > 1 or multiple > 1:
         ledger.runtime("parallel_config", f"MoE: {token_groups} MindFormers token group(s) per data-parallel shard"
@@ -249,6 +251,7 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
         "capacity_factor": cfg.capacity_factor,
         "capacity_multiple": multiple,
         "token_groups": token_groups,
+        "aux_f": "global_batch" if balancing == "gbs_aux_loss" else "group",
         "dropless": dropless,
         "drop_policy": "sdrop" if cfg.enable_sdrop else "kdrop",
         "gmm": cfg.use_gmm,

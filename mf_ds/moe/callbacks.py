@@ -51,6 +51,7 @@ def step_metrics(model: nn.Module) -> dict[int, dict]:
         return {}
     rows, estimates = [], []
     for layer in layers:
+        layer.reset_step()
         experts = layer.spec.router.num_experts
         stats = layer.stats
         if stats is None:

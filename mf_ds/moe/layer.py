@@ -239,6 +239,8 @@ class MFMoE(nn.Module):
         self.expert_parallel = expert_parallel  # parallel.ExpertParallel, or None
         self._aux_slot = _AuxSlot()
         self._aux_value: torch.Tensor | None = None
+        self._gbs_accu: torch.Tensor | None = None
+        self._gbs_f: torch.Tensor | None = None
         self.stats: LayerStats | None = None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -274,7 +276,8 @@ class MFMoE(nn.Module):
         if counted:
             self._count(routing, perm, spec)
         if self.training and spec.router.has_aux:
-            aux = aux_losses(logits_TE, routing.scores_TE, spec.router, routing.expert_ids_TK)
+            f_E = self._global_batch_f(routing, spec, counted) if spec.router.global_batch_f else None
+            aux = aux_losses(logits_TE, routing.scores_TE, spec.router, routing.expert_ids_TK, f_E)
             if counted:  # a new forward; a recompute in backward keeps the slot of the forward it repeats
                 self._aux_value, self._aux_slot = aux.detach(), _AuxSlot()
             out_TH = _AttachAux.apply(out_TH, aux, self._aux_slot)
@@ -284,6 +287,26 @@ class MFMoE(nn.Module):
                 shared_TH = torch.sigmoid(getattr(self, self._shared_gate_name)(x_TH)) * shared_TH
             out_TH = out_TH + shared_TH
         return out_TH.view(shape)
+
+    @torch.no_grad()
+    def _global_batch_f(self, routing: Routing, spec: MoESpec, counted: bool) -> torch.Tensor:
+        """gbs_aux_loss's f (mcore TopKRouter._expert_load_balancing, fi_accu): this micro-batch's f averaged over
+        every rank (MindFormers' dp x tp x cp groups), added to the step's running sum, normalised. A recompute
+        in backward reuses the value of the forward it repeats; `step_metrics` resets the sum every step.
+        Collective over the default group in every counted training forward."""
+        if counted or self._gbs_f is None:
+            f_E = expert_fractions(aux_top_k(routing.scores_TE, routing.expert_ids_TK, spec.router),
+                                   spec.router).mean(0)
+            if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+                torch.distributed.all_reduce(f_E)
+                f_E /= torch.distributed.get_world_size()
+            self._gbs_accu = f_E if self._gbs_accu is None else self._gbs_accu + f_E
+            self._gbs_f = self._gbs_accu / self._gbs_accu.sum()
+        return self._gbs_f
+
+    def reset_step(self) -> None:
+        """Step end: gbs_aux_loss's running f starts again (MindFormers' _reset_accu_gbs_fi)."""
+        self._gbs_accu = self._gbs_f = None
 
     @torch.no_grad()
     def _count(self, routing: Routing, perm: Permuted, spec: MoESpec) -> None:

@@ -21,6 +21,8 @@ loss, and in moev3 with the bias:
     expert: a * E * sum_i P_i f_i       P_i = mean_t p_ti,  f_i = share of the k*N (token, choice) pairs on i
     device: a * D * sum_d (sum_{i in d} P_i)(sum_{i in d} f_i)   D = expert_group_size equal groups of experts
     comm:   the same over D = the YAML's expert_parallel groups
+    (mcore gbs_aux_loss: f is the mean over all ranks of this and the step's earlier micro-batches, TopKRouter's
+    fi_accu, reset every step; seq_aux_loss: a group is a whole data-parallel x context-parallel shard)
     z-loss: a * mean_t logsumexp(logits_t)^2                           (ZLoss, ST-MoE)
 Which of them exist on each path is the translator's business (translators/moe.py): moev3 has only the expert
 loss, mcore no z-loss, and the legacy Llama path discards them all.
@@ -81,6 +83,9 @@ class RouterSpec:
     per group."""
     path: str = "moev2"
     """moev2 | moev3 | mcore: whose routing rules (module docstring)."""
+    global_batch_f: bool = False
+    """mcore gbs_aux_loss: f of the balance loss is the mean over every rank and the step's micro-batches so far
+    (MFMoE keeps it), not the group's own."""
 
     def __post_init__(self):
         if self.score not in SCORES:
@@ -112,7 +117,8 @@ class RouterSpec:
                    routed_scaling_factor=router["routed_scaling_factor"], bias_balance=router["bias_balance"],
                    aux_expert=aux["expert"], aux_device=aux["device"], aux_comm=aux["comm"], z_loss=moe["z_loss"],
                    device_groups=moe["aux_groups"]["device"], comm_groups=moe["aux_groups"]["comm"],
-                   token_groups=moe["token_groups"], path=moe["path"])
+                   token_groups=moe["token_groups"], path=moe["path"],
+                   global_batch_f=moe["aux_f"] == "global_batch")
 
     @property
     def grouped(self) -> bool:
@@ -212,16 +218,20 @@ def expert_fractions(aux_ids_TK: torch.Tensor, spec: RouterSpec) -> torch.Tensor
 
 
 def aux_losses(logits_TE: torch.Tensor, scores_TE: torch.Tensor, spec: RouterSpec,
-               expert_ids_TK: torch.Tensor | None = None) -> torch.Tensor | None:
+               expert_ids_TK: torch.Tensor | None = None, f_E: torch.Tensor | None = None) -> torch.Tensor | None:
     """The balance losses and z-loss of the module docstring, summed; None when every factor is 0.
-    `expert_ids_TK`: the routing's choices (needed unless `plain_aux_topk`)."""
+    `expert_ids_TK`: the routing's choices (needed unless `plain_aux_topk`); `f_E`: f for every group instead of
+    the group's own (gbs_aux_loss)."""
     if not spec.has_aux:
         return None
     total = logits_TE.new_zeros((), dtype=torch.float32)
     if spec.has_balance:
         probs_TE = _aux_probs(scores_TE, spec)
         groups, experts = spec.token_groups, spec.num_experts
-        f_SE = expert_fractions(aux_top_k(scores_TE, expert_ids_TK, spec), spec)
+        if f_E is None:
+            f_SE = expert_fractions(aux_top_k(scores_TE, expert_ids_TK, spec), spec)
+        else:
+            f_SE = f_E.float().expand(groups, experts)
         p_SE = probs_TE.view(groups, -1, experts).mean(1)
         if spec.aux_expert:
             total = total + spec.aux_expert * experts * (p_SE * f_SE).sum(-1).mean()

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import mf_ds.moe
 import mf_ds.moe.layer
 import mf_ds.patch
-from mf_ds.moe.router import aux_losses
+from mf_ds.moe.router import aux_losses, expert_fractions
 from tests.conftest import CONFIGS
 from tests.moe import FAMILIES, family_plan, grads, moe_plan, tiny_model
 
@@ -453,3 +453,29 @@ def test_plan_and_model_disagreeing_is_an_error():
         "llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=64))
     with pytest.raises(mf_ds.patch.PatchError, match="no patch for model type 'llama'"):
         mf_ds.patch.apply(llama, moe_plan())
+
+
+def test_gbs_aux_loss_uses_the_running_f_of_the_step():
+    """mcore gbs_aux_loss (TopKRouter fi_accu): micro-batch m's expert loss takes f = the mean of the step's f so
+    far (all ranks: one here); the step end starts it again."""
+    model = tiny_model("qwen3_moe", router_scale=10.0)
+    mf_ds.patch.apply(model, family_plan("qwen3_moe", path="mcore", aux_f="global_batch",
+                                         aux_loss={"expert": 0.1}))
+    model.train()
+    block = model.model.layers[0].mlp
+    spec = block.spec.router
+    xs = [torch.randn(10, 32, generator=torch.Generator().manual_seed(seed)) for seed in range(3)]
+    fs, got = [], []
+    for x in xs[:2]:
+        block(x)
+        got.append(block._aux_value)
+        routing = mf_ds.moe.route(block.gate(x), spec)
+        fs.append(expert_fractions(routing.expert_ids_TK, spec)[0])
+        expected_f = torch.stack(fs).mean(0)
+        assert_close(got[-1], aux_losses(block.gate(x), routing.scores_TE, spec, routing.expert_ids_TK, expected_f))
+    assert not torch.allclose(got[1], aux_losses(block.gate(xs[1]), mf_ds.moe.route(block.gate(xs[1]), spec).scores_TE,
+                                                 spec, mf_ds.moe.route(block.gate(xs[1]), spec).expert_ids_TK))
+    mf_ds.moe.step_metrics(model)  # step end
+    block(xs[2])
+    routing = mf_ds.moe.route(block.gate(xs[2]), spec)
+    assert_close(block._aux_value, aux_losses(block.gate(xs[2]), routing.scores_TE, spec, routing.expert_ids_TK))

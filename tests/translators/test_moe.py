@@ -116,7 +116,9 @@ def test_mcore_has_no_capacity_and_no_z_loss():
 def test_mcore_load_balancing_types():
     seq = translate(_qwen3(moe_router_load_balancing_type="seq_aux_loss"), world_size=1).plan["moe"]
     sub = translate(_qwen3(moe_router_load_balancing_type="sub_seq_aux_loss"), world_size=1).plan["moe"]
+    gbs = translate(_qwen3(moe_router_load_balancing_type="gbs_aux_loss"), world_size=1).plan["moe"]
     assert seq["token_groups"] == 1  # f over the whole dp x cp shard
+    assert (seq["aux_f"], sub["aux_f"], gbs["aux_f"]) == ("group", "group", "global_batch")
     assert sub["token_groups"] == QWEN3_MOE["parallel_config"].get("model_parallel", 1)
     with pytest.raises(ConfigError, match="moe_router_load_balancing_type"):
         translate(_qwen3(moe_router_load_balancing_type="aux_loss"), world_size=1)
