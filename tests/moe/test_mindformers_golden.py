@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch.testing import assert_close
 
 from mf_ds.moe.callbacks import drop_rate_lines
@@ -19,6 +20,8 @@ from translators.errors import ConfigError
 from translators.moe import _token_groups
 from translators.plan import translate
 from translators.sections import MoEConfig, ParallelConfig
+
+CONFIGS = Path(__file__).parents[2] / "configs"
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "fixtures" / "moe_golden.json").read_text())
 CASES = {case["name"]: case for case in GOLDEN["router"]}
@@ -165,3 +168,30 @@ def test_MoEV2_init_refuses_the_default_routing_policy():
     with pytest.raises(ConfigError) as raised:
         translate(tree)
     assert message in str(raised.value) and "moe_config.routing_policy" in str(raised.value)
+
+
+@pytest.mark.parametrize("case", GOLDEN["moev3"], ids=lambda c: c["name"])
+def test_MoEV3_construct_routing_and_loss(case):
+    """use_gmm: a plain top-k although the moe_config asks for group-limited routing, and only the expert loss
+    (the device and z losses it configures are not computed), over MoEV3's data_parallel x model_parallel token
+    groups: the Plan translators/moe.py writes for such a YAML, run by the router."""
+    from translators.plan import translate
+
+    tree = yaml.safe_load((CONFIGS / "tiny_deepseek_v3.yaml").read_text())
+    shape = {key: tree["moe_config"][key] for key in ("moe_intermediate_size", "shared_expert_num",
+                                                     "first_k_dense_replace")}
+    tree["moe_config"] = {**case["moe_config"], **shape}
+    tree["parallel_config"] = {**tree["parallel_config"], **case["parallel"]}
+    tree["use_parallel"] = True
+    tree["callbacks"] = [c for c in tree["callbacks"] if "expert_num" not in c]
+    moe = translate(tree, world_size=1).plan["moe"]
+    router = RouterSpec.from_plan(moe)
+    assert (router.path, router.topk_method, router.token_groups) == ("moev3", "greedy", case["groups"])
+    logits = torch.tensor(case["logits"])
+    groups, tokens, experts = logits.shape
+    bias = None if case["topk_bias"] is None else torch.tensor(case["topk_bias"])
+    routing = route(logits.view(-1, experts), router, bias)
+    assert routing.expert_ids_TK.view(groups, tokens, -1).tolist() == case["expert_ids"]
+    assert_close(routing.gates_TK.view(groups, tokens, -1), torch.tensor(case["router_coeff"]), rtol=1e-5, atol=1e-7)
+    extra = aux_losses(logits.view(-1, experts), routing.scores_TE, router, routing.expert_ids_TK)
+    assert_close(float(extra), case["extra_loss"], rtol=1e-5, atol=1e-8)
