@@ -89,7 +89,12 @@ MCORE = {
     "moe_router_group_topk": ("topk_group", int),
     "first_k_dense_replace": ("first_k_dense_replace", int), "use_pad_tokens": ("enable_gmm_safe_tokens", bool),
     "moe_permute_fusion": ("use_fused_ops_permute", bool), "moe_router_dtype": ("router_dense_type", str),
-    "router_dense_type": ("router_dense_type", str),
+    "router_dense_type": ("router_dense_type", str), "balance_via_topk_bias": ("balance_via_topk_bias", bool),
+    "topk_bias_update_rate": ("topk_bias_update_rate", float), "use_gmm": ("use_gmm", bool),
+    "enable_gmm_safe_tokens": ("enable_gmm_safe_tokens", bool), "use_fused_ops_permute": ("use_fused_ops_permute", bool),
+    "expert_num": ("expert_num", int), "num_experts_chosen": ("num_experts_chosen", int),
+    "shared_expert_num": ("shared_expert_num", int), "use_shared_expert_gating": ("use_shared_expert_gating", bool),
+    "callback_moe_droprate": ("callback_moe_droprate", bool),
 }
 LOAD_BALANCING = ("sub_seq_aux_loss", "seq_aux_loss", "gbs_aux_loss")  # TopKRouter.SUPPORTED_LOAD_BALANCING_TYPES
 
@@ -104,26 +109,23 @@ def _mcore_moe(model_config: dict, ledger: Ledger) -> tuple[dict[str, Any], str]
         if name in model_config and model_config[name] is not None:
             values[target] = coerce(model_config[name], hint, f"{base}.{name}").value
             ledger.runtime(f"{base}.{name}", f"moe ({target})")
-    for name in ("scoring_func", "moe_router_score_function"):
-        if model_config.get(name) is not None:
-            values["use_gating_sigmoid"] = model_config[name] == "sigmoid"
-            ledger.runtime(f"{base}.{name}", f"moe.router.score = {model_config[name]}")
+    for name in ("use_gating_sigmoid", "scoring_func", "moe_router_score_function"):  # is_use_gated_sigmoid
+        value = model_config.get(name)
+        if value is not None:
+            values["use_gating_sigmoid"] = value is True or value == "sigmoid"
+            score = "sigmoid" if values["use_gating_sigmoid"] else "softmax"
+            ledger.runtime(f"{base}.{name}", f"moe.router.score = {score}")
     coeff = model_config.get("moe_aux_loss_coeff")
     if coeff:
         values["aux_loss_types"], values["aux_loss_factors"] = ["expert"], [coerce(coeff, float, base).value]
         ledger.runtime(f"{base}.moe_aux_loss_coeff", "moe.aux_loss.expert")
-    z = model_config.get("moe_z_loss_coeff")
-    if z:
-        values["z_loss_factor"] = coerce(z, float, f"{base}.moe_z_loss_coeff").value
+    for name in ("moe_z_loss_coeff", "z_loss_factor"):
+        if model_config.get(name):
+            values["z_loss_factor"] = coerce(model_config[name], float, f"{base}.{name}").value
     balancing = model_config.get("moe_router_load_balancing_type") or "sub_seq_aux_loss"
     if balancing not in LOAD_BALANCING:
         raise ConfigError(f"{base}.moe_router_load_balancing_type", f"expected one of {', '.join(LOAD_BALANCING)} "
                           f"(MindFormers' TopKRouter raises), got {show(balancing)}")
-    if model_config.get("moe_expert_capacity_factor") is not None:
-        ledger.runtime(f"{base}.moe_expert_capacity_factor", "accepted and unused, as in MindFormers' mcore training "
-                       "graph, which has no capacity code: dropless")
-    if model_config.get("moe_token_drop_policy") is not None:
-        ledger.runtime(f"{base}.moe_token_drop_policy", "unused: the mcore training graph drops no tokens")
     if values.get("n_group") == 0:
         values.pop("n_group")
         values.pop("topk_group", None)

@@ -129,3 +129,16 @@ def test_router_dense_type_bfloat16():
         "bfloat16"
     assert translate(_mixtral({"router_dense_type": "float16"}), world_size=1).plan["moe"]["router"]["dtype"] == \
         "float32"
+
+
+def test_mcore_moe_keys_are_accounted_for_what_they_become():
+    """No mcore MoE key claims the runtime reads it unless translators/moe.py does."""
+    t = translate(_qwen3(moe_expert_capacity_factor=1.0, moe_token_dispatcher_type="alltoall",
+                         moe_router_force_expert_balance=True, balance_via_topk_bias=True,
+                         topk_bias_update_rate=0.01), world_size=1)
+    kinds = {key: {n["kind"] for n in _notes(t, f"model.model_config.{key}")}
+             for key in ("moe_expert_capacity_factor", "moe_token_dispatcher_type", "moe_router_force_expert_balance",
+                         "balance_via_topk_bias")}
+    assert kinds == {"moe_expert_capacity_factor": {"dropped"}, "moe_token_dispatcher_type": {"dropped"},
+                     "moe_router_force_expert_balance": {"differs"}, "balance_via_topk_bias": {"runtime"}}
+    assert t.plan["moe"]["router"]["bias_balance"] and t.plan["moe"]["router"]["bias_update_rate"] == 0.01
