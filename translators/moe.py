@@ -201,6 +201,7 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
         ledger.runtime("moe_config.capacity_factor", "ignored with use_gmm, as in MindFormers (dropless); "
                        "set mf_ds.gmm_capacity: true to keep the capacity with the grouped matmul")
     aux, z_loss = _losses(cfg, path, family_name, extra.keep_moe_losses, ledger)
+    configured = dict(zip(cfg.aux_loss_types or [], cfg.aux_loss_factors or [], strict=True))
     topk_method = cfg.topk_method
     if topk_method == "greedy" and (cfg.n_group or cfg.topk_group) and not mcore:
         # The DeepSeek-V3 YAMLs set n_group/topk_group but keep topk_method greedy: MindFormers ignores them.
@@ -248,6 +249,8 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
             "bias_updated": cfg.balance_via_topk_bias and not (legacy_llama and not cfg.shared_expert_num),
         },
         "aux_loss": {name: aux.get(name, 0.0) for name in AUX_TYPES},
+        # as the YAML sets them: they choose the aux top-k and whether MoEDropRateCallback has an estimate
+        "aux_loss_configured": {name: configured.get(name, 0.0) for name in AUX_TYPES},
         "aux_groups": {"device": cfg.expert_group_size, "comm": pc.expert_parallel},
         "z_loss": z_loss,
         "capacity_factor": cfg.capacity_factor,

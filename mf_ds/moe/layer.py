@@ -77,7 +77,8 @@ class MoESpec:
         router = RouterSpec.from_plan(moe)
         cf = (drop_rate_callback or {}).get("capacity_factor")
         cf = moe["capacity_factor"] if cf is None else cf
-        has_fi = router.path == "moev2" and router.aux_expert > 0  # TopkRouterV2._expert_load_balancing writes fi
+        # TopkRouterV2._expert_load_balancing writes fi whenever the YAML sets an expert loss, added or not
+        has_fi = router.path == "moev2" and router.configured[0] > 0
         return cls(router=router, capacity_factor=moe["capacity_factor"],
                    capacity_multiple=moe["capacity_multiple"],
                    dropless=moe["dropless"] or moe["capacity_factor"] <= 0, drop_policy=moe["drop_policy"],

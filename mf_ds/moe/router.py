@@ -83,6 +83,10 @@ class RouterSpec:
     per group."""
     path: str = "moev2"
     """moev2 | moev3 | mcore: whose routing rules (module docstring)."""
+    configured_balance: tuple[float, float, float] | None = None
+    """The YAML's (expert, device, comm) factors before the path dropped any (the legacy Llama path computes the
+    losses and discards them): they still decide the aux top-k and MindFormers' drop-rate estimate. None: the
+    aux_* factors."""
     global_batch_f: bool = False
     """mcore gbs_aux_loss: f of the balance loss is the mean over every rank and the step's micro-batches so far
     (MFMoE keeps it), not the group's own."""
@@ -118,6 +122,7 @@ class RouterSpec:
                    aux_expert=aux["expert"], aux_device=aux["device"], aux_comm=aux["comm"], z_loss=moe["z_loss"],
                    device_groups=moe["aux_groups"]["device"], comm_groups=moe["aux_groups"]["comm"],
                    token_groups=moe["token_groups"], path=moe["path"],
+                   configured_balance=tuple(moe["aux_loss_configured"][name] for name in ("expert", "device", "comm")),
                    global_batch_f=moe["aux_f"] == "global_batch")
 
     @property
@@ -134,11 +139,16 @@ class RouterSpec:
         return self.has_balance or bool(self.z_loss)
 
     @property
+    def configured(self) -> tuple[float, float, float]:
+        """The YAML's (expert, device, comm) balance factors, added or not."""
+        return self.configured_balance or (self.aux_expert, self.aux_device, self.aux_comm)
+
+    @property
     def plain_aux_topk(self) -> bool:
         """f of the balance losses (and MoEDropRateCallback's estimate) from a separate plain top-k of p, not from
         the routing (moe.py TopkRouterV2.construct; moev3.py MoEV3.construct; mcore uses the routing)."""
         if self.path == "moev2":
-            return self.bias_balance and self.has_balance
+            return self.bias_balance and any(factor > 0 for factor in self.configured)
         return self.bias_balance and self.path == "moev3"
 
 

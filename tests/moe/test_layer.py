@@ -483,3 +483,25 @@ def test_gbs_aux_loss_uses_the_running_f_of_the_step():
     block(xs[2])
     routing = mf_ds.moe.route(block.gate(xs[2]), spec)
     assert_close(block._aux_value, aux_losses(block.gate(xs[2]), routing.scores_TE, spec, routing.expert_ids_TK))
+
+
+def test_llama_path_estimate_without_the_discarded_loss():
+    """Legacy Llama MoE: the expert loss is computed (fi written) and discarded, so MindFormers logs its estimate
+    while nothing is added to the loss; with the balancing bias the estimate counts a plain top-k."""
+    model = tiny_model("mixtral", router_scale=40.0)
+    plan = family_plan("mixtral", capacity_factor=1.0, dropless=False, aux_loss_configured={"expert": 0.01},
+                       router=dict(bias_balance=True, bias_updated=False))
+    mf_ds.patch.apply(model, plan)
+    model.train()
+    block = model.model.layers[0].mlp
+    with torch.no_grad():
+        block.gate.e_score_correction_bias.copy_(torch.tensor([5.0, 0, 0, 0, 0, 0, 0, 0]))  # selection: expert 0
+    x = torch.randn(1, 12, 32)
+    block(x)
+    assert block._aux_value is None  # no loss added
+    metrics = mf_ds.moe.step_metrics(model)
+    scores = block.gate(x.view(-1, 32)).softmax(-1)
+    f = torch.bincount(scores.topk(2, dim=-1).indices.flatten(), minlength=8).double() / 24
+    assert metrics[0]["drop_rate_estimate"] == pytest.approx(float((f - 1.0 / 8).clamp(min=0).sum()))
+    routed = torch.tensor(metrics[0]["expert_load"])
+    assert routed[0] == pytest.approx(0.5)  # the routing itself took the biased choice

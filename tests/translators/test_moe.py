@@ -142,3 +142,8 @@ def test_mcore_moe_keys_are_accounted_for_what_they_become():
     assert kinds == {"moe_expert_capacity_factor": {"dropped"}, "moe_token_dispatcher_type": {"dropped"},
                      "moe_router_force_expert_balance": {"differs"}, "balance_via_topk_bias": {"runtime"}}
     assert t.plan["moe"]["router"]["bias_balance"] and t.plan["moe"]["router"]["bias_update_rate"] == 0.01
+
+
+def test_configured_losses_are_kept_for_the_estimate():
+    moe = translate(_mixtral(), world_size=1).plan["moe"]
+    assert moe["aux_loss"]["expert"] == 0.0 and moe["aux_loss_configured"]["expert"] == 0.01
