@@ -12,7 +12,8 @@ Three MindFormers code paths (the Plan's `moe.path`; reference/mindformers/moe.m
   moev3  `MoEV3` (moev3.py, use_gmm): plain top-k of `scores (+ bias)` whatever topk_method says, gates as above.
   mcore  `TopKRouter` (parallel_core/training_graph/transformer/moe/router.py): groups when n_group/topk_group
        are set, scored by the sum of their top k/topk_group, exactly topk_group kept, 0.0 mask; +1e-20.
-Choices come out in rank order (first choice first): k-drop drops by that rank. Ties go to the lower expert id.
+Choices come out in rank order (first choice first): k-drop drops by that rank. The masked groups' 0.0s tie: they
+go to the lower expert id (MindSpore's CPU TopK orders them otherwise; tests/moe/test_mindformers_golden.py).
 
 Aux losses, per token group (the N tokens of one MindFormers data-parallel shard, `token_groups` of them in this
 forward) and averaged over the groups, from `p` = scores (sigmoid scores renormalised over the experts) and the
@@ -174,11 +175,13 @@ def route(logits_TE: torch.Tensor, spec: RouterSpec, bias_E: torch.Tensor | None
     biased_TE = scores_TE if bias_E is None else scores_TE + bias_E.float()
     if spec.grouped:
         biased_TE = _limit_groups(biased_TE, spec)
+    # the masked groups' 0.0s tie: a stable sort gives them to the lower id; elsewhere torch's top-k (faster)
+    topk = _topk if spec.grouped else (lambda x, k: x.topk(k, dim=-1, sorted=True))
     if bias_E is None:  # the gates are the top-k values themselves (masked ones included: 0.0)
-        gates_TK, expert_ids_TK = _topk(biased_TE, spec.top_k)
+        gates_TK, expert_ids_TK = topk(biased_TE, spec.top_k)
     else:
         with torch.no_grad():
-            expert_ids_TK = _topk(biased_TE, spec.top_k)[1]
+            expert_ids_TK = topk(biased_TE, spec.top_k)[1]
         gates_TK = scores_TE.gather(1, expert_ids_TK)
     if spec.norm_topk_prob:
         eps = 1e-20 if spec.path == "mcore" else 1e-9
@@ -212,7 +215,7 @@ def aux_top_k(scores_TE: torch.Tensor, expert_ids_TK: torch.Tensor, spec: Router
     if not spec.plain_aux_topk:
         return expert_ids_TK
     with torch.no_grad():
-        return _topk(_aux_probs(scores_TE, spec), spec.top_k)[1]
+        return _aux_probs(scores_TE, spec).topk(spec.top_k, dim=-1).indices
 
 
 def _aux_probs(scores_TE: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
