@@ -8,7 +8,8 @@
                                                       # where it has one), then "layer: {i}, measured_drop_rate: ..."
     mf_ds.moe.update_topk_bias(model, plan)           # per step: TopkBiasBalanceCallback (no-op unless listed)
 
-`step_metrics` and `update_topk_bias` are collectives (every rank calls them). Under expert parallelism, HF-format
+`step_metrics` and `update_topk_bias` are collectives (every rank calls them). `step_metrics` also ends the step for
+mcore's gbs_aux_loss (its running f starts again): call it once per optimizer step. Under expert parallelism, HF-format
 weights come from `mf_ds.moe.parallel.gather_full_state_dict(model)` (collective).
 """
 
