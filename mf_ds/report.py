@@ -2,7 +2,8 @@
 
     loss.png        loss over steps, learning rate on a second axis
     throughput.png  tokens/s over steps
-    drop_rate.png   MoE runs: measured drop rate per MoE layer over steps (MindFormers' estimate dashed)
+    drop_rate.png   MoE runs: measured drop rate per MoE layer over steps (MindFormers' estimate dashed, where
+                    MindFormers has one)
     expert_load.png MoE runs: mean expert load per layer as a heat map (1/E is balanced)
 
 `plot_run()` returns the data it plotted, so tests check what is drawn, not only that files exist.
@@ -95,21 +96,27 @@ def plot_run(output_dir: str | Path) -> dict[str, Any]:
     if layers:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         drop: dict[str, list] = {}
+        estimates: dict[str, list] = {}
         for layer in layers:
             measured = [(row.get("moe") or {}).get(layer, {}).get("drop_rate") for row in rows]
             estimate = [(row.get("moe") or {}).get(layer, {}).get("drop_rate_estimate") for row in rows]
             line = ax.plot(steps, measured, label=f"layer {layer}")[0]
-            if any(v is not None for v in estimate):
-                ax.plot(steps, estimate, linestyle="--", color=line.get_color(), alpha=0.6)
+            if any(v is not None for v in estimate):  # MindFormers prints one only for MoEV2 with an expert loss
+                ax.plot(steps, [float("nan") if v is None else v for v in estimate], linestyle="--",
+                        color=line.get_color(), alpha=0.6)
+                estimates[layer] = estimate
             drop[layer] = measured
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("dropped (token, choice) pairs")
-        ax.set_title("MoE drop rate per layer (dashed: MindFormers' estimate)")
+        title = "MoE drop rate per layer (measured" + ("; dashed: MindFormers' estimate)" if estimates else ")")
+        ax.set_title(title)
         ax.legend(fontsize="small", ncol=2)
         fig.tight_layout()
         fig.savefig(out / "drop_rate.png", dpi=100)
         plt.close(fig)
-        plotted["drop_rate.png"] = {"step": steps, "drop_rate": drop}
+        plotted["drop_rate.png"] = {"step": steps, "drop_rate": drop, "estimate": estimates, "title": title,
+                                    "xticks": [float(t) for t in ax.get_xticks()]}
 
         loads = []
         for layer in layers:

@@ -1,13 +1,20 @@
-"""`moe_config` (or the mcore MoE keys of model_config) -> the Plan's `moe`: router, capacity, drop policy, kernels.
+"""`moe_config` (or the mcore MoE keys of model_config) -> the Plan's `moe`: router, capacity, drop policy, losses.
 
-Semantics (moe.md, from mindformers/modules/transformer/moe.py and moev3.py r1.5.0):
-  * capacity C = min(ceil(k * N * cf / E), N) per expert per micro-batch per data-parallel shard, with N the
-    tokens of that shard; capacity_factor <= 0 is dropless; k-drop order by default, s-drop with enable_sdrop;
-  * use_gmm (MoEV3, GroupedMatmul) ignores the capacity ("Capacity factor is ignored."): dropless. mf-ds does the
-    same unless `mf_ds: {gmm_capacity: true}` opts into capacity with the grouped matmul;
-  * which layers are MoE: every layer for the Llama path (Mixtral, Qwen2-MoE); layers >= first_k_dense_replace
-    for DeepSeek (whose default True counts as 1); MTP layers are MoE layers too;
-  * mcore YAMLs (use_legacy: False) carry the keys in model_config, with Megatron names, and train dropless.
+Semantics (moe.md; mindformers/modules/transformer/moe.py, moev3.py, parallel_core/.../moe/router.py, 1.7.0;
+tests/fixtures/moe_golden.json holds MindFormers' own outputs):
+  * the path (`moe.path`): moev2 (TopkRouterV2, capacity), moev3 (use_gmm: GroupedMatmul, "Capacity factor is
+    ignored.": dropless, plain top-k, only the expert loss), mcore (use_legacy: False: dropless, no z-loss);
+  * which losses reach the training loss: the legacy Llama path (mixtral, qwen2_moe, llama) builds its MoE without
+    return_extra_loss, so MindFormers discards every aux and z loss there; DeepSeek adds them. `mf_ds:
+    {keep_moe_losses: true}` keeps a loss MindFormers drops (a `differs` note says so);
+  * capacity C = roundup(min(ceil(k * N * cf / E), N), m) per expert per token group (MoEV2.__init__): the groups
+    are the data-parallel x context-parallel shards (x model_parallel under use_seq_parallel; x model_parallel /
+    expert_model_parallel with expert_model_parallel), N their tokens; m = model_parallel (expert_model_parallel
+    when set, 1 under use_seq_parallel) x comp_comm_parallel_degree (when comp_comm_parallel). A rank here holds
+    one whole data-parallel shard, so `token_groups` of MindFormers' groups run in one forward;
+  * the device loss groups experts by expert_group_size, the comm loss by the YAML's expert_parallel;
+  * which layers are MoE: every layer for the Llama path; layers >= first_k_dense_replace for DeepSeek (whose
+    default True counts as 1); MTP layers are MoE layers too.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any
 from translators.errors import ConfigError, show
 from translators.notes import Ledger
 from translators.schema import coerce
-from translators.sections import MoEConfig
+from translators.sections import MfDs, MoEConfig, ParallelConfig
 
 AUX_TYPES = ("expert", "device", "comm")
 
@@ -47,42 +54,54 @@ BECOMES = {
     "enable_gmm_safe_tokens": "moe.safe_tokens",
     "use_fused_ops_permute": "kernels.fused_permute",
     "callback_moe_droprate": "moe.drop_rate_callback",
-    "routing_policy": "TopkRouterV2 semantics (the one router mf_ds has)",
+    "routing_policy": "TopkRouterV2 semantics (MoEV2 accepts no other)",
+    "expert_group_size": "moe.aux_groups.device (the device loss's expert groups)",
+    "expert_model_parallel": "moe.token_groups / capacity_multiple (MoEV2's groups and capacity rounding)",
+    "comp_comm_parallel": "moe.capacity_multiple (C rounds up to model_parallel x comp_comm_parallel_degree)",
+    "comp_comm_parallel_degree": "moe.capacity_multiple (with comp_comm_parallel)",
 }
 DROPPED = {
     "aux_loss_factor": "V1-only balance loss (MoEV2/V3, which these YAMLs build, ignore it)",
     "use_fused_ops_topkrouter": "Ascend fused dispatch-index op; same semantics as the plain router",
     "group_wise_a2a": "Ascend all-to-all grouping (performance only)",
-    "comp_comm_parallel": "Ascend compute/communication overlap (performance only)",
-    "comp_comm_parallel_degree": "Ascend compute/communication overlap (performance only)",
     "use_allgather_dispatcher": "dispatch is all-to-all under expert parallelism",
     "moe_shared_expert_overlap": "performance only",
     "enable_deredundency": "Ascend node-level all-to-all de-duplication (performance only)",
     "npu_nums_per_device": "Ascend node-level all-to-all de-duplication (performance only)",
     "max_router_load": "a MindSpore constant-tensor size",
     "ep_extend_tp": "no tensor parallelism here",
-    "expert_model_parallel": "no tensor parallelism inside experts here",
-    "expert_group_size": "V1 token groups / V2 device groups for the 'device' loss",
     "save_token_distribution": "V1 summary", "cur_layer": "V1", "enable_cold_hot_expert": "V1 hot/cold experts",
     "update_step": "V1 hot/cold experts", "hot_expert_num": "V1 hot/cold experts",
     "cold_token_percent": "V1 hot/cold experts", "moe_module_name": "V1", "dispatch_global_max_bs": "inference only",
 }
-# mcore model_config MoE keys (parallel_core/transformer_config_utils.py COMMON_CONFIG_MAPPING, master).
+# mcore model_config MoE keys, every spelling MindFormers accepts (parallel_core/transformer_config_utils.py
+# COMMON_CONFIG_MAPPING) -> the MoEConfig name and type.
 MCORE = {
-    "num_experts": ("expert_num", int), "n_routed_experts": ("expert_num", int),
-    "num_experts_per_tok": ("num_experts_chosen", int), "moe_intermediate_size": ("moe_intermediate_size", int),
+    "num_experts": ("expert_num", int), "n_routed_experts": ("expert_num", int), "num_moe_experts": ("expert_num", int),
+    "num_experts_per_tok": ("num_experts_chosen", int), "moe_router_topk": ("num_experts_chosen", int),
+    "moe_intermediate_size": ("moe_intermediate_size", int), "moe_ffn_hidden_size": ("moe_intermediate_size", int),
     "n_shared_experts": ("shared_expert_num", int), "moe_grouped_gemm": ("use_gmm", bool),
     "norm_topk_prob": ("norm_topk_prob", bool), "routed_scaling_factor": ("routed_scaling_factor", float),
+    "moe_router_topk_scaling_factor": ("routed_scaling_factor", float),
     "moe_router_enable_expert_bias": ("balance_via_topk_bias", bool),
     "moe_router_bias_update_rate": ("topk_bias_update_rate", float), "n_group": ("n_group", int),
-    "topk_group": ("topk_group", int), "moe_z_loss_coeff": ("z_loss_factor", float),
+    "moe_router_num_groups": ("n_group", int), "topk_group": ("topk_group", int),
+    "moe_router_group_topk": ("topk_group", int),
     "first_k_dense_replace": ("first_k_dense_replace", int), "use_pad_tokens": ("enable_gmm_safe_tokens", bool),
-    "moe_permute_fusion": ("use_fused_ops_permute", bool), "moe_expert_capacity_factor": ("capacity_factor", float),
+    "moe_permute_fusion": ("use_fused_ops_permute", bool), "moe_router_dtype": ("router_dense_type", str),
+    "router_dense_type": ("router_dense_type", str), "balance_via_topk_bias": ("balance_via_topk_bias", bool),
+    "topk_bias_update_rate": ("topk_bias_update_rate", float), "use_gmm": ("use_gmm", bool),
+    "enable_gmm_safe_tokens": ("enable_gmm_safe_tokens", bool), "use_fused_ops_permute": ("use_fused_ops_permute", bool),
+    "expert_num": ("expert_num", int), "num_experts_chosen": ("num_experts_chosen", int),
+    "shared_expert_num": ("shared_expert_num", int), "use_shared_expert_gating": ("use_shared_expert_gating", bool),
+    "callback_moe_droprate": ("callback_moe_droprate", bool),
 }
+LOAD_BALANCING = ("sub_seq_aux_loss", "seq_aux_loss", "gbs_aux_loss")  # TopKRouter.SUPPORTED_LOAD_BALANCING_TYPES
 
 
-def _mcore_moe(model_config: dict, ledger: Ledger) -> dict[str, Any]:
-    """MoEConfig-named values from an mcore model_config (mcore trains dropless: capacity_factor -1)."""
+def _mcore_moe(model_config: dict, ledger: Ledger) -> tuple[dict[str, Any], str]:
+    """MoEConfig-named values from an mcore model_config (dropless: capacity_factor -1), and the load-balancing
+    type."""
     base = "model.model_config"
     values: dict[str, Any] = {"capacity_factor": -1.0, "routing_policy": "TopkRouterV2",
                               "enable_gmm_safe_tokens": True}  # MFModelConfig use_pad_tokens defaults True
@@ -90,59 +109,122 @@ def _mcore_moe(model_config: dict, ledger: Ledger) -> dict[str, Any]:
         if name in model_config and model_config[name] is not None:
             values[target] = coerce(model_config[name], hint, f"{base}.{name}").value
             ledger.runtime(f"{base}.{name}", f"moe ({target})")
-    if model_config.get("scoring_func") == "sigmoid":
-        values["use_gating_sigmoid"] = True
-        ledger.runtime(f"{base}.scoring_func", "moe.router.score = sigmoid")
+    for name in ("use_gating_sigmoid", "scoring_func", "moe_router_score_function"):  # is_use_gated_sigmoid
+        value = model_config.get(name)
+        if value is not None:
+            values["use_gating_sigmoid"] = value is True or value == "sigmoid"
+            score = "sigmoid" if values["use_gating_sigmoid"] else "softmax"
+            ledger.runtime(f"{base}.{name}", f"moe.router.score = {score}")
     coeff = model_config.get("moe_aux_loss_coeff")
     if coeff:
         values["aux_loss_types"], values["aux_loss_factors"] = ["expert"], [coerce(coeff, float, base).value]
         ledger.runtime(f"{base}.moe_aux_loss_coeff", "moe.aux_loss.expert")
+    for name in ("moe_z_loss_coeff", "z_loss_factor"):
+        if model_config.get(name):
+            values["z_loss_factor"] = coerce(model_config[name], float, f"{base}.{name}").value
+    balancing = model_config.get("moe_router_load_balancing_type") or "sub_seq_aux_loss"
+    if balancing not in LOAD_BALANCING:
+        raise ConfigError(f"{base}.moe_router_load_balancing_type", f"expected one of {', '.join(LOAD_BALANCING)} "
+                          f"(MindFormers' TopKRouter raises), got {show(balancing)}")
     if values.get("n_group") == 0:
         values.pop("n_group")
         values.pop("topk_group", None)
     if "first_k_dense_replace" not in values:
         values["first_k_dense_replace"] = 0
-    return values
+    if values.get("router_dense_type") not in (None, "float32", "float16", "bfloat16"):
+        raise ConfigError(f"{base}.moe_router_dtype", f"expected float32, float16 or bfloat16, got "
+                          f"{show(values['router_dense_type'])}")
+    return values, balancing
 
 
-def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_depth: int, ep: int, ep_yaml: int,
-             gmm_capacity: bool, ledger: Ledger) -> tuple[dict[str, Any] | None, MoEConfig]:
+def _token_groups(path: str, pc: ParallelConfig, cfg: MoEConfig, balancing: str) -> tuple[int, int]:
+    """(MindFormers' token groups in one data-parallel shard, C's rounding multiple), from the YAML's layout."""
+    mp, cp = pc.model_parallel, pc.context_parallel
+    if path == "moev3":  # MoEV3.__init__: dp = data_parallel x model_parallel
+        return mp, 1
+    if path == "mcore":  # TopKRouter._expert_load_balancing: dp x tp x cp groups; seq_aux_loss shares f over tp
+        return (cp if balancing == "seq_aux_loss" else mp * cp), 1
+    emp = cfg.expert_model_parallel
+    groups, router_mp = cp, mp  # MoEV2.__init__: dp_group = data_parallel x context_parallel
+    if emp is not None:
+        if (mp * cp) % emp:
+            raise ConfigError("moe_config.expert_model_parallel", f"{emp} must divide model_parallel x "
+                              f"context_parallel {mp * cp} (MoEV2 regroups the tokens by it)")
+        groups, router_mp = cp * mp // emp, emp
+    if pc.use_seq_parallel:
+        groups, router_mp = groups * router_mp, 1
+    degree = cfg.comp_comm_parallel_degree if cfg.comp_comm_parallel else 1
+    return groups, router_mp * degree
+
+
+LLAMA_PATH = ("mixtral", "qwen2_moe", "llama")  # LlamaForCausalLM's MoE: built without return_extra_loss
+
+
+def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_depth: int, ep: int,
+             pc: ParallelConfig, extra: MfDs, ledger: Ledger) -> tuple[dict[str, Any] | None, MoEConfig]:
     """The Plan's `moe` (None for a dense model) and the parsed MoEConfig; `ep` is the degree this run uses,
-    `ep_yaml` the YAML's (checked against the expert count)."""
+    `pc` the YAML's parallel_config (after use_parallel's reset), whose expert_parallel is checked against the
+    expert count and groups the comm loss."""
     raw = tree.get("moe_config")
     model_config = (tree.get("model") or {}).get("model_config") or {}
+    balancing = ""
     if mcore:
         if raw is not None:
             ledger.dropped("moe_config", "use_legacy is False: MindFormers skips moe_config and reads the MoE keys "
                            "from model_config")
-        cfg = MoEConfig.parse(_mcore_moe(model_config, ledger))
+        values, balancing = _mcore_moe(model_config, ledger)
+        cfg = MoEConfig.parse(values)
     else:
         cfg = MoEConfig.parse(raw, ledger)
     if cfg.expert_num <= 1:
         if raw is not None and not mcore:
             ledger.dropped("moe_config", "expert_num 1: a dense model (MindFormers' null moe_config)")
-        if ep_yaml > 1:
+        if pc.expert_parallel > 1:
             ledger.dropped("parallel_config.expert_parallel", "a dense model has no experts to shard")
         return None, cfg
-    _check(cfg, ep_yaml)
+    _check(cfg, pc.expert_parallel)
     if not mcore and raw is not None:
         _account(raw, ledger)
+    path = "mcore" if mcore else "moev3" if cfg.use_gmm else "moev2"
+    if path == "moev2" and cfg.routing_policy != "TopkRouterV2":
+        raise ConfigError("moe_config.routing_policy", f"MindFormers' MoEV2 accepts only TopkRouterV2 and raises "
+                          f"\"The 'routing_policy' must be str and must be in '['TopkRouterV2']', but got "
+                          f"'{cfg.routing_policy}'.\"" + (" (TopkRouterV1 is MoEConfig's default: set routing_policy: "
+                                                       "TopkRouterV2)" if "routing_policy" not in (raw or {}) else ""))
     deepseek = family_name.startswith("deepseek") or mcore
     first_dense = int(cfg.first_k_dense_replace) if deepseek else 0
     if deepseek and first_dense > num_layers:
         raise ConfigError("moe_config.first_k_dense_replace", f"{first_dense} exceeds num_layers {num_layers}")
-    dropless = cfg.capacity_factor <= 0 or (cfg.use_gmm and not gmm_capacity)
-    if cfg.use_gmm and cfg.capacity_factor > 0 and not gmm_capacity:
+    gmm_capacity = extra.gmm_capacity and path == "moev3"
+    dropless = cfg.capacity_factor <= 0 or path == "mcore" or (path == "moev3" and not gmm_capacity)
+    if path == "moev3" and cfg.capacity_factor > 0 and not gmm_capacity:
         ledger.runtime("moe_config.capacity_factor", "ignored with use_gmm, as in MindFormers (dropless); "
                        "set mf_ds.gmm_capacity: true to keep the capacity with the grouped matmul")
-    aux = dict(zip(cfg.aux_loss_types or [], cfg.aux_loss_factors or [], strict=True))  # lengths: _check
+    aux, z_loss = _losses(cfg, path, family_name, extra.keep_moe_losses, ledger)
+    configured = dict(zip(cfg.aux_loss_types or [], cfg.aux_loss_factors or [], strict=True))
     topk_method = cfg.topk_method
     if topk_method == "greedy" and (cfg.n_group or cfg.topk_group) and not mcore:
         # The DeepSeek-V3 YAMLs set n_group/topk_group but keep topk_method greedy: MindFormers ignores them.
         ledger.runtime("moe_config.n_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
         ledger.runtime("moe_config.topk_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
+    if path == "moev3" and topk_method != "greedy":
+        ledger.runtime("moe_config.topk_method", f"{topk_method} unused with use_gmm: MoEV3 routes with a plain "
+                       "top-k, as here")
+        topk_method = "greedy"
     if mcore and cfg.n_group and cfg.topk_group:
-        topk_method = "noaux_tc" if cfg.balance_via_topk_bias else "group_limited_greedy"
+        topk_method = "noaux_tc" if cfg.balance_via_topk_bias else "group_limited_greedy"  # mcore's own rule
+    if mcore:
+        ledger.runtime("model.model_config.moe_router_load_balancing_type", {
+            "sub_seq_aux_loss": "P and f per tensor x context-parallel slice of a shard (MindFormers' default)",
+            "seq_aux_loss": "P and f per data-parallel x context-parallel shard",
+            "gbs_aux_loss": "f averaged over every rank and the step's micro-batches so far, reset every step "
+                            "(all-reduced in each MoE forward)"}[balancing])
+    token_groups, multiple = _token_groups(path, pc, cfg, balancing)
+    if token_groups > 1 or multiple > 1:
+        ledger.runtime("parallel_config", f"MoE: {token_groups} MindFormers token group(s) per data-parallel shard"
+                       f" (capacity and aux losses per group), capacity rounded up to a multiple of {multiple}")
+    router_dtype = cfg.router_dense_type if cfg.router_dense_type == "bfloat16" else "float32"  # float16 -> fp32
+    legacy_llama = family_name in LLAMA_PATH and not mcore
     plan = {
         "num_experts": cfg.expert_num,
         "top_k": cfg.num_experts_chosen,
@@ -151,9 +233,10 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
         "shared_expert_gating": cfg.use_shared_expert_gating,
         "layers": list(range(first_dense, num_layers + mtp_depth)),
         "mtp_layers": list(range(num_layers, num_layers + mtp_depth)),
+        "path": path,
         "router": {
             "score": "sigmoid" if cfg.use_gating_sigmoid else "softmax",
-            "dtype": "float32",  # MindFormers maps float16 to float32 for the router too
+            "dtype": router_dtype,
             "topk_method": topk_method,
             "n_group": cfg.n_group,
             "topk_group": cfg.topk_group,
@@ -161,10 +244,19 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
             "routed_scaling_factor": cfg.routed_scaling_factor,
             "bias_balance": cfg.balance_via_topk_bias,
             "bias_update_rate": cfg.topk_bias_update_rate,
+            # TopkBiasBalanceCallback moves the bias of `feed_forward.routed_experts` routers only: a legacy Llama
+            # model without shared experts (its feed_forward is the MoEV2 itself) never has its bias moved
+            "bias_updated": cfg.balance_via_topk_bias and not (legacy_llama and not cfg.shared_expert_num),
         },
         "aux_loss": {name: aux.get(name, 0.0) for name in AUX_TYPES},
-        "z_loss": cfg.z_loss_factor,
+        # as the YAML sets them: they choose the aux top-k and whether MoEDropRateCallback has an estimate
+        "aux_loss_configured": {name: configured.get(name, 0.0) for name in AUX_TYPES},
+        "aux_groups": {"device": cfg.expert_group_size, "comm": pc.expert_parallel},
+        "z_loss": z_loss,
         "capacity_factor": cfg.capacity_factor,
+        "capacity_multiple": multiple,
+        "token_groups": token_groups,
+        "aux_f": "global_batch" if balancing == "gbs_aux_loss" else "group",
         "dropless": dropless,
         "drop_policy": "sdrop" if cfg.enable_sdrop else "kdrop",
         "gmm": cfg.use_gmm,
@@ -173,14 +265,57 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
         "expert_parallel": ep,
         "drop_rate_callback": cfg.callback_moe_droprate,
     }
+    if router_dtype == "bfloat16":
+        ledger.runtime("moe_config.router_dense_type", "bfloat16 router logits and scores, as MindFormers' Dense")
+    if cfg.balance_via_topk_bias and not plan["router"]["bias_updated"]:
+        ledger.runtime("moe_config.balance_via_topk_bias", "the bias selects but never moves: MindFormers' "
+                       "TopkBiasBalanceCallback only reaches routed_experts routers (shared_expert_num > 0)")
     if cfg.use_fused_ops_permute and not cfg.use_gmm:
         ledger.differs("moe_config.use_fused_ops_permute", "MindFormers fuses the permute only for MoEV3 (use_gmm); "
                        "mf_ds applies it to the capacity path as well")
     if cfg.enable_gmm_safe_tokens and not cfg.use_gmm and not mcore:
         ledger.differs("moe_config.enable_gmm_safe_tokens", "only meaningful with use_gmm; kept (no numeric effect)")
-    if family_name in ("mixtral", "qwen2_moe", "llama") and not aux:
-        ledger.runtime("moe_config", "no aux_loss_types: no balance loss is added, as in MindFormers' Llama-path MoE")
     return plan, cfg
+
+
+def _losses(cfg: MoEConfig, path: str, family_name: str, keep: bool, ledger: Ledger) -> tuple[dict, float]:
+    """The aux-loss factors and the z-loss factor that reach the training loss on this path (module docstring)."""
+    configured = dict(zip(cfg.aux_loss_types or [], cfg.aux_loss_factors or [], strict=True))  # lengths: _check
+    if path == "moev2" and configured.get("device") and not cfg.expert_group_size:
+        raise ConfigError("moe_config.expert_group_size", "the device aux loss groups the experts by "
+                          "expert_group_size; MindFormers' TopkRouterV2 cannot reshape without it")
+    if configured.get("device") and cfg.expert_group_size and cfg.expert_num % cfg.expert_group_size:
+        raise ConfigError("moe_config.expert_group_size", f"{cfg.expert_group_size} does not divide expert_num "
+                          f"{cfg.expert_num} (the device loss's groups)")
+    where = "model.model_config" if path == "mcore" else "moe_config"
+    dropped: dict[str, str] = {}
+    if family_name in LLAMA_PATH and path != "mcore":
+        reason = ("MindFormers' Llama-path MoE (LlamaForCausalLM) is built without return_extra_loss and "
+                  "discards it")
+        dropped = {**{name: reason for name in configured if configured[name]},
+                   **({"z_loss": reason} if cfg.z_loss_factor else {})}
+    elif path == "moev3":
+        dropped = {name: "MoEV3 (use_gmm) computes only the expert loss" for name in ("device", "comm")
+                   if configured.get(name)}
+        if cfg.z_loss_factor:
+            dropped["z_loss"] = "MoEV3 (use_gmm) has no z-loss"
+    elif path == "mcore" and cfg.z_loss_factor:
+        dropped["z_loss"] = "MindFormers' mcore TopKRouter has no z-loss"
+    aux, z_loss = dict(configured), cfg.z_loss_factor
+    for name, reason in dropped.items():
+        key = ("moe_z_loss_coeff" if path == "mcore" else "z_loss_factor") if name == "z_loss" else \
+            ("moe_aux_loss_coeff" if path == "mcore" else "aux_loss_types")
+        if keep:
+            ledger.differs(f"{where}.{key}", f"{name} loss kept (mf_ds.keep_moe_losses), where {reason}")
+        else:
+            ledger.runtime(f"{where}.{key}", f"{name} loss not added: {reason} (mf_ds.keep_moe_losses: true keeps it)")
+            if name == "z_loss":
+                z_loss = 0.0
+            else:
+                aux[name] = 0.0
+    if not configured and family_name in LLAMA_PATH and path != "mcore":
+        ledger.runtime("moe_config", "no aux_loss_types: no balance loss is added, as in MindFormers' Llama-path MoE")
+    return aux, z_loss
 
 
 def _check(cfg: MoEConfig, ep: int) -> None:

@@ -108,8 +108,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     moe = None
     if shape is not None:
         ep = _expert_parallel(ep, pc, family.mcore, world_size, ledger) if _is_moe(tree, family.mcore) else 1
-        moe, _ = moe_plan(tree, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep,
-                          pc.expert_parallel, extra.gmm_capacity, ledger)
+        moe, _ = moe_plan(tree, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep, pc, extra, ledger)
     elif ledger.present("moe_config"):
         ledger.dropped("moe_config", "no model section to build experts in")
 
@@ -427,7 +426,7 @@ def _is_moe(tree: dict, mcore: bool) -> bool:
     """Whether the YAML routes to more than one expert (before the MoE section is checked in detail)."""
     if mcore:
         config = (tree.get("model") or {}).get("model_config") or {}
-        counts = [config.get("num_experts"), config.get("n_routed_experts")]
+        counts = [config.get(name) for name in ("num_experts", "n_routed_experts", "num_moe_experts")]
     else:
         counts = [(tree.get("moe_config") or {}).get("expert_num")]
     return any(isinstance(n, int) and not isinstance(n, bool) and n > 1 for n in counts)

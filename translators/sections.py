@@ -288,6 +288,8 @@ class MfDs(Section):
     PATH = "mf_ds"
     STRICT = True
     gmm_capacity: bool = key(False, "keep capacity dropping with use_gmm (MindFormers ignores the capacity there)")
+    keep_moe_losses: bool = key(False, "add the MoE aux / z losses the YAML configures where MindFormers' code path "
+                                       "discards them (legacy Llama MoE, MoEV3's device/comm/z, mcore's z)")
     tokenizer_dir: str | None = key(None, "local HF tokenizer directory for JSON-lines data")
     zero_stage: int | None = key(None, "ZeRO stage instead of the one the YAML implies (3 shards the weights too, "
                                        "as MindSpore's optimizer parallel does)", check=one_of(0, 1, 2, 3))

@@ -2,11 +2,13 @@
 (TopkBiasBalanceCallback), as functions for mf_ds' loop and as HF `TrainerCallback`s.
 
 Drop rate (reference/mindformers/moe.md §5). MindFormers logs, per MoE layer and step, `layer: {i}, drop_rate:
-{r:.5f}` with r its *estimate* sum_i max(0, f_i - cf/E) (f_i: share of the k*N routed pairs on expert i), read
-from the router's `fi_parameter` (the last micro-batch, one DP shard; nothing for use_gmm layers). mf-ds logs the
-*measured* r: dropped (token, choice) pairs / routed pairs over all micro-batches of the step on all data-parallel
-ranks; the estimate (from the actual routing, averaged over the step's micro-batches and ranks) and the per-expert
-load come beside it in `step_metrics`. Layer indices are global (MTP layers follow the decoder layers).
+{r:.5f}` with r its *estimate* sum_i max(0, f_i - cf/E) (f_i: share of the k*N pairs the aux top-k puts on expert
+i), read from the router's `fi_parameter`: the last micro-batch, this rank's data-parallel shard, and only for
+MoEV2 layers with an expert aux loss (nothing for use_gmm or mcore layers, nothing without the loss). mf-ds prints
+that line with that value (rank 0's, as MindFormers' rank-0 log), and its *measured* rate on a line of its own,
+`layer: {i}, measured_drop_rate: {r:.5f}`: dropped (token, choice) pairs / routed pairs over all micro-batches of
+the step on all data-parallel ranks. Both go to metrics.jsonl (`drop_rate`, `drop_rate_estimate`), with the
+per-expert load. Layer indices are global (MTP layers follow the decoder layers).
 
 Bias balance (moe.md §6, callback.py r1.5.0 TopkBiasBalanceCallback): at every step end, for each MoE layer,
     bias_i += u * sign(mean_j load_j - load_i)
@@ -41,50 +43,57 @@ def _device(layers: list[MFMoE]) -> torch.device:
 
 
 def step_metrics(model: nn.Module) -> dict[int, dict]:
-    """{global layer: {"drop_rate", "drop_rate_estimate" (None without a capacity factor), "expert_load"}} over the
-    step, summed over the data-parallel ranks; resets the counters. Collective."""
+    """{global layer: {"drop_rate" (measured, all ranks), "drop_rate_estimate" (MindFormers' line: this rank's
+    last micro-batch; None where MindFormers prints nothing), "expert_load"}} over the step; resets the counters.
+    Collective."""
     layers = moe_layers(model)
     if not layers:
         return {}
-    rows = []
+    rows, estimates = [], []
     for layer in layers:
+        layer.reset_step()
         experts = layer.spec.router.num_experts
         stats = layer.stats
         if stats is None:
-            rows.append(torch.zeros(4 + experts, dtype=torch.float64, device=_device(layers)))
+            rows.append(torch.zeros(2 + experts, dtype=torch.float64, device=_device(layers)))
+            estimates.append(None)
             continue
-        rows.append(torch.cat([torch.stack([stats.pairs, stats.dropped, stats.estimate_sum, stats.micro]),
-                               stats.load_E]).to(_device(layers)))
-        for counter in (stats.pairs, stats.dropped, stats.estimate_sum, stats.micro, stats.load_E):
+        rows.append(torch.cat([torch.stack([stats.pairs, stats.dropped]), stats.load_E]).to(_device(layers)))
+        estimates.append(stats.estimate_last)
+        stats.estimate_last = None
+        for counter in (stats.pairs, stats.dropped, stats.micro, stats.load_E):
             counter.zero_()
     sums = _sum_over_ranks(torch.cat(rows)).tolist()
     metrics, at = {}, 0
-    for layer, row in zip(layers, rows, strict=True):
-        pairs, dropped, estimate_sum, micro = sums[at:at + 4]
-        load = sums[at + 4:at + row.numel()]
+    for layer, row, estimate in zip(layers, rows, estimates, strict=True):
+        pairs, dropped = sums[at:at + 2]
+        load = sums[at + 2:at + row.numel()]
         at += row.numel()
         metrics[layer.layer_index] = {
             "drop_rate": dropped / pairs if pairs else 0.0,
-            "drop_rate_estimate": estimate_sum / micro if micro and (layer.spec.estimate_capacity_factor or 0) > 0
-            else None,
+            "drop_rate_estimate": None if estimate is None else float(estimate),
             "expert_load": [n / pairs if pairs else 0.0 for n in load],
         }
     return metrics
 
 
 def drop_rate_lines(metrics: dict[int, dict]) -> list[str]:
-    """MindFormers' MoEDropRateCallback lines (callback.py r1.8.0+ f-string form), one per MoE layer."""
-    return [f"layer: {i}, drop_rate: {m['drop_rate']:.5f}" for i, m in sorted(metrics.items())]
+    """MindFormers' MoEDropRateCallback lines (`"layer: %d, drop_rate: %.5f"`, callback.py 1.7.0) with its
+    estimate, for the layers where MindFormers prints one; then mf-ds' measured rate, one line per MoE layer."""
+    lines = [f"layer: {i}, drop_rate: {m['drop_rate_estimate']:.5f}" for i, m in sorted(metrics.items())
+             if m["drop_rate_estimate"] is not None]
+    return lines + [f"layer: {i}, measured_drop_rate: {m['drop_rate']:.5f}" for i, m in sorted(metrics.items())]
 
 
 @torch.no_grad()
 def update_topk_bias(model: nn.Module, plan: dict) -> None:
     """TopkBiasBalanceCallback's step-end update of every MoE layer's selection bias; resets its load counter.
     Collective. A no-op unless the router has bias_balance and the YAML lists a TopkBiasBalanceCallback (as in
-    MindFormers, where nothing else moves the bias); its topk_bias_update_rate, else moe_config's, is u."""
+    MindFormers, where nothing else moves the bias) that reaches these layers (`router.bias_updated`: not a legacy
+    Llama model without shared experts); its topk_bias_update_rate, else moe_config's, is u."""
     entry = plan["run"]["callbacks"]["topk_bias_balance"]
     layers = [m for m in moe_layers(model) if m.spec.router.bias_balance]
-    if not plan["moe"]["router"]["bias_balance"] or entry is None or entry["balance_via_topk_bias"] is False \
+    if not plan["moe"]["router"]["bias_updated"] or entry is None or entry["balance_via_topk_bias"] is False \
             or not layers:
         return
     rate = entry["topk_bias_update_rate"]
@@ -118,7 +127,7 @@ def trainer_callbacks(plan: dict) -> list[TrainerCallback]:
     callbacks: list[TrainerCallback] = []
     if logs_drop_rate(plan):
         callbacks.append(MoEDropRateCallback())
-    if plan["moe"]["router"]["bias_balance"] and plan["run"]["callbacks"]["topk_bias_balance"] is not None:
+    if plan["moe"]["router"]["bias_updated"] and plan["run"]["callbacks"]["topk_bias_balance"] is not None:
         callbacks.append(TopkBiasBalanceCallback(plan))
     return callbacks
 
@@ -128,8 +137,8 @@ def _rank_zero() -> bool:
 
 
 class MoEDropRateCallback(TrainerCallback):
-    """HF Trainer callback: at each step end, MindFormers' `layer: {i}, drop_rate: {r:.5f}` lines on stderr (rank
-    0) from the measured drop rate; `self.metrics` keeps the last step's `step_metrics`."""
+    """HF Trainer callback: at each step end, `drop_rate_lines` on stderr (rank 0); `self.metrics` keeps the last
+    step's `step_metrics`."""
 
     def __init__(self):
         self.metrics: dict[int, dict] = {}

@@ -8,9 +8,12 @@
     out    = unpermute(y, perm, gates)            weighted combine; dropped pairs weigh 0, gates not renormalised
            + [sigmoid(shared_gate(x)) *] shared(x)
 
-Capacity (reference/mindformers/moe.md §3): C = min(ceil(k * N * cf / E), N) per expert, N the tokens of this
-forward on this rank (one micro-batch of one data-parallel shard); `dropless` (cf <= 0, or use_gmm without
-mf_ds.gmm_capacity) keeps every pair. `safe_tokens` (enable_gmm_safe_tokens, moev3.py `_pad_safe_tokens`) puts one
+Capacity (reference/mindformers/moe.md §3; moe.py calculate_expert_capacity_v2): per MindFormers token group (the N
+tokens of one data-parallel x context-parallel shard, x model_parallel under sequence parallel; the Plan's
+`token_groups` of them in one forward here, consecutive), C = roundup(min(ceil(k * N * cf / E), N), m) per expert,
+m = model_parallel (or expert_model_parallel, 1 under sequence parallel) x comp_comm_parallel_degree; `dropless`
+(cf <= 0, whose dynamic capacity drops nothing; use_gmm without mf_ds.gmm_capacity; mcore) keeps every pair.
+`safe_tokens` (enable_gmm_safe_tokens, moev3.py `_pad_safe_tokens`) puts one
 zero row at the head of every expert's group so no grouped matmul sees an empty group; zero rows give zero
 outputs and zero weight gradients, so the numbers are unchanged. With expert parallelism (parallel.py) the experts
 here are this rank's shard and the permuted rows travel to their owners by all-to-all.
@@ -34,13 +37,14 @@ Legend: T tokens, H hidden, E experts (E_local on this rank), K top-k, I expert 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from mf_ds.moe.router import MFRouter, RouterSpec, Routing, aux_losses, route
+from mf_ds.moe.router import MFRouter, RouterSpec, Routing, aux_losses, aux_top_k, expert_fractions, route
 from mf_ds.ops.gmm import gather_supported, grouped_mm, grouped_mm_gather, swiglu_experts, swiglu_experts_supported
 from mf_ds.ops.permute import Permuted, permute, unpermute
 from mf_ds.ops.swiglu import fused_swiglu_packed
@@ -52,9 +56,11 @@ class MoESpec:
 
     router: RouterSpec
     capacity_factor: float
-    """cf of C = min(ceil(k N cf / E), N)."""
+    """cf of C = roundup(min(ceil(k N cf / E), N), capacity_multiple)."""
     dropless: bool
     """Keep every pair (capacity_factor <= 0, or use_gmm without mf_ds.gmm_capacity)."""
+    capacity_multiple: int = 1
+    """C is rounded up to a multiple of this: model_parallel x comp_comm_parallel_degree (moe.md §3)."""
     drop_policy: str = "kdrop"
     """kdrop (first choices before second choices) | sdrop (token order: enable_sdrop)."""
     safe_tokens: bool = False
@@ -62,24 +68,49 @@ class MoESpec:
     shared_gating: bool = False
     """use_shared_expert_gating: shared output times sigmoid(shared_gate(x))."""
     estimate_capacity_factor: float | None = None
-    """cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E): MoEDropRateCallback's argument, else
-    capacity_factor; no estimate when <= 0."""
+    """cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E) (MoEDropRateCallback's argument, else
+    capacity_factor); None where MindFormers has no estimate: no fi_parameter (MoEV3, mcore) or no expert aux
+    loss to write it (moe.md §5)."""
 
     @classmethod
     def from_plan(cls, moe: dict, drop_rate_callback: dict | None = None) -> MoESpec:
-        estimate = drop_rate_callback["capacity_factor"] if drop_rate_callback else None
-        return cls(router=RouterSpec.from_plan(moe), capacity_factor=moe["capacity_factor"],
+        router = RouterSpec.from_plan(moe)
+        cf = (drop_rate_callback or {}).get("capacity_factor")
+        cf = moe["capacity_factor"] if cf is None else cf
+        # TopkRouterV2._expert_load_balancing writes fi whenever the YAML sets an expert loss, added or not
+        has_fi = router.path == "moev2" and router.configured[0] > 0
+        return cls(router=router, capacity_factor=moe["capacity_factor"],
+                   capacity_multiple=moe["capacity_multiple"],
                    dropless=moe["dropless"] or moe["capacity_factor"] <= 0, drop_policy=moe["drop_policy"],
                    safe_tokens=moe["safe_tokens"], shared_gating=moe["shared_expert_gating"],
-                   estimate_capacity_factor=moe["capacity_factor"] if estimate is None else estimate)
+                   estimate_capacity_factor=cf if has_fi else None)
 
     def capacity(self, tokens: int) -> int | None:
-        """Pairs each expert keeps out of `tokens` tokens; None when dropless (moe.py calculate_expert_capacity_v2,
-        the same float expression so the ceiling agrees with MindFormers')."""
+        """Pairs each expert keeps out of one group of `tokens` tokens; None when dropless (moe.py
+        calculate_expert_capacity_v2, the same float expression so the ceiling agrees with MindFormers')."""
         if self.dropless:
             return None
-        k, experts = self.router.top_k, self.router.num_experts
-        return min(math.ceil(k * tokens * self.capacity_factor / experts), tokens)
+        k, experts, multiple = self.router.top_k, self.router.num_experts, self.capacity_multiple
+        raw = min(math.ceil(k * tokens * self.capacity_factor / experts), tokens)
+        return -(-raw // multiple) * multiple
+
+
+def group_capacity_mask(expert_ids_TK: torch.Tensor, num_experts: int, capacity: int, drop_policy: str,
+                        groups: int) -> torch.Tensor:
+    """kept [T, K]: per group of T/groups consecutive tokens, each expert keeps its first `capacity` pairs in the
+    drop order (k-drop: choice rank, then token; s-drop: token, then choice), as TopkRouterV2 does per dp shard."""
+    tokens, k = expert_ids_TK.shape
+    group_T = torch.arange(tokens, device=expert_ids_TK.device) // (tokens // groups)
+    bucket_P = (expert_ids_TK + (group_T * num_experts).unsqueeze(1)).flatten()  # (group, expert)
+    t_P = torch.arange(tokens, device=bucket_P.device).repeat_interleave(k)
+    k_P = torch.arange(k, device=bucket_P.device).repeat(tokens)
+    priority_P = k_P * tokens + t_P if drop_policy == "kdrop" else t_P * k + k_P
+    order = torch.argsort(bucket_P * (tokens * k) + priority_P)
+    counts = torch.bincount(bucket_P, minlength=groups * num_experts)
+    start = torch.cumsum(counts, 0) - counts
+    position_sorted = torch.arange(bucket_P.numel(), device=bucket_P.device) - start[bucket_P[order]]
+    kept_P = torch.empty_like(bucket_P, dtype=torch.bool).scatter_(0, order, position_sorted < capacity)
+    return kept_P.view(tokens, k)
 
 
 class MFExperts(nn.Module):
@@ -194,7 +225,7 @@ class LayerStats:
         self.pairs = torch.zeros((), **zeros)  # routed (token, choice) pairs
         self.dropped = torch.zeros((), **zeros)  # of which dropped by the capacity
         self.load_E = torch.zeros(num_experts, **zeros)  # routed pairs per expert (before dropping)
-        self.estimate_sum = torch.zeros((), **zeros)  # MindFormers' estimate, summed over micro-batches
+        self.estimate_last: torch.Tensor | None = None  # MindFormers' estimate of the last micro-batch
         self.micro = torch.zeros((), **zeros)  # micro-batches counted
         self.bias_load_E = torch.zeros(num_experts, **zeros)  # the bias balance's own load, reset by its update
 
@@ -216,18 +247,30 @@ class MFMoE(nn.Module):
         self.expert_parallel = expert_parallel  # parallel.ExpertParallel, or None
         self._aux_slot = _AuxSlot()
         self._aux_value: torch.Tensor | None = None
+        self._gbs_accu: torch.Tensor | None = None
+        self._gbs_f: torch.Tensor | None = None
         self.stats: LayerStats | None = None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
         x_TH = hidden_states.reshape(-1, shape[-1])
         spec = self.spec
+        groups = spec.router.token_groups
+        if x_TH.shape[0] % groups:  # not a batch of the YAML's shape (an eval tail): one group, as a whole shard
+            spec = dataclasses.replace(spec, router=dataclasses.replace(spec.router, token_groups=1))
+            groups = 1
         bias_E = self.gate.e_score_correction_bias if spec.router.bias_balance else None
         logits_TE = self.gate(x_TH)
         routing = route(logits_TE, spec.router, bias_E)
+        capacity = spec.capacity(x_TH.shape[0] // groups)
+        expert_ids_TK = routing.expert_ids_TK
+        if capacity is not None and groups > 1:  # each group keeps its own C; permute then drops no more
+            kept_TK = group_capacity_mask(expert_ids_TK, spec.router.num_experts, capacity, spec.drop_policy, groups)
+            expert_ids_TK = expert_ids_TK.masked_fill(~kept_TK, -1)
+            capacity *= groups
         # On the Triton path the first grouped matmul gathers the token rows itself (no permuted copy).
         gathered = self.expert_parallel is None and not spec.safe_tokens and gather_supported(x_TH)
-        perm = permute(x_TH, routing.expert_ids_TK, spec.router.num_experts, capacity=spec.capacity(x_TH.shape[0]),
+        perm = permute(x_TH, expert_ids_TK, spec.router.num_experts, capacity=capacity,
                        drop_policy=spec.drop_policy, materialize=not gathered)
         exact = self.expert_parallel is None and spec.dropless  # every row a kept pair: no padding rows
         if gathered:
@@ -239,9 +282,10 @@ class MFMoE(nn.Module):
         out_TH = unpermute(y_MH.to(x_TH.dtype), perm, routing.gates_TK)
         counted = self.training and torch._C._current_graph_task_id() == -1  # not a recompute inside backward
         if counted:
-            self._count(routing, perm)
+            self._count(routing, perm, spec)
         if self.training and spec.router.has_aux:
-            aux = aux_losses(logits_TE, routing.scores_TE, spec.router)
+            f_E = self._global_batch_f(routing, spec, counted) if spec.router.global_batch_f else None
+            aux = aux_losses(logits_TE, routing.scores_TE, spec.router, routing.expert_ids_TK, f_E)
             if counted:  # a new forward; a recompute in backward keeps the slot of the forward it repeats
                 self._aux_value, self._aux_slot = aux.detach(), _AuxSlot()
             out_TH = _AttachAux.apply(out_TH, aux, self._aux_slot)
@@ -253,9 +297,29 @@ class MFMoE(nn.Module):
         return out_TH.view(shape)
 
     @torch.no_grad()
-    def _count(self, routing: Routing, perm: Permuted) -> None:
+    def _global_batch_f(self, routing: Routing, spec: MoESpec, counted: bool) -> torch.Tensor:
+        """gbs_aux_loss's f (mcore TopKRouter._expert_load_balancing, fi_accu): this micro-batch's f averaged over
+        every rank (MindFormers' dp x tp x cp groups), added to the step's running sum, normalised. A recompute
+        in backward reuses the value of the forward it repeats; `step_metrics` resets the sum every step.
+        Collective over the default group in every counted training forward."""
+        if counted or self._gbs_f is None:
+            f_E = expert_fractions(aux_top_k(routing.scores_TE, routing.expert_ids_TK, spec.router),
+                                   spec.router).mean(0)
+            if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+                torch.distributed.all_reduce(f_E)
+                f_E /= torch.distributed.get_world_size()
+            self._gbs_accu = f_E if self._gbs_accu is None else self._gbs_accu + f_E
+            self._gbs_f = self._gbs_accu / self._gbs_accu.sum()
+        return self._gbs_f
+
+    def reset_step(self) -> None:
+        """Step end: gbs_aux_loss's running f starts again (MindFormers' _reset_accu_gbs_fi)."""
+        self._gbs_accu = self._gbs_f = None
+
+    @torch.no_grad()
+    def _count(self, routing: Routing, perm: Permuted, spec: MoESpec) -> None:
         ids = routing.expert_ids_TK.flatten()
-        experts = self.spec.router.num_experts
+        experts = spec.router.num_experts
         if self.stats is None or self.stats.load_E.device != ids.device:
             self.stats = LayerStats(experts, ids.device)
         stats = self.stats
@@ -265,9 +329,11 @@ class MFMoE(nn.Module):
         stats.dropped += (~perm.kept_TK).sum()
         stats.load_E += load_E
         stats.bias_load_E += load_E
-        cf = self.spec.estimate_capacity_factor
-        if cf is not None and cf > 0:  # MoEDropRateCallback: sum_i max(0, f_i - cf/E)
-            stats.estimate_sum += (load_E / ids.numel() - cf / experts).clamp(min=0).sum()
+        cf = spec.estimate_capacity_factor
+        if cf is not None:  # MoEDropRateCallback: sum_i max(0, f_i - cf/E) of fi_parameter, which each forward
+            # overwrites (the last micro-batch's), from the aux top-k, of this rank's (first) token group
+            f_E = expert_fractions(aux_top_k(routing.scores_TE, routing.expert_ids_TK, spec.router), spec.router)[0]
+            stats.estimate_last = (f_E.double() - cf / experts).clamp(min=0).sum()
         stats.micro += 1
 
     def extra_repr(self) -> str:

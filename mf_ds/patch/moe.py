@@ -118,7 +118,7 @@ def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: in
     if bias is not None and not spec.router.bias_balance and bool(bias.any()):
         notes.append(f"{path}.gate.e_score_correction_bias: kept but not used for selection "
                      f"(balance_via_topk_bias is off)")
-    gate = MFRouter(block.gate.weight, bias)
+    gate = MFRouter(block.gate.weight, bias, dtype=moe["router"]["dtype"])
 
     shared, names = {}, ("", None)
     if family.shared:

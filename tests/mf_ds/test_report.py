@@ -10,13 +10,14 @@ from PIL import Image
 from mf_ds.report import main, plot_run
 
 
-def write_metrics(path, moe: bool) -> list[dict]:
+def write_metrics(path, moe: bool, estimate: bool = True, steps: int = 10) -> list[dict]:
     rows = []
-    for step in range(1, 11):
+    for step in range(1, steps + 1):
         row = {"step": step, "epoch": 1, "loss": 6.0 - 0.3 * step, "lr": 1e-3 * step / 10, "grad_norm": 1.0 / step,
                "tokens_per_s": 1000.0 + step}
         if moe:
-            row["moe"] = {str(layer): {"drop_rate": 0.01 * layer * step, "drop_rate_estimate": 0.02 * step,
+            row["moe"] = {str(layer): {"drop_rate": 0.01 * layer * step,
+                                       "drop_rate_estimate": 0.02 * step if estimate else None,
                                        "expert_load": [0.5, 0.25, 0.25, 0.0] if layer == 1 else [0.25] * 4}
                           for layer in (1, 3)}
         rows.append(row)
@@ -46,6 +47,18 @@ def test_plots_follow_the_metrics(tmp_path, moe):
             assert image.format == "PNG" and image.size[0] >= 400
             # not a blank canvas: a plotted line leaves more than one colour
             assert len(image.convert("RGB").getcolors(maxcolors=1 << 16) or []) > 10
+
+
+@pytest.mark.parametrize("estimate", [False, True])
+def test_drop_rate_plot_draws_the_estimate_only_when_there_is_one(tmp_path, estimate):
+    """No MindFormers estimate (use_gmm, mcore, no expert loss): no dashed lines and a title that promises none;
+    the step axis has integer ticks even for a 3-step run."""
+    rows = write_metrics(tmp_path / "metrics.jsonl", moe=True, estimate=estimate, steps=3)
+    plotted = plot_run(tmp_path)["drop_rate.png"]
+    assert ("dashed" in plotted["title"]) == estimate
+    assert plotted["estimate"] == ({"1": [r["moe"]["1"]["drop_rate_estimate"] for r in rows],
+                                    "3": [r["moe"]["3"]["drop_rate_estimate"] for r in rows]} if estimate else {})
+    assert plotted["xticks"] and all(tick == int(tick) for tick in plotted["xticks"])
 
 
 def test_cli_errors(tmp_path, capsys):

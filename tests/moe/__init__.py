@@ -45,16 +45,21 @@ def moe_plan(num_experts: int = 8, top_k: int = 2, router: dict | None = None, c
     `run.callbacks` with the MoE entries (None: not in the YAML)."""
     section = {
         "num_experts": num_experts, "top_k": top_k, "intermediate_size": None, "shared_experts": 0,
-        "shared_expert_gating": False, "layers": [0, 1], "mtp_layers": [],
+        "shared_expert_gating": False, "layers": [0, 1], "mtp_layers": [], "path": "moev2",
         "router": {"score": "softmax", "dtype": "float32", "topk_method": "greedy", "n_group": None,
                    "topk_group": None, "norm_topk_prob": False, "routed_scaling_factor": 1.0,
                    "bias_balance": False, "bias_update_rate": 0.0, **(router or {})},
-        "aux_loss": {"expert": 0.0, "device": 0.0, "comm": 0.0}, "z_loss": 0.0, "capacity_factor": -1.0,
-        "dropless": True, "drop_policy": "kdrop", "gmm": False, "fused_permute": False, "safe_tokens": False,
-        "expert_parallel": 1, "drop_rate_callback": False,
+        "aux_loss": {"expert": 0.0, "device": 0.0, "comm": 0.0}, "aux_groups": {"device": None, "comm": 1},
+        "aux_loss_configured": {},
+        "z_loss": 0.0, "capacity_factor": -1.0, "capacity_multiple": 1, "token_groups": 1, "aux_f": "group",
+        "dropless": True,
+        "drop_policy": "kdrop", "gmm": False, "fused_permute": False, "safe_tokens": False, "expert_parallel": 1,
+        "drop_rate_callback": False,
     }
     for key, value in moe.items():
         section[key] = {**section[key], **value} if isinstance(value, dict) and key != "router" else value
+    section["router"].setdefault("bias_updated", section["router"]["bias_balance"])
+    section["aux_loss_configured"] = {**section["aux_loss"], **section["aux_loss_configured"]}
     run = {"callbacks": {"topk_bias_balance": None, "moe_drop_rate": None, **(callbacks or {})}}
     return {"moe": section, "kernels": dict(KERNELS_OFF), "run": run}
 

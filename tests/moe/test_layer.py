@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import mf_ds.moe
 import mf_ds.moe.layer
 import mf_ds.patch
-from mf_ds.moe.router import aux_losses
+from mf_ds.moe.router import aux_losses, expert_fractions
 from tests.conftest import CONFIGS
 from tests.moe import FAMILIES, family_plan, grads, moe_plan, tiny_model
 
@@ -149,7 +149,8 @@ def test_dropping_follows_mindformers_pair_for_pair(monkeypatch, policy):
 
 def test_logged_drop_rate_equals_the_counted_one(monkeypatch):
     model = tiny_model("mixtral", router_scale=40.0)
-    plan = family_plan("mixtral", capacity_factor=1.0, dropless=False, drop_policy="sdrop")
+    plan = family_plan("mixtral", capacity_factor=1.0, dropless=False, drop_policy="sdrop",
+                       aux_loss={"expert": 0.01})
     mf_ds.patch.apply(model, plan)
     model.train()
     seen = _capture_permute(monkeypatch)
@@ -165,11 +166,73 @@ def test_logged_drop_rate_equals_the_counted_one(monkeypatch):
         assert dropped > 0
         loads = [torch.bincount(ids.flatten(), minlength=8).double() for ids, _, _ in micro]
         assert metrics[layer]["expert_load"] == pytest.approx((sum(loads) / pairs).tolist())
-        estimate = sum((load / load.sum() - 1.0 / 8).clamp(min=0).sum().item() for load in loads) / 2
-        assert metrics[layer]["drop_rate_estimate"] == pytest.approx(estimate)
+        # MindFormers' fi_parameter holds the last micro-batch's f only
+        last = loads[-1]
+        assert metrics[layer]["drop_rate_estimate"] == pytest.approx((last / last.sum() - 1.0 / 8).clamp(min=0).sum())
     lines = mf_ds.moe.drop_rate_lines(metrics)
-    assert lines == [f"layer: {i}, drop_rate: {metrics[i]['drop_rate']:.5f}" for i in (0, 1)]
+    assert lines == [f"layer: {i}, drop_rate: {metrics[i]['drop_rate_estimate']:.5f}" for i in (0, 1)] + \
+        [f"layer: {i}, measured_drop_rate: {metrics[i]['drop_rate']:.5f}" for i in (0, 1)]
     assert mf_ds.moe.step_metrics(model)[0]["drop_rate"] == 0.0  # counters were reset
+
+
+def test_no_estimate_without_an_expert_loss_or_on_the_gmm_and_mcore_paths():
+    """MindFormers writes fi_parameter only in TopkRouterV2's expert loss: MoEV3 and mcore have none."""
+    for settings in ({}, {"aux_loss": {"expert": 0.01}, "path": "moev3"}, {"aux_loss": {"expert": 0.01},
+                                                                           "path": "mcore"}):
+        model = tiny_model("mixtral", router_scale=40.0)
+        mf_ds.patch.apply(model, family_plan("mixtral", capacity_factor=1.0, dropless=False, **settings))
+        model.train()
+        model(_batch())
+        metrics = mf_ds.moe.step_metrics(model)
+        assert all(m["drop_rate_estimate"] is None for m in metrics.values())
+        assert all("measured_drop_rate" in line for line in mf_ds.moe.drop_rate_lines(metrics))
+
+
+def test_capacity_per_token_group_with_rounding(monkeypatch):
+    """token_groups 3 (e.g. sequence parallel over 3): each third of the tokens keeps its own C =
+    roundup(ceil(k N cf / E), multiple), in MindFormers' order, and nothing else is dropped."""
+    model = tiny_model("qwen3_moe", router_scale=40.0)
+    plan = family_plan("qwen3_moe", capacity_factor=0.5, dropless=False, token_groups=3, capacity_multiple=2)
+    mf_ds.patch.apply(model, plan)
+    model.train()
+    seen = _capture_permute(monkeypatch)
+    block = model.model.layers[0].mlp
+    x = torch.randn(2, 12, 32)  # 24 tokens, 3 groups of 8
+    block(x)
+    (ids, kept, capacity), = seen
+    c = math.ceil(2 * 8 * 0.5 / 8)
+    c += c % 2
+    assert c == 2 and capacity == 3 * c
+    routing = mf_ds.moe.route(block.gate(x.view(-1, 32)), block.spec.router)
+    expected = torch.cat([_mindformers_within_capacity(part, 8, c, sdrop=False)
+                          for part in routing.expert_ids_TK.split(8)])
+    assert torch.equal(kept, expected) and (~expected).any()
+    block(torch.randn(1, 7, 32))  # 7 tokens: not the YAML's shape, one group
+    assert seen[-1][2] == math.ceil(2 * 7 * 0.5 / 8) + 1
+
+
+def test_bias_of_a_llama_path_model_without_shared_experts_never_moves():
+    """TopkBiasBalanceCallback reaches only `feed_forward.routed_experts` routers (callback.py 1.7.0)."""
+    model = tiny_model("mixtral")
+    plan = family_plan("mixtral", router=dict(bias_balance=True, bias_updated=False, bias_update_rate=0.1),
+                       callbacks={"topk_bias_balance": BIAS_CALLBACK})
+    mf_ds.patch.apply(model, plan)
+    model.train()
+    model(_batch()).logits.sum().backward()
+    before = model.model.layers[0].mlp.gate.e_score_correction_bias.clone()
+    mf_ds.moe.update_topk_bias(model, plan)
+    assert torch.equal(model.model.layers[0].mlp.gate.e_score_correction_bias, before)
+    assert mf_ds.moe.trainer_callbacks(plan) == []
+
+
+def test_bfloat16_router_dense_type():
+    model = tiny_model("qwen3_moe")
+    mf_ds.patch.apply(model, family_plan("qwen3_moe", router=dict(dtype="bfloat16")))
+    gate = model.model.layers[0].mlp.gate
+    x = torch.randn(5, 32)
+    logits = gate(x)
+    assert logits.dtype == torch.bfloat16
+    assert torch.equal(logits, torch.nn.functional.linear(x.bfloat16(), gate.weight.bfloat16()))
 
 
 def test_dropless_and_eval_forwards_count_nothing_dropped():
@@ -319,7 +382,7 @@ def test_drop_rate_estimate_uses_the_callbacks_capacity_factor():
     estimates = []
     for callback_cf in (None, 0.5):
         model = tiny_model("qwen3_moe", router_scale=40.0)
-        plan = family_plan("qwen3_moe", capacity_factor=1.5, dropless=False,
+        plan = family_plan("qwen3_moe", capacity_factor=1.5, dropless=False, aux_loss={"expert": 0.01},
                            callbacks={"moe_drop_rate": {**DROP_CALLBACK, "capacity_factor": callback_cf}})
         mf_ds.patch.apply(model, plan)
         model.train()
@@ -347,7 +410,8 @@ def test_hf_trainer_callbacks(capsys):
     for callback in callbacks:
         callback.on_step_end(None, None, None, model=model)
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"layer: 1, drop_rate: {callbacks[0].metrics[1]['drop_rate']:.5f}"]
+    # no expert aux loss: MindFormers prints nothing; our measured rate has its own line
+    assert err == [f"layer: 1, measured_drop_rate: {callbacks[0].metrics[1]['drop_rate']:.5f}"]
     assert callbacks[0].metrics[1]["drop_rate"] > 0
     assert not torch.equal(model.model.layers[1].mlp.gate.e_score_correction_bias, bias_before)
 
@@ -393,3 +457,51 @@ def test_plan_and_model_disagreeing_is_an_error():
         "llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=64))
     with pytest.raises(mf_ds.patch.PatchError, match="no patch for model type 'llama'"):
         mf_ds.patch.apply(llama, moe_plan())
+
+
+def test_gbs_aux_loss_uses_the_running_f_of_the_step():
+    """mcore gbs_aux_loss (TopKRouter fi_accu): micro-batch m's expert loss takes f = the mean of the step's f so
+    far (all ranks: one here); the step end starts it again."""
+    model = tiny_model("qwen3_moe", router_scale=10.0)
+    mf_ds.patch.apply(model, family_plan("qwen3_moe", path="mcore", aux_f="global_batch",
+                                         aux_loss={"expert": 0.1}))
+    model.train()
+    block = model.model.layers[0].mlp
+    spec = block.spec.router
+    xs = [torch.randn(10, 32, generator=torch.Generator().manual_seed(seed)) for seed in range(3)]
+    fs, got = [], []
+    for x in xs[:2]:
+        block(x)
+        got.append(block._aux_value)
+        routing = mf_ds.moe.route(block.gate(x), spec)
+        fs.append(expert_fractions(routing.expert_ids_TK, spec)[0])
+        expected_f = torch.stack(fs).mean(0)
+        assert_close(got[-1], aux_losses(block.gate(x), routing.scores_TE, spec, routing.expert_ids_TK, expected_f))
+    assert not torch.allclose(got[1], aux_losses(block.gate(xs[1]), mf_ds.moe.route(block.gate(xs[1]), spec).scores_TE,
+                                                 spec, mf_ds.moe.route(block.gate(xs[1]), spec).expert_ids_TK))
+    mf_ds.moe.step_metrics(model)  # step end
+    block(xs[2])
+    routing = mf_ds.moe.route(block.gate(xs[2]), spec)
+    assert_close(block._aux_value, aux_losses(block.gate(xs[2]), routing.scores_TE, spec, routing.expert_ids_TK))
+
+
+def test_llama_path_estimate_without_the_discarded_loss():
+    """Legacy Llama MoE: the expert loss is computed (fi written) and discarded, so MindFormers logs its estimate
+    while nothing is added to the loss; with the balancing bias the estimate counts a plain top-k."""
+    model = tiny_model("mixtral", router_scale=40.0)
+    plan = family_plan("mixtral", capacity_factor=1.0, dropless=False, aux_loss_configured={"expert": 0.01},
+                       router=dict(bias_balance=True, bias_updated=False))
+    mf_ds.patch.apply(model, plan)
+    model.train()
+    block = model.model.layers[0].mlp
+    with torch.no_grad():
+        block.gate.e_score_correction_bias.copy_(torch.tensor([5.0, 0, 0, 0, 0, 0, 0, 0]))  # selection: expert 0
+    x = torch.randn(1, 12, 32)
+    block(x)
+    assert block._aux_value is None  # no loss added
+    metrics = mf_ds.moe.step_metrics(model)
+    scores = block.gate(x.view(-1, 32)).softmax(-1)
+    f = torch.bincount(scores.topk(2, dim=-1).indices.flatten(), minlength=8).double() / 24
+    assert metrics[0]["drop_rate_estimate"] == pytest.approx(float((f - 1.0 / 8).clamp(min=0).sum()))
+    routed = torch.tensor(metrics[0]["expert_load"])
+    assert routed[0] == pytest.approx(0.5)  # the routing itself took the biased choice

@@ -79,9 +79,10 @@ def test_group_limited_greedy_matches_deepseek_v2():
 def test_aux_losses_follow_mindformers_formulas():
     torch.manual_seed(3)
     logits = torch.randn(T, E, requires_grad=True)
-    spec = RouterSpec(E, K, aux_expert=0.01, aux_device=0.02, aux_comm=0.03, z_loss=0.004, aux_groups=2)
+    spec = RouterSpec(E, K, aux_expert=0.01, aux_device=0.02, aux_comm=0.03, z_loss=0.004, device_groups=2,
+                      comm_groups=2)
     scores = logits.softmax(-1)
-    got = aux_losses(logits, scores, spec)
+    got = aux_losses(logits, scores, spec, scores.topk(K, dim=-1).indices)
     # naive, per moe.md §3: P_i = mean_t p_ti, f_i = share of the k*T pairs on i
     ids = scores.topk(K, dim=-1).indices
     f = torch.stack([(ids == i).sum() for i in range(E)]).float() / (K * T)
@@ -102,7 +103,7 @@ def test_sigmoid_aux_loss_uses_renormalised_scores():
     probs = scores / scores.sum(-1, keepdim=True)
     ids = probs.topk(K, dim=-1).indices
     f = torch.stack([(ids == i).sum() for i in range(E)]).float() / (K * T)
-    assert_close(aux_losses(logits, scores, spec), 0.1 * E * (probs.mean(0) * f).sum(), rtol=1e-5, atol=1e-6)
+    assert_close(aux_losses(logits, scores, spec, ids), 0.1 * E * (probs.mean(0) * f).sum(), rtol=1e-5, atol=1e-6)
     assert aux_losses(logits, scores, RouterSpec(E, K, score="sigmoid")) is None
 
 

@@ -18,7 +18,6 @@ from translators.families.rules import (
     IGNORE_100,
     INFERENCE,
     LAYOUT,
-    MOE_RUNTIME,
     NORM_FP32,
     PREDICT_BATCH,
     ROTARY_FP32,
@@ -86,6 +85,34 @@ MCORE_MOE_NAMES: dict[str, str] = {
     "topk_method": "topk_method",
 }
 
+# What each of them becomes (parallel_core/transformer_config_utils.py COMMON_CONFIG_MAPPING and the training graph,
+# 1.7.0): translators/moe.py reads the first group and notes what each became; the others are not read.
+_MOE_READ = "MoE setting (moe_config.{legacy}); read by translators/moe.py into the Plan's moe (see its notes)"
+_NOT_IN_TRAINING_GRAPH = "not read by MindFormers' mcore training graph"
+_PERFORMANCE = "Ascend dispatch / overlap setting (performance only; the mcore path is dropless)"
+MCORE_MOE_RULES: dict[str, Rule | str] = {
+    **{key: Runtime(_MOE_READ.format(legacy=MCORE_MOE_NAMES[key])) for key in (
+        "moe_router_dtype", "router_dense_type", "moe_router_enable_expert_bias", "balance_via_topk_bias",
+        "moe_router_bias_update_rate", "topk_bias_update_rate", "moe_grouped_gemm", "use_gmm", "use_pad_tokens",
+        "enable_gmm_safe_tokens", "moe_permute_fusion", "use_fused_ops_permute", "moe_router_load_balancing_type",
+        "moe_aux_loss_coeff", "moe_z_loss_coeff", "z_loss_factor", "use_shared_expert_gating",
+        "callback_moe_droprate")},
+    **_each(("moe_expert_capacity_factor", "capacity_factor"),
+            DROP("accepted and unused: MindFormers' mcore training graph has no capacity code (dropless, as here)")),
+    **_each(("moe_token_drop_policy", "enable_sdrop"), DROP("unused: the mcore training graph drops no tokens")),
+    **_each(("aux_loss_types", "aux_loss_factors"),
+            DROP("not an mcore key (COMMON_CONFIG_MAPPING has no such spelling): moe_router_load_balancing_type and "
+                 "moe_aux_loss_coeff set the aux loss")),
+    "topk_method": DROP("mcore routes by moe_router_num_groups / moe_router_group_topk, not topk_method"),
+    **_each(("moe_router_pre_softmax", "moe_token_dispatcher_type"), DROP(_NOT_IN_TRAINING_GRAPH)),
+    **_each(("use_fused_ops_topkrouter", "npu_nums_per_device", "moe_shared_expert_overlap", "group_wise_a2a",
+             "comp_comm_parallel", "comp_comm_parallel_degree"), DROP(_PERFORMANCE)),
+    "moe_router_force_expert_balance": Expect(False, "off: the router's own probabilities", "MindFormers replaces "
+                                              "the router probabilities by a uniform balanced load (a load test); "
+                                              "mf_ds routes with the router's"),
+}
+assert set(MCORE_MOE_RULES) == set(MCORE_MOE_NAMES), set(MCORE_MOE_RULES) ^ set(MCORE_MOE_NAMES)
+
 MCORE: dict[str, Rule | str] = {
     "model_type": Ident(tuple(_MCORE_TYPES)),
     "architectures": Ident(tuple(_MCORE_ARCHS)),
@@ -136,7 +163,7 @@ MCORE: dict[str, Rule | str] = {
     "mtp_loss_factor": Shape(),
     "return_extra_loss": Shape(),
     **_each(_SHAPE_KEYS, Shape()),
-    **{key: Runtime(MOE_RUNTIME.format(legacy=legacy)) for key, legacy in MCORE_MOE_NAMES.items()},
+    **MCORE_MOE_RULES,
 }
 
 QWEN3: dict[str, Rule | str] = {
