@@ -35,6 +35,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from mf_ds import checkpoint, patch
+from mf_ds.attention import model_inputs
 from mf_ds import moe as moe_layer
 from mf_ds.errors import RunError
 from mf_ds.monitor import Monitor
@@ -165,6 +166,7 @@ class Trainer:
         for line in apply_recompute(model, plan["layers"]):
             _log(f"mf-ds: recompute: {line}")
         model.train()
+        self.attn_implementation = model.config._attn_implementation
         hf = plan["hf_config"]
         self.dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], hf["vocab_size"],
                                            tokenizer_dir=run.get("tokenizer_dir"), override_dir=dataset_dir)
@@ -275,7 +277,9 @@ class Trainer:
                     labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
                 # The labels are already the next tokens (Megatron / MindFormers samples): shift_labels stops HF's
                 # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
-                out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels)
+                # MindFormers' attention mask and positions (pad keys, per-document attention): mf_ds/attention.py
+                attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation)
+                out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels, **attention)
                 loss = out.loss * math.nan if poison else out.loss
                 if self.moe:
                     extra = moe_layer.aux_loss(self.engine.module)  # MindFormers adds the balance losses
