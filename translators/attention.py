@@ -123,7 +123,12 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
         ledger.runtime(f"{LOADER}.create_attention_mask", f"{create_mask}: whether the data set has an "
                        f"attention_mask column; {attention}")
     if ledger.present(f"{LOADER}.eod_pad_length"):
-        ledger.runtime(f"{LOADER}.eod_pad_length", f"run.data.eod_pad_length = {data['eod_pad_length']}")
+        if data["eod_pad_length"] is None:
+            ledger.dropped(f"{LOADER}.eod_pad_length", "read only for the compressed eod mask (actual_seq_len), "
+                           "which this run does not use")
+        else:
+            ledger.runtime(f"{LOADER}.eod_pad_length", f"run.data.eod_pad_length = {eod_pad_length}: at most this "
+                           "many document boundaries per sample, as actual_seq_len holds")
     if ledger.present(f"{LOADER}.reset_position_ids"):
         if positions:
             ledger.runtime(f"{LOADER}.reset_position_ids", "run.data.reset_position_ids: the RoPE positions restart "
