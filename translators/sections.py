@@ -5,7 +5,7 @@ parallel_config, recompute_config, moe_config) are filled with defaults and reje
 sections (runner_wrapper, optimizer, lr_schedule) get their template defaults only when the whole section is absent.
 WR = mindformers/wrapper/wrapper.py, OPT = mindformers/core/optim, LR = mindformers/core/lr/lr_schedule.py,
 moe.py = mindformers/modules/transformer/moe.py (MoEConfig, line 88).
-`model.model_config` and `model.arch` live in families.py; the model's op-level recompute in recompute.py.
+`model.model_config` and `model.arch` live in the families package; the model's op-level recompute in recompute.py.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
-import time
 
 from tests.conftest import CONFIGS, ROOT, corpus_files
 
@@ -38,11 +38,14 @@ print('ok')
 
 
 def test_mf_translate_is_under_half_a_second_per_file():
+    """CPU seconds of the child processes (user + system), not wall time: a box shared with other jobs stretches the
+    wall clock, not the work `mf-translate` does."""
     files = FILES[:8]
-    start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     for path in files:
         proc = subprocess.run([sys.executable, "-m", "translators.cli", str(path)], cwd=ROOT, capture_output=True,
                               timeout=60)
         assert proc.returncode == 0, proc.stderr
-    per_file = (time.perf_counter() - start) / len(files)
-    assert per_file < 0.5, f"{per_file:.3f} s per file"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    per_file = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / len(files)
+    assert per_file < 0.5, f"{per_file:.3f} CPU s per file"

@@ -1,0 +1,96 @@
+"""DeepSeek-V2/V3 legacy configs (DS2, DS3): LlamaConfig-like names plus MLA; MoE from the top-level moe_config."""
+
+from __future__ import annotations
+
+from translators.families.llama import LLAMA
+from translators.families.rules import (
+                    _GENERATION_KEYS,
+                    _SHAPE_KEYS,
+                    DROP,
+                    INFERENCE,
+                    Expect,
+                    Feeds,
+                    Map,
+                    Rule,
+                    Shape,
+                    _choice,
+                    _each,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# DeepSeek-V2/V3 legacy configs (DS2, DS3): LlamaConfig-like names plus MLA; MoE from the top-level moe_config.
+
+_DEEPSEEK_SHARED = ("type", "auto_register", "batch_size", "seq_length", "hidden_size", "num_layers", "num_heads",
+                    "n_kv_heads", "intermediate_size", "multiple_of", "ffn_dim_multiplier", "vocab_size",
+                    "rms_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id", "ignore_token_id", "theta",
+                    "extend_method", "scaling_factor", "compute_dtype", "param_init_type", "embedding_init_type",
+                    "layernorm_compute_type", "softmax_compute_type", "rotary_dtype", "qkv_concat", "use_past",
+                    "is_dynamic", "use_rope_slice", "use_flash_attention", "fine_grain_interleave",
+                    "checkpoint_name_or_path", *_GENERATION_KEYS, "block_size", "num_blocks", *_SHAPE_KEYS)
+
+DEEPSEEK: dict[str, Rule | str] = {
+    **{key: LLAMA[key] for key in _DEEPSEEK_SHARED},
+    "max_position_embeddings": Feeds(),
+    "kv_lora_rank": "kv_lora_rank",
+    "q_lora_rank": "q_lora_rank",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "v_head_dim": "v_head_dim",
+    "qkv_has_bias": Expect(False, "no q/k/v bias, as in HF MLA", "HF DeepSeek attention has no q/k/v bias"),
+    "router_dense_type": Expect("float32", "router in float32, as HF computes it",
+                                "HF DeepSeek computes the router in float32"),
+    "return_extra_loss": Shape(),
+    "mtp_loss_factor": Shape(),
+}
+DEEPSEEK_V3 = {
+    **DEEPSEEK,
+    "init_method_std": "initializer_range",
+    "mtp_depth": Expect(0, "no MTP layers", "transformers builds no MTP module from it: MindFormers' MTP layers and "
+                                            "their loss are absent unless the runtime adds them",
+                        hf="num_nextn_predict_layers"),
+}
+DEEPSEEK_V2 = {
+    **DEEPSEEK,
+    **_each(("pretrain_seqlen", "compute_in_2d", "use_past_shard"), DROP("deprecated DeepseekV2Config argument")),
+    **_each(("use_kvcache_op", "is_flexible_shape", "use_paged_attention", "use_prompt_flash_attention",
+             "use_incre_flash_attention"), DROP(INFERENCE)),
+}
+
+DEEPSEEK_MOE: dict[str, Rule | str] = {
+    "expert_num": "n_routed_experts",
+    "num_experts_chosen": "num_experts_per_tok",
+    "shared_expert_num": "n_shared_experts",
+    "moe_intermediate_size": "moe_intermediate_size",
+    "first_k_dense_replace": "first_k_dense_replace",
+    "routed_scaling_factor": "routed_scaling_factor",
+    "norm_topk_prob": "norm_topk_prob",
+}
+DEEPSEEK_V3_MOE = {
+    **DEEPSEEK_MOE,
+    "topk_method": Feeds(),
+    "n_group": Feeds(unused="ignored: topk_method is 'greedy' (moe.md §7); hf n_group = 1"),
+    "topk_group": Feeds(unused="ignored: topk_method is 'greedy' (moe.md §7); hf topk_group = 1"),
+    "use_gating_sigmoid": Expect(True, "sigmoid scores, as HF DeepseekV3 always computes them",
+                                 "HF DeepseekV3 always scores experts with a sigmoid"),
+}
+DEEPSEEK_V2_MOE = {
+    **DEEPSEEK_MOE,
+    "topk_method": Map("topk_method", _choice("greedy", "group_limited_greedy")),
+    "n_group": "n_group",
+    "topk_group": "topk_group",
+    "use_gating_sigmoid": Expect(False, "softmax scores, as HF DeepseekV2 computes them",
+                                 "HF DeepseekV2 always scores experts with a softmax"),
+}
+
+DS3_DEFAULTS = {
+    "seq_length": 2048, "hidden_size": 4096, "num_layers": 32, "num_heads": 32, "max_position_embeddings": 32768,
+    "intermediate_size": 18432, "multiple_of": 256, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "vocab_size": 129280, "rms_norm_eps": 1e-6,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "ignore_token_id": -100, "theta": 10000.0,
+    "compute_dtype": "bfloat16", "param_init_type": "bfloat16", "init_method_std": 0.006, "extend_method": "YARN",
+    "mtp_depth": 0, "mtp_loss_factor": 0.3, "return_extra_loss": True, "pp_interleave_num": 1, "offset": 0,
+}
+DS2_DEFAULTS = {
+    **DS3_DEFAULTS, "num_layers": 30, "n_kv_heads": 32, "max_position_embeddings": 4096, "intermediate_size": 12288,
+    "vocab_size": 102400, "compute_dtype": "float16", "param_init_type": "float16",
+}

@@ -1,0 +1,277 @@
+"""The spec of each family and the engine: one pass over a section's keys with its table, then the derivations."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from translators.errors import ConfigError, did_you_mean, join, show
+from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL, Family
+from translators.families.deepseek import (
+    DEEPSEEK_V2,
+    DEEPSEEK_V2_MOE,
+    DEEPSEEK_V3,
+    DEEPSEEK_V3_MOE,
+    DS2_DEFAULTS,
+    DS3_DEFAULTS,
+)
+from translators.families.derive import (
+    _deepseek_positions,
+    _deepseek_v3_groups,
+    _ffn,
+    _glm_kv_heads,
+    _glm_rope,
+    _gpt2_ffn,
+    _gpt2_positions,
+    _kv_heads,
+    _llama_positions,
+    _mcore_groups,
+    _mcore_rope,
+    _mcore_tie,
+    _qwen2_moe_widths,
+    _qwen3_dense_layers,
+    _rope,
+    _seq_positions,
+)
+from translators.families.glm import GLM, GLM_ALIASES, GLM_DEFAULTS
+from translators.families.gpt2 import GPT2, GPT2_DEFAULTS
+from translators.families.llama import LLAMA, LLAMA_DEFAULTS, MIXTRAL, MOE_DEFAULTS, QWEN2, QWEN2_MOE
+from translators.families.mcore import (
+    DEEPSEEK_MCORE,
+    DEEPSEEK_MCORE_DEFAULTS,
+    MCORE,
+    MCORE_DEFAULTS,
+    MCORE_SPELLINGS,
+    QWEN3,
+    QWEN3_DEFAULTS,
+    QWEN3_MOE,
+    QWEN3_MOE_DEFAULTS,
+)
+from translators.families.rules import _TYPES, ARCH_RULES, Feeds, Map, Rule
+from translators.notes import Ledger
+
+# ---------------------------------------------------------------------------------------------------------------
+# The spec of each family: its table, the config class's defaults, its derivations.
+
+Derive = Callable[["_Values", "_Values"], dict]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    config_class: str
+    rules: dict[str, Rule | str]  # YAML spelling -> rule ("hf_name" is Map("hf_name"))
+    defaults: dict[str, Any]  # canonical name -> the config class's default
+    derive: tuple[Derive, ...] = ()
+    aliases: dict[str, str] = field(default_factory=dict)  # YAML spelling -> canonical name
+    moe_rules: dict[str, Rule | str] = field(default_factory=dict)  # top-level moe_config keys feeding the HF config
+    fixed: dict[str, Any] = field(default_factory=dict)  # HF values the family implies
+    head_dim_derived: bool = True  # head_dim = hidden_size / num_heads, which must then divide
+
+    def __post_init__(self) -> None:
+        for name in ("rules", "moe_rules"):
+            table = {k: Map(r) if isinstance(r, str) else r for k, r in getattr(self, name).items()}
+            object.__setattr__(self, name, table)
+
+
+def _mcore_spec(config_class: str, rules: dict[str, Rule | str], defaults: dict, derive: tuple[Derive, ...] = ()):
+    """A spec whose rules answer to every mcore spelling of a setting (MCORE_SPELLINGS)."""
+    spelled = {s: rule for name, rule in rules.items() for s in MCORE_SPELLINGS.get(name, (name,))}
+    aliases = {s: name for name, spellings in MCORE_SPELLINGS.items() for s in spellings}
+    return _Spec(config_class, spelled, defaults, derive, aliases=aliases, head_dim_derived=False)
+
+
+_LLAMA_DERIVE = (_kv_heads, _ffn, _llama_positions, _rope)
+_GLM_DERIVE = (_glm_kv_heads, _glm_rope, _seq_positions)
+_SILU = {"hidden_act": "silu"}  # hard-coded in LlamaFeedForward and the DeepSeek FFNs
+
+_SPECS: dict[tuple[str, bool], _Spec] = {
+    ("llama", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS, _LLAMA_DERIVE, fixed=_SILU),
+    ("qwen2", False): _Spec("LlamaConfig", QWEN2, LLAMA_DEFAULTS, _LLAMA_DERIVE, fixed=_SILU),
+    ("mixtral", False): _Spec("LlamaConfig", MIXTRAL, LLAMA_DEFAULTS, _LLAMA_DERIVE, fixed=_SILU,
+                              moe_rules={"expert_num": "num_local_experts",
+                                         "num_experts_chosen": "num_experts_per_tok"}),
+    ("qwen2_moe", False): _Spec("LlamaConfig", QWEN2_MOE, LLAMA_DEFAULTS, (*_LLAMA_DERIVE, _qwen2_moe_widths),
+                                fixed=_SILU,
+                                moe_rules={"expert_num": "num_experts", "num_experts_chosen": "num_experts_per_tok",
+                                           "norm_topk_prob": "norm_topk_prob", "shared_expert_num": Feeds()}),
+    ("baichuan2", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS),
+    ("telechat", False): _Spec("TelechatConfig", LLAMA, LLAMA_DEFAULTS),
+    ("deepseek_v2", False): _Spec("DeepseekV2Config", DEEPSEEK_V2, DS2_DEFAULTS,
+                                  (_kv_heads, _ffn, _deepseek_positions, _rope), moe_rules=DEEPSEEK_V2_MOE,
+                                  fixed=_SILU, head_dim_derived=False),
+    ("deepseek_v3", False): _Spec("DeepseekV3Config", DEEPSEEK_V3, DS3_DEFAULTS,
+                                  (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_v3_groups),
+                                  moe_rules=DEEPSEEK_V3_MOE, fixed=_SILU, head_dim_derived=False),
+    ("glm4", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, _GLM_DERIVE, aliases=GLM_ALIASES,
+                           head_dim_derived=False),
+    ("chatglm", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, _GLM_DERIVE, aliases=GLM_ALIASES,
+                              head_dim_derived=False),
+    ("yizhao", False): _Spec("YiZhaoConfig", GLM, GLM_DEFAULTS, aliases=GLM_ALIASES, head_dim_derived=False),
+    ("gpt2", False): _Spec("GPT2Config", GPT2, GPT2_DEFAULTS, (_gpt2_ffn, _gpt2_positions),
+                           fixed={"tie_word_embeddings": True}),
+    ("qwen3", True): _mcore_spec("Qwen3Config", QWEN3, QWEN3_DEFAULTS, (_kv_heads, _mcore_rope, _mcore_tie)),
+    ("qwen3_moe", True): _mcore_spec("Qwen3MoeConfig", QWEN3_MOE, QWEN3_MOE_DEFAULTS,
+                                     (_kv_heads, _mcore_rope, _mcore_tie, _qwen3_dense_layers)),
+    ("deepseek_v3", True): _mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
+                                       (_kv_heads, _mcore_rope, _mcore_tie, _mcore_groups)),
+    ("telechat3", True): _mcore_spec("TeleChat3Config", MCORE, MCORE_DEFAULTS),
+}
+ARCH_SPEC = _Spec("model.arch", ARCH_RULES, {})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The engine: one pass over a section's keys with its table, then the derivations, then the notes on their inputs.
+
+class _Values:
+    """One YAML section by canonical name: typed by its rules, the config class's defaults behind. Records the names
+    a derivation reads, so that the keys it consumed can be noted with what they fed."""
+
+    def __init__(self, spec: _Spec, rules: dict[str, Rule], defaults: dict, base: str, section: dict,
+                 seed: dict | None = None, seed_path: str = ""):
+        self.base, self.rules, self.aliases, self.defaults = base, rules, spec.aliases, defaults
+        self.raw: dict[str, Any] = {}  # YAML spelling -> value as written
+        self.typed: dict[str, Any] = {}  # canonical -> typed value (config.json seed below the YAML)
+        self.spelling: dict[str, str] = {}  # canonical -> YAML spelling
+        self.read: set[str] = set()
+        for key, value in (seed or {}).items():
+            if key in rules:
+                self.typed[self.name(key)] = self._convert(key, value, f"{seed_path}: {key}")
+        for key, value in section.items():
+            name = self.name(key)
+            if name in self.spelling:  # MindFormers: "Multiple configurations provided for the same setting"
+                raise ConfigError(join(base, key), f"sets the same thing as {join(base, self.spelling[name])}; "
+                                                   "give only one of them")
+            self.spelling[name], self.raw[key] = key, value
+            if key in rules:
+                self.typed[name] = self._convert(key, value, join(base, key))
+
+    def _convert(self, key: str, value: Any, path: str) -> Any:
+        rule = self.rules[key]
+        if getattr(rule, "untyped", False):
+            return value
+        conv = rule.conv or _TYPES.get(self.name(key))
+        return conv(value, path) if conv else value
+
+    def name(self, key: str) -> str:
+        return self.aliases.get(key, key)
+
+    def get(self, name: str) -> Any:
+        self.read.add(name)
+        return self.typed[name] if name in self.typed else self.defaults.get(name)
+
+    def given(self, name: str) -> bool:
+        return name in self.typed
+
+    def path(self, name: str) -> str:
+        return join(self.base, self.spelling.get(name, name))
+
+    def need(self, name: str) -> Any:
+        value = self.get(name)
+        if value is None:
+            raise ConfigError(self.path(name), "required (the config class has no default for it)")
+        return value
+
+
+@dataclass
+class _Ctx:
+    family: Family
+    ledger: Ledger
+    out: dict
+    fed: dict[tuple[str, str], dict] = field(default_factory=dict)  # (section, name) -> the HF values it fed
+
+    def note(self, s: _Values, key: str, kind: str, message: str) -> None:
+        raw, typed = s.raw.get(key), s.typed.get(s.name(key))
+        if isinstance(raw, str) and not isinstance(typed, str) and s.name(key) in s.typed:
+            message += f" (the YAML string {raw!r}, read as {typed!r})"
+        self.ledger.add(join(s.base, key), kind, message)
+
+
+def _account(s: _Values, spec_name: str, mcore: bool, ctx: _Ctx) -> None:
+    """Account every key the section holds, and write the defaults of the ones it does not."""
+    for key in s.raw:
+        rule = s.rules.get(key)
+        if rule is None:
+            who = "MindFormers' mcore conversion rejects it" if mcore else "MindFormers keeps it and never reads it"
+            hint = did_you_mean(key, s.rules)
+            ctx.note(s, key, "unknown", f"not a {spec_name} key ({who}); ignored" + (f"; {hint}" if hint else ""))
+        elif not isinstance(rule, Feeds):
+            rule.account(s, key, s.name(key), ctx)
+    done = set(s.spelling)
+    for key, rule in s.rules.items():
+        if s.name(key) not in done:
+            done.add(s.name(key))
+            rule.absent(s, s.name(key), ctx)
+
+
+def _derive(spec: _Spec, m: _Values, moe: _Values, ctx: _Ctx) -> None:
+    """Run the derivations, then note each Feeds key with the HF values it fed (or why it fed none)."""
+    sections = tuple(dict.fromkeys((m, moe)))  # one section under mcore, where moe is model_config
+    for derive in spec.derive:
+        for s in sections:
+            s.read.clear()
+        produced = derive(m, moe)
+        ctx.out.update(produced)
+        for s in sections:
+            for name in s.read:
+                ctx.fed.setdefault((s.base, name), {}).update(produced)
+    for s in sections:
+        for key in s.raw:
+            if isinstance(s.rules.get(key), Feeds):
+                s.rules[key].account(s, key, s.name(key), ctx)
+
+
+def _model_section(tree: dict) -> dict:
+    model = tree["model"]
+    if not isinstance(model, dict):
+        raise ConfigError("model", f"expected a mapping with model_config, got {show(model)}")
+    config = model.get("model_config")
+    if not isinstance(config, dict):
+        raise ConfigError(MODEL_CONFIG, f"expected a mapping of model settings, got {show(config)}")
+    if not isinstance(model.get("arch", {}), dict):
+        raise ConfigError(ARCH, f"expected a mapping with the model class (type), got {show(model['arch'])}")
+    return config
+
+
+def _seed(tree: dict) -> tuple[dict, str]:
+    """mcore models start from pretrained_model_dir/config.json, overridden by model_config (keys.md); returns that
+    config ({} when absent) and its path ('' when no directory is set)."""
+    directory = tree.get("pretrained_model_dir")
+    if not isinstance(directory, str) or not directory:
+        return {}, ""
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            seed = json.load(f)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}, path
+    except (OSError, ValueError) as exc:
+        raise ConfigError(path, f"cannot read the Hugging Face config: {exc}") from None
+    if not isinstance(seed, dict):
+        raise ConfigError(path, f"expected a JSON object, got {type(seed).__name__}")
+    return seed, path
+
+
+def _load(tree: dict, family: Family) -> tuple[_Spec, _Values, _Values]:
+    """The family's spec, its model_config values, and the MoE values (moe_config, or model_config under mcore)."""
+    if family is NO_MODEL:
+        raise ConfigError("model", "no model section: a run config needs model.model_config")
+    spec = _SPECS[(family.name, family.mcore)]
+    seed, seed_path = _seed(tree) if family.mcore else ({}, "")
+    m = _Values(spec, spec.rules, spec.defaults, MODEL_CONFIG, _model_section(tree), seed, seed_path)
+    if family.mcore:
+        return spec, m, m
+    moe_section = tree.get(MOE_CONFIG) or {}
+    if not isinstance(moe_section, dict):
+        raise ConfigError(MOE_CONFIG, f"expected a mapping, got {show(moe_section)}")
+    only_ours = {key: value for key, value in moe_section.items() if key in spec.moe_rules}
+    return spec, m, _Values(spec, spec.moe_rules, MOE_DEFAULTS, MOE_CONFIG, only_ours)
+
+
+def _check_heads(spec: _Spec, m: _Values) -> None:
+    hidden, heads = m.need("hidden_size"), m.need("num_heads")
+    if spec.head_dim_derived and hidden % heads:
+        raise ConfigError(m.path("num_heads"), f"hidden_size {hidden} is not divisible by num_heads {heads} "
+                                               "(head_dim = hidden_size / num_heads)")

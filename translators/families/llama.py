@@ -1,0 +1,136 @@
+"""LlamaConfig (LC): Llama 2/3, Qwen1.5/2/2.5, DeepSeek-LLM/Coder, Mixtral, Qwen2-MoE, Baichuan2, Telechat; and
+MindFormers' MoEConfig defaults."""
+
+from __future__ import annotations
+
+from translators.families.base import _CONFIG_CLASSES
+from translators.families.rules import (
+    _GENERATION_KEYS,
+    _SHAPE_KEYS,
+    ASCEND,
+    CHECKPOINT,
+    DROP,
+    FFN_GIVEN,
+    FLASH,
+    FP32_MASTER,
+    GENERATION,
+    IGNORE_100,
+    INERT,
+    INFERENCE,
+    LAYOUT,
+    LOW_MASTER,
+    NO_CACHE,
+    NO_EXTEND,
+    NORM_FP32,
+    PAGED,
+    PARALLEL_OPT,
+    PREDICT_BATCH,
+    REGISTER,
+    ROTARY_FP32,
+    SOFTMAX,
+    Differs,
+    Expect,
+    Feeds,
+    Ident,
+    Map,
+    Rule,
+    Shape,
+    _each,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# LlamaConfig (LC): Llama 2/3, Qwen1.5/2/2.5, DeepSeek-LLM/Coder, Mixtral, Qwen2-MoE, Baichuan2, Telechat shapes.
+
+LLAMA: dict[str, Rule | str] = {
+    "type": Ident(_CONFIG_CLASSES),
+    "auto_register": DROP(REGISTER),
+    "batch_size": DROP(PREDICT_BATCH),
+    "seq_length": Feeds(),  # the RoPE table length when max_position_embedding is unset; model_shape carries it
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "n_kv_heads": Feeds(),
+    "max_position_embedding": Feeds(),
+    "intermediate_size": Feeds(),
+    "multiple_of": Feeds(unused=FFN_GIVEN),
+    "ffn_dim_multiplier": Feeds(unused=FFN_GIVEN),
+    "vocab_size": "vocab_size",
+    "rms_norm_eps": "rms_norm_eps",
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+    "pad_token_id": Map("pad_token_id"),  # and run.loss_mask_pad_id: the runtime masks input pads (plan.py)
+    "ignore_token_id": Expect(*IGNORE_100),
+    "theta": Feeds(),
+    "extend_method": Feeds(),
+    "scaling_factor": Feeds(unused=NO_EXTEND),
+    "compute_dtype": "dtype",
+    "param_init_type": Expect("float32", FP32_MASTER, LOW_MASTER),
+    "embedding_init_type": Differs("the embedding is stored in its own dtype in MindFormers; HF keeps one dtype "
+                                   "for every parameter"),
+    "residual_dtype": Differs("HF keeps the residual stream in the activation dtype"),
+    "layernorm_compute_type": Expect(*NORM_FP32),
+    "softmax_compute_type": DROP(SOFTMAX),
+    "rotary_dtype": Expect(*ROTARY_FP32),
+    "qkv_has_bias": "attention_bias",
+    "attn_proj_has_bias": Expect(False, "no o_proj bias, as in HF", "HF has no o_proj-only bias switch"),
+    "qkv_concat": DROP(LAYOUT),
+    "use_past": Expect(*NO_CACHE),
+    "is_dynamic": DROP(INFERENCE),
+    "use_rope_slice": DROP(ASCEND),
+    "use_flash_attention": DROP(FLASH),
+    "use_ring_attention": DROP("ring attention implements parallel_config.context_parallel; that key decides here"),
+    "use_attn_mask_compression": DROP(ASCEND),
+    "parallel_optimizer": DROP(PARALLEL_OPT),
+    "fine_grain_interleave": DROP(ASCEND),
+    "init_method_std": "initializer_range",
+    "checkpoint_name_or_path": DROP(CHECKPOINT),
+    **_each(_GENERATION_KEYS, DROP(GENERATION)),
+    "block_size": DROP(PAGED),
+    "num_blocks": DROP(PAGED),
+    "quant": DROP("inference quantisation"),
+    "quant_config": DROP("inference quantisation"),
+    "tie_word_embeddings": "tie_word_embeddings",
+    "llm_backend": DROP(INFERENCE),
+    "fused_rms_norm": DROP(ASCEND),
+    "rmsnorm_compute_2d": DROP(ASCEND),
+    "chunk_prefill": DROP(INFERENCE),
+    "pipeline_stage": DROP("inference-time stage split (start_stage/stage_num); training uses parallel_config"),
+    "calculate_per_token_loss": Expect(False, "loss averaged per micro-batch, as in HF",
+                                       "per-token loss across micro-batches; the HF loss averages per micro-batch"),
+    "mtp_depth": Expect(0, "no MTP layers", "MTP layers exist only in the DeepSeek-V3 family"),
+    **_each(_SHAPE_KEYS, Shape()),
+    # Leftovers seen in corpus LlamaConfig YAMLs (keys.md): MindFormers keeps and ignores them.
+    "initializer_range": Differs(INERT.format(cls="LlamaConfig") + "; MindFormers initialises with init_method_std "
+                                 "(default 0.01), and so does hf initializer_range"),
+    "emb_dropout_prob": DROP(INERT.format(cls="LlamaConfig") + " (copied from the old Qwen config)"),
+    "rotary_pct": DROP(INERT.format(cls="LlamaConfig") + " (full rotary)"),
+    "rotary_emb_base": DROP(INERT.format(cls="LlamaConfig") + "; the RoPE base is theta"),
+    "compute_in_2d": DROP(INERT.format(cls="LlamaConfig") + " (a DeepseekV2Config key)"),
+    "kv_channels": DROP(INERT.format(cls="LlamaConfig") + "; head_dim = hidden_size / num_heads"),
+    "pretrain_seqlen": DROP(INERT.format(cls="LlamaConfig") + " (a deprecated DeepseekV2Config key)"),
+    "use_past_shard": DROP(INFERENCE),
+    "num_block": DROP(INERT.format(cls="LlamaConfig") + " (misspelling of num_blocks, itself inference-only)"),
+}
+
+# HF Qwen2 always has q/k/v biases (and no o_proj bias): qkv_has_bias is what makes a LlamaConfig YAML Qwen2.
+QWEN2 = {**LLAMA,
+         "qkv_has_bias": Expect(True, "HF Qwen2 always has q/k/v biases", "HF Qwen2 always has q/k/v biases")}
+MIXTRAL = {**LLAMA,
+           "qkv_has_bias": Expect(False, "no q/k/v bias, as in HF Mixtral", "HF Mixtral has no attention bias")}
+QWEN2_MOE = {**LLAMA, "qkv_has_bias": "qkv_bias"}
+
+# LlamaConfig.__init__ defaults (LC); TelechatConfig and the Baichuan2 YAMLs (LlamaConfig) share them.
+LLAMA_DEFAULTS = {
+    "seq_length": 2048, "hidden_size": 4096, "num_layers": 32, "num_heads": 32, "vocab_size": 32000,
+    "multiple_of": 256, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    "ignore_token_id": -100, "theta": 10000.0, "compute_dtype": "float16", "param_init_type": "float16",
+    "extend_method": "None", "scaling_factor": 1.0, "init_method_std": 0.01, "qkv_has_bias": False,
+    "tie_word_embeddings": False, "pp_interleave_num": 1, "offset": 0, "mtp_depth": 0,
+}
+
+# MoEConfig defaults (moe.md §1).
+MOE_DEFAULTS = {
+    "expert_num": 1, "num_experts_chosen": 1, "shared_expert_num": 0, "moe_intermediate_size": 1407,
+    "first_k_dense_replace": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": True, "topk_method": "greedy",
+    "use_gating_sigmoid": False,
+}

@@ -1,0 +1,192 @@
+"""The mcore (`use_legacy: False`) configs: Qwen3, Qwen3-MoE, DeepSeek-V3, TeleChat3, and their spellings."""
+
+from __future__ import annotations
+
+from translators.families.base import _MCORE_ARCHS, _MCORE_TYPES
+from translators.families.deepseek import DEEPSEEK, DEEPSEEK_MOE, DEEPSEEK_V3, DEEPSEEK_V3_MOE
+from translators.families.glm import GLM
+from translators.families.llama import LLAMA
+from translators.families.rules import (
+    _GENERATION_KEYS,
+    _SHAPE_KEYS,
+    ASCEND,
+    CHECKPOINT,
+    DROP,
+    FLASH,
+    FP32_SOFTMAX,
+    GENERATION,
+    IGNORE_100,
+    INFERENCE,
+    LAYOUT,
+    MOE_RUNTIME,
+    NORM_FP32,
+    PREDICT_BATCH,
+    ROTARY_FP32,
+    Expect,
+    Feeds,
+    Ident,
+    Rule,
+    Runtime,
+    Shape,
+    _each,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# mcore configs (use_legacy: False). MindFormers accepts every spelling in COMMON_CONFIG_MAPPING (MAP) for one
+# setting and rejects two spellings of the same one; here each setting has a canonical (legacy) name.
+
+MCORE_SPELLINGS: dict[str, tuple[str, ...]] = {
+    "num_layers": ("num_layers", "num_hidden_layers", "n_layer"),
+    "num_heads": ("num_heads", "num_attention_heads", "n_head"),
+    "n_kv_heads": ("n_kv_heads", "num_key_value_heads", "num_query_groups"),
+    "intermediate_size": ("intermediate_size", "ffn_hidden_size"),
+    "head_dim": ("head_dim", "kv_channels"),
+    "rms_norm_eps": ("rms_norm_eps", "layernorm_epsilon", "layer_norm_epsilon"),
+    "qkv_has_bias": ("qkv_has_bias", "attention_bias", "add_qkv_bias"),
+    "mtp_depth": ("mtp_depth", "num_nextn_predict_layers", "mtp_num_layers"),
+    "mtp_loss_factor": ("mtp_loss_factor", "mtp_loss_scaling_factor"),
+    "param_init_type": ("param_init_type", "params_dtype"),
+    "theta": ("theta", "rope_theta", "rotary_base"),
+    "scaling_factor": ("scaling_factor", "factor", "rotary_scaling_factor"),
+    "max_position_embeddings": ("max_position_embeddings", "original_max_position_embeddings"),
+    "extend_method": ("extend_method", "position_embedding_type"),
+    "init_method_std": ("init_method_std", "initializer_range"),
+    "use_fused_rope": ("use_fused_rope", "apply_rope_fusion"),
+    "use_fused_swiglu": ("use_fused_swiglu", "bias_swiglu_fusion"),
+    "qk_layernorm": ("qk_layernorm", "use_qk_norm"),
+    "expert_num": ("expert_num", "n_routed_experts", "num_experts", "num_moe_experts"),
+    "num_experts_chosen": ("num_experts_chosen", "num_experts_per_tok", "moe_router_topk"),
+    "moe_intermediate_size": ("moe_intermediate_size", "moe_ffn_hidden_size"),
+    "n_group": ("n_group", "moe_router_num_groups"),
+    "topk_group": ("topk_group", "moe_router_group_topk"),
+    "routed_scaling_factor": ("routed_scaling_factor", "moe_router_topk_scaling_factor"),
+    "use_gating_sigmoid": ("use_gating_sigmoid", "scoring_func", "moe_router_score_function"),
+    "shared_expert_num": ("shared_expert_num", "n_shared_experts"),
+}
+
+# mcore MoE router settings that no HF config key holds: mcore spelling -> legacy moe_config key (MAP).
+MCORE_MOE_NAMES: dict[str, str] = {
+    "moe_router_dtype": "router_dense_type", "router_dense_type": "router_dense_type",
+    "moe_router_enable_expert_bias": "balance_via_topk_bias", "balance_via_topk_bias": "balance_via_topk_bias",
+    "moe_router_bias_update_rate": "topk_bias_update_rate", "topk_bias_update_rate": "topk_bias_update_rate",
+    "moe_grouped_gemm": "use_gmm", "use_gmm": "use_gmm",
+    "moe_z_loss_coeff": "z_loss_factor", "z_loss_factor": "z_loss_factor",
+    "moe_expert_capacity_factor": "capacity_factor", "capacity_factor": "capacity_factor",
+    "moe_token_drop_policy": "enable_sdrop", "enable_sdrop": "enable_sdrop",
+    "use_pad_tokens": "enable_gmm_safe_tokens", "enable_gmm_safe_tokens": "enable_gmm_safe_tokens",
+    "moe_router_load_balancing_type": "aux_loss_types", "aux_loss_types": "aux_loss_types",
+    "moe_aux_loss_coeff": "aux_loss_factors", "aux_loss_factors": "aux_loss_factors",
+    "moe_permute_fusion": "use_fused_ops_permute", "use_fused_ops_permute": "use_fused_ops_permute",
+    "moe_router_pre_softmax": "moe_router_pre_softmax", "moe_token_dispatcher_type": "moe_token_dispatcher_type",
+    "moe_router_force_expert_balance": "moe_router_force_expert_balance",
+    "use_fused_ops_topkrouter": "use_fused_ops_topkrouter", "npu_nums_per_device": "npu_nums_per_device",
+    "callback_moe_droprate": "callback_moe_droprate", "moe_shared_expert_overlap": "moe_shared_expert_overlap",
+    "group_wise_a2a": "group_wise_a2a", "comp_comm_parallel": "comp_comm_parallel",
+    "comp_comm_parallel_degree": "comp_comm_parallel_degree", "use_shared_expert_gating": "use_shared_expert_gating",
+    "topk_method": "topk_method",
+}
+
+MCORE: dict[str, Rule | str] = {
+    "model_type": Ident(tuple(_MCORE_TYPES)),
+    "architectures": Ident(tuple(_MCORE_ARCHS)),
+    "batch_size": DROP(PREDICT_BATCH),
+    "seq_length": Shape(),
+    "num_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "num_heads": "num_attention_heads",
+    "n_kv_heads": Feeds(),
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "max_position_embeddings": "max_position_embeddings",
+    "rms_norm_eps": "rms_norm_eps",
+    "hidden_act": "hidden_act",
+    "gated_linear_unit": Expect(True, "gated (SwiGLU) MLP, as in HF", "HF's MLP for this family is always gated"),
+    "add_bias_linear": Expect(False, "no bias on the other linears, as in HF",
+                              "HF has no bias on o_proj and the MLP (the mcore default is True)"),
+    "tie_word_embeddings": "tie_word_embeddings",
+    "untie_embeddings_and_output_weights": Feeds(),
+    "theta": Feeds(),
+    "extend_method": Feeds(),
+    **_each(("scaling_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"),
+            Feeds(unused="ignored: position_embedding_type is rope (these are YaRN settings)")),
+    "init_method_std": "initializer_range",
+    "hidden_dropout": Expect(0.0, "no hidden dropout, as in HF", "HF has no hidden dropout"),
+    "attention_dropout": "attention_dropout",
+    "compute_dtype": "dtype",
+    "param_init_type": LLAMA["param_init_type"],
+    "layernorm_compute_dtype": Expect(*NORM_FP32),
+    "softmax_compute_dtype": Expect("float32", *FP32_SOFTMAX),
+    "attention_softmax_in_fp32": Expect(True, *FP32_SOFTMAX),
+    "rotary_dtype": Expect(*ROTARY_FP32),
+    "fp32_residual_connection": GLM["fp32_residual_connection"],
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+    "pad_token_id": "pad_token_id",
+    "ignore_token_id": Expect(*IGNORE_100),
+    "use_flash_attention": DROP(FLASH),
+    "use_attn_mask_compression": DROP(ASCEND),
+    "use_cache": DROP(INFERENCE),
+    "is_dynamic": DROP(INFERENCE),
+    "qkv_concat": DROP(LAYOUT),
+    "use_contiguous_weight_layout_attention": DROP(LAYOUT),
+    "use_interleaved_weight_layout_mlp": DROP(LAYOUT),
+    "mla_qkv_concat": DROP(LAYOUT),
+    "checkpoint_name_or_path": DROP(CHECKPOINT),
+    **_each(_GENERATION_KEYS, DROP(GENERATION)),
+    "mtp_loss_factor": Shape(),
+    "return_extra_loss": Shape(),
+    **_each(_SHAPE_KEYS, Shape()),
+    **{key: Runtime(MOE_RUNTIME.format(legacy=legacy)) for key, legacy in MCORE_MOE_NAMES.items()},
+}
+
+QWEN3: dict[str, Rule | str] = {
+    **MCORE,
+    "head_dim": "head_dim",
+    "qkv_has_bias": Expect(False, "no attention bias, as in HF Qwen3",
+                           "HF Qwen3's attention_bias would also bias o_proj", hf="attention_bias"),
+    "qk_layernorm": Expect(True, "q/k RMSNorm, as HF Qwen3 always has", "HF Qwen3 always normalises q and k"),
+    "mtp_depth": LLAMA["mtp_depth"],
+}
+QWEN3_MOE: dict[str, Rule | str] = {
+    **QWEN3,
+    "expert_num": "num_experts",
+    "num_experts_chosen": "num_experts_per_tok",
+    "moe_intermediate_size": "moe_intermediate_size",
+    "norm_topk_prob": "norm_topk_prob",
+    "first_k_dense_replace": Feeds(),
+    "routed_scaling_factor": Expect(1.0, "gates not scaled, as in HF Qwen3-MoE",
+                                    "HF Qwen3-MoE does not scale the gates; MindFormers multiplies them by this "
+                                    "factor (moe_router_topk_scaling_factor)"),
+    "use_gating_sigmoid": Expect(False, "softmax router, as in HF Qwen3-MoE", "HF Qwen3-MoE routes with a softmax"),
+    "router_aux_loss_coef": DROP("HF name that MindFormers' mcore Qwen3MoeConfig ignores (NotSupportedInfo.useless); "
+                                 "moe_aux_loss_coeff sets the aux loss"),
+}
+DEEPSEEK_MCORE: dict[str, Rule | str] = {
+    **MCORE,
+    **{key: DEEPSEEK[key] for key in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                      "v_head_dim")},
+    **{key: DEEPSEEK_MOE[key] for key in DEEPSEEK_MOE},
+    "n_group": Feeds(),
+    "topk_group": Feeds(),
+    "use_gating_sigmoid": DEEPSEEK_V3_MOE["use_gating_sigmoid"],
+    "qkv_has_bias": DEEPSEEK["qkv_has_bias"],
+    "qk_layernorm": Expect(True, "norms on the compressed q and kv, as HF DeepseekV3 (q_a_layernorm, kv_a_layernorm)",
+                           "HF DeepseekV3 always normalises the compressed q and kv"),
+    "multi_latent_attention": Expect(True, "MLA, as HF DeepseekV3", "HF DeepseekV3 always uses MLA"),
+    "mtp_depth": DEEPSEEK_V3["mtp_depth"],
+}
+
+# MindFormers' mcore config classes are copies of the HF ones (mindformers/models/qwen3_moe/
+# configuration_qwen3_moe.py), so their defaults are HF's; MFModelConfig adds seq_length and the dtypes.
+MCORE_DEFAULTS = {"seq_length": 4096, "compute_dtype": "bfloat16", "param_init_type": "float32",
+                  "extend_method": "None", "theta": 10000.0, "pp_interleave_num": 1, "offset": 0, "mtp_depth": 0,
+                  "mtp_loss_factor": 0.3}
+QWEN3_DEFAULTS = {**MCORE_DEFAULTS, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+                  "num_layers": 32, "num_heads": 32, "n_kv_heads": 32, "max_position_embeddings": 32768,
+                  "rms_norm_eps": 1e-6, "head_dim": 128}
+QWEN3_MOE_DEFAULTS = {**QWEN3_DEFAULTS, "hidden_size": 2048, "intermediate_size": 6144, "num_layers": 24,
+                      "n_kv_heads": 4, "expert_num": 128, "num_experts_chosen": 8, "moe_intermediate_size": 768,
+                      "norm_topk_prob": False, "return_extra_loss": True}
+DEEPSEEK_MCORE_DEFAULTS = {**MCORE_DEFAULTS, "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+                           "num_layers": 61, "num_heads": 128, "n_kv_heads": 128, "max_position_embeddings": 4096,
+                           "rms_norm_eps": 1e-6, "return_extra_loss": True}
