@@ -38,9 +38,11 @@ def _flag(config: dict, name: str, path: str, default: bool = False) -> bool:
     return coerce(config.get(name, default), bool, f"{path}.{name}").value if name in config else default
 
 
-def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict, ledger: Ledger) -> dict[str, Any]:
+def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict, ledger: Ledger,
+                   modelled: bool = True) -> dict[str, Any]:
     """{"pad_attention_mask", "pad_token_id"} for run, and data's reset_attention_mask / reset_position_ids /
-    eod_pad_length set to what MindFormers' model does with this data (see the module docstring)."""
+    eod_pad_length set to what MindFormers' model does with this data (see the module docstring). `modelled`:
+    False for the families whose MindFormers mask code is not modelled here (GLM, GPT-2, legacy DeepSeek): causal."""
     model = ((tree.get("model") or {}).get("model_config") or {}) if isinstance(tree.get("model"), dict) else {}
     flash = _flag(model, "use_flash_attention", MODEL, default=mcore)
     ring = _flag(model, "use_ring_attention", MODEL)
@@ -71,7 +73,9 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
     # What the model makes of it.
     documents, positions, pad_mask = False, False, False
     mode = ""
-    if eod_compression and not ring:
+    if not modelled:
+        mode = "causal (this family's MindFormers attention mask is not modelled by mf-ds)"
+    elif eod_compression and not ring:
         documents = compressed and "actual_seq_len" in fed
         mode = "the compressed causal mask (use_eod_attn_mask_compression)" + \
             (": per-document lengths from the actual_seq_len column" if documents else "; no document lengths fed")
@@ -116,6 +120,8 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
                 cap = f"; at most eod_pad_length {eod_pad_length} boundaries per sample (actual_seq_len)" \
                     if name == "create_compressed_eod_mask" else ""
                 ledger.runtime(f"{LOADER}.{name}", f"run.data.reset_attention_mask: {block}{cap}")
+            elif not modelled:
+                ledger.differs(f"{LOADER}.{name}", f"True: {attention}")
             else:
                 ledger.dropped(f"{LOADER}.{name}", f"True, but {_unused(name, fed, eod_compression)}; "
                                f"{attention}")
@@ -147,8 +153,8 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
             ledger.differs("train_dataset.eod_reset", f"True: mf-ds applies the per-document causal attention it "
                            f"describes (run.data.reset_attention_mask, eod {data['eod']} closing its document); {why}")
         else:
-            ledger.dropped("train_dataset.eod_reset", f"True, but no attention_mask column feeds the model; "
-                           f"{attention}")
+            ledger.add("train_dataset.eod_reset", "dropped" if modelled else "differs", "True, but no attention_mask "
+                       f"column feeds the model; {attention}")
     elif ledger.present("train_dataset.eod_reset"):
         ledger.dropped("train_dataset.eod_reset", "False")
     if ledger.present("train_dataset.eod_token_id"):

@@ -148,9 +148,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                       sliced=bool(shape and shape.input_sliced_sig))
     # Pad keys, per-document attention and positions: what MindFormers' model does with this data (attention.py).
     # Legacy Llama-path models and mcore build the same causal/pad mask; the other legacy families are untouched.
-    masked = hf_config is not None and (family.mcore or family.layer_style == "llama")
-    attention = attention_plan(tree, family.mcore, hf_config.get("pad_token_id") if masked else None, data, ledger) \
-        if masked else {"pad_attention_mask": False, "pad_token_id": None}
+    modelled = family.mcore or family.layer_style == "llama"
+    pad_token_id = hf_config.get("pad_token_id") if hf_config else None
+    attention = attention_plan(tree, family.mcore, pad_token_id, data, ledger, modelled=modelled)
     steps_per_epoch = None
     if data["train_samples"]:
         steps_per_epoch = data["train_samples"] // batch.global_batch or None
