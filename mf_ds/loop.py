@@ -139,6 +139,9 @@ class Trainer:
         self.output_dir = Path(run["output_dir"])
         seed_everything(run["seed"])
         cpu_numerics()
+        if run["deterministic"]:  # train_precision_sync
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' condition for determinism
+            torch.use_deterministic_algorithms(True, warn_only=True)
         callbacks = run["callbacks"]
         self.ckpt = callbacks["checkpoint"]
         self.ckpt_root = Path(self.ckpt["directory"]) if self.ckpt and self.ckpt["directory"] else \
@@ -242,7 +245,8 @@ class Trainer:
 
         # Endless passes (each reshuffled by its seed); the run stops at total_steps. `start` skips what this
         # rank consumed before a resume, so the stream continues exactly where an uninterrupted run would be.
-        return batches(self.dataset, self.micro, self.rank, self.world, start=self.step * self.ga, passes=None,
+        start = 0 if self.run["ignore_data_skip"] else self.step * self.ga  # ignore_data_skip: from the start
+        return batches(self.dataset, self.micro, self.rank, self.world, start=start, passes=None,
                        drop_last=self.run["data"]["drop_remainder"])
 
     @property

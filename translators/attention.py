@@ -127,7 +127,7 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
                                f"{attention}")
     if ledger.present(f"{LOADER}.create_attention_mask"):
         ledger.runtime(f"{LOADER}.create_attention_mask", f"{create_mask}: whether the data set has an "
-                       f"attention_mask column; {attention}")
+                       f"attention_mask column (run.data.reset_attention_mask, run.pad_attention_mask); {attention}")
     if ledger.present(f"{LOADER}.eod_pad_length"):
         if data["eod_pad_length"] is None:
             ledger.dropped(f"{LOADER}.eod_pad_length", "read only for the compressed eod mask (actual_seq_len), "

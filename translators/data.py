@@ -54,10 +54,10 @@ MCORE_ARGS = ("input_ids", "position_ids", "attention_mask", "decoder_input", "l
 USED_ARGS = ("input_ids", "labels", "loss_mask", "attention_mask", "actual_seq_len", "position_ids")
 MEGATRON_CONFIG = {
     "data_path": "run.data.paths / weights",
-    "seq_length": "run.data.seq_length",
+    "seq_length": "run.seq_length (samples of seq_length + 1 tokens)",
     "seed": "run.data.seed",
     "random_seed": "run.data.seed",
-    "split": "run.data.split (only the train part is read)",
+    "split": None,  # _split below
     "eod_mask_loss": "run.data.eod_mask_loss",
     "reset_position_ids": None,  # translators/attention.py: what the model makes of them
     "reset_attention_mask": None,
@@ -195,6 +195,22 @@ def column_roles(input_columns: list[str], construct_args_key: list[str] | None,
     return dict(zip(input_columns, keys, strict=False))  # unequal lengths: the extra columns feed nothing
 
 
+def _split(value: object, path: str, ledger: Ledger) -> None:
+    """Megatron's "train, valid, test" weights: mf-ds reads every document as training data."""
+    parts = [p.strip() for p in str(value).replace("/", ",").split(",")]
+    try:
+        weights = [float(p) for p in parts]
+    except ValueError:
+        raise ConfigError(path, f"expected weights such as '98, 1, 1', got {show(value)}") from None
+    if any(w < 0 for w in weights) or not sum(weights):
+        raise ConfigError(path, f"expected weights >= 0 with a positive sum, got {show(value)}")
+    if weights[0] == sum(weights):
+        ledger.dropped(path, "every document is training data, as this split says")
+    else:
+        ledger.differs(path, f"every document is training data here; MindFormers keeps {weights[0] / sum(weights):.0%} "
+                       "for training and builds valid/test splits from the rest")
+
+
 def _megatron_columns(raw: dict, config: dict) -> dict[str, str]:
     """{column: model argument} of a Megatron data set: base_trainer.py `_get_columns_with_strategy` (1.7.0)."""
     if config.get("create_compressed_eod_mask"):
@@ -235,6 +251,8 @@ def _megatron(loader: dict, data: dict, ledger: Ledger) -> None:
         path = join(cfg, name)
         if name not in MEGATRON_CONFIG:
             ledger.unknown(path, "not a GPTDataset config key; ignored")
+        elif name == "split":
+            _split(config[name], path, ledger)
         elif MEGATRON_CONFIG[name] is None:
             continue  # accounted by translators/attention.py
         elif not MEGATRON_CONFIG[name]:

@@ -38,18 +38,20 @@ BECOMES = {
     "topk_group": "moe.router.topk_group",
     "balance_via_topk_bias": "moe.router.bias_balance",
     "topk_bias_update_rate": "moe.router.bias_update_rate",
-    "router_dense_type": "moe.router.dtype",
     "shared_expert_num": "moe.shared_experts",
     "use_shared_expert_gating": "moe.shared_expert_gating",
     "first_k_dense_replace": "moe.layers",
-    "moe_intermediate_size": "moe.intermediate_size",
-    "use_gmm": "kernels.gmm",
+    "moe_intermediate_size": "hf_config.moe_intermediate_size: the expert width of the HF model (moe.intermediate_size "
+                             "records it)",
     "enable_gmm_safe_tokens": "moe.safe_tokens",
     "use_fused_ops_permute": "kernels.fused_permute",
     "callback_moe_droprate": "moe.drop_rate_callback",
     "routing_policy": "TopkRouterV2 semantics (the one router mf_ds has)",
 }
 DROPPED = {
+    "use_gmm": "the experts always run as grouped matmuls here (mf_ds/moe/layer.py; kernels.gmm records the switch)",
+    "router_dense_type": "the router's logits are computed in float32 (mf_ds/moe/router.py), MindFormers' default; "
+                         "moe.router.dtype records it and is not read",
     "aux_loss_factor": "V1-only balance loss (MoEV2/V3, which these YAMLs build, ignore it)",
     "use_fused_ops_topkrouter": "Ascend fused dispatch-index op; same semantics as the plain router",
     "group_wise_a2a": "Ascend all-to-all grouping (performance only)",
@@ -139,8 +141,8 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
     topk_method = cfg.topk_method
     if topk_method == "greedy" and (cfg.n_group or cfg.topk_group) and not mcore:
         # The DeepSeek-V3 YAMLs set n_group/topk_group but keep topk_method greedy: MindFormers ignores them.
-        ledger.runtime("moe_config.n_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
-        ledger.runtime("moe_config.topk_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
+        ledger.dropped("moe_config.n_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
+        ledger.dropped("moe_config.topk_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
     if mcore and cfg.n_group and cfg.topk_group:
         topk_method = "noaux_tc" if cfg.balance_via_topk_bias else "group_limited_greedy"
     plan = {
