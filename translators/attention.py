@@ -71,7 +71,7 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
                           (f"; {LOADER}.create_compressed_eod_mask turns it on" if compressed else ""))
 
     # What the model makes of it.
-    documents, positions, pad_mask = False, False, False
+    documents, positions, pad_mask, column = False, False, False, False
     mode = ""
     if not modelled:
         mode = "causal (this family's MindFormers attention mask is not modelled by mf-ds)"
@@ -80,7 +80,7 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
         mode = "the compressed causal mask (use_eod_attn_mask_compression)" + \
             (": per-document lengths from the actual_seq_len column" if documents else "; no document lengths fed")
     elif "attention_mask" in fed and (create_mask or eod_reset):
-        documents = reset_mask or eod_reset
+        documents, column = reset_mask or eod_reset, True
         mode = "the data set's attention_mask column" + (" (per document)" if documents else " (causal)")
     elif not ring:
         pad_mask = not (compression or eod_compression) and pad_token_id is not None
@@ -159,7 +159,11 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
         ledger.dropped("train_dataset.eod_reset", "False")
     if ledger.present("train_dataset.eod_token_id"):
         ledger.runtime("train_dataset.eod_token_id", f"run.data.eod = {data['eod']} (with eod_reset)")
-    if "attention_mask" in fed and not flash and not eod_compression:
+    if "attention_mask" in fed and not column and modelled and not eod_compression:
+        ledger.differs("train_dataset.input_columns", "an attention_mask column feeds the model's attention_mask: "
+                       "MindFormers applies it as it is (1 = masked); mf-ds reads mask columns only from Megatron "
+                       f"data and eod_reset; {attention}")
+    if column and not flash:
         ledger.differs("train_dataset.input_columns", "an attention_mask column with use_flash_attention False: "
                        "MindFormers' non-flash attention adds that 0/1 mask to the scores (llama_transformer.py:722), "
                        "which masks nothing; mf-ds masks as FlashAttention does (1 = masked)")

@@ -136,3 +136,22 @@ def test_explain_says_what_reset_attention_mask_does():
     line = next(x for x in proc.stderr.splitlines() if x.startswith(
         "train_dataset.data_loader.config.reset_attention_mask = True"))
     assert "[runtime] run.data.reset_attention_mask: block-diagonal causal attention" in line
+
+
+def test_hf_trainer_samples_carry_the_mask(tmp_path):
+    """mf_ds.hf: the HF Trainer's samples carry the per-document mask; collated as the Trainer collates them, the
+    model's loss on the first micro batch is MindFormers'."""
+    from itertools import islice
+
+    from transformers import default_data_collator
+
+    from mf_ds.data import write_indexed
+    from mf_ds.hf import from_mf_yaml
+
+    write_indexed(str(tmp_path / "packed"), GOLDEN["documents"])
+    setup = from_mf_yaml(PACKED, output_dir=tmp_path / "run", max_steps=1,
+                         **{"train_dataset.data_loader.config.data_path": ["1", str(tmp_path / "packed")]})
+    batch = default_data_collator(list(islice(iter(setup.train_dataset), 2)))
+    assert batch["attention_mask"].shape == (2, 1, 16, 16)
+    with torch.no_grad():
+        assert setup.model(**batch).loss.item() == pytest.approx(GOLDEN["losses"]["documents"], abs=1e-5)
