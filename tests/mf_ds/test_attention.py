@@ -155,3 +155,11 @@ def test_hf_trainer_samples_carry_the_mask(tmp_path):
     assert batch["attention_mask"].shape == (2, 1, 16, 16)
     with torch.no_grad():
         assert setup.model(**batch).loss.item() == pytest.approx(GOLDEN["losses"]["documents"], abs=1e-5)
+
+
+def test_model_inputs_restart_positions():
+    """reset_position_ids alone: position_ids restarted after each eod (MindFormers' golden), no mask."""
+    data = {"reset_attention_mask": False, "reset_position_ids": True, "eod": EOD, "eod_pad_length": None}
+    kwargs = model_inputs(TOKENS, {"data": data, "pad_attention_mask": False, "pad_token_id": None}, "sdpa")
+    assert set(kwargs) == {"position_ids"}
+    assert torch.equal(kwargs["position_ids"].double(), torch.from_numpy(ARRAYS["ltor_p1_m0_l0_pos"]).double())
