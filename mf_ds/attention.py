@@ -18,7 +18,8 @@ How each attention implementation gets it:
             kwargs transformers' _flash_attention_forward takes), positions as planned; pad keys: the 2-D padding
             mask, which transformers unpads (a pad token is dropped as key and query; every other token attends
             causally to the non-pad tokens before it, as in MindFormers)
-A row with no key left (a pad query with only pads before it) attends to itself, so no NaN reaches the gradients;
+A batch whose pads all trail its real tokens gets no mask (the plain causal path, SDPA's fastest): pad keys there
+change no real token's output. A row with no key left (a pad query with only pads before it) attends to itself, so no NaN reaches the gradients;
 MindFormers' -10000 mask spreads such a row over every key. Only pad positions, which the loss leaves out and no
 other token attends to, see the difference.
 Legend: B batch, S sequence.
@@ -77,6 +78,8 @@ def model_inputs(input_ids_BS: torch.Tensor, run: dict, attn_implementation: str
     kwargs: dict[str, torch.Tensor] = {}
     if positions:
         kwargs["position_ids"] = restarted_positions(document_ids(input_ids_BS, data["eod"]))
+    if pad is not None and not documents and not _pad_before_a_token(input_ids_BS, pad):
+        pad = None  # only trailing pads: they change no real token's output, and the plain causal path is faster
     if not documents and pad is None:
         return kwargs
     impl = attn_implementation or "sdpa"
@@ -96,6 +99,13 @@ def model_inputs(input_ids_BS: torch.Tensor, run: dict, attn_implementation: str
         raise RunError(f"attention implementation {impl!r}: mf-ds builds MindFormers' attention masks for sdpa, "
                        "eager and flash_attention_* only")
     return kwargs
+
+
+def _pad_before_a_token(input_ids_BS: torch.Tensor, pad: int) -> bool:
+    """Whether some real token has a pad before it (only then does masking pad keys change a real token)."""
+    is_pad_BS = input_ids_BS == pad
+    seen_BS = is_pad_BS.cumsum(1) > 0
+    return bool((seen_BS & ~is_pad_BS).any())
 
 
 def _varlen(doc_BS: torch.Tensor) -> dict[str, torch.Tensor | int]:

@@ -163,3 +163,14 @@ def test_model_inputs_restart_positions():
     kwargs = model_inputs(TOKENS, {"data": data, "pad_attention_mask": False, "pad_token_id": None}, "sdpa")
     assert set(kwargs) == {"position_ids"}
     assert torch.equal(kwargs["position_ids"].double(), torch.from_numpy(ARRAYS["ltor_p1_m0_l0_pos"]).double())
+
+
+def test_trailing_pads_need_no_mask():
+    """Pads only after the real tokens (finetune rows): no mask, the plain causal path; one pad in the middle: the
+    mask."""
+    run = _plan(*PADS)["run"]
+    tail = torch.tensor([[5, 6, 7, EOD, EOD], [5, 6, 7, 8, 9]])
+    assert model_inputs(tail, run, "sdpa") == {}
+    middle = torch.tensor([[5, EOD, 7, 8, EOD]])
+    mask = model_inputs(middle, run, "sdpa")["attention_mask"][0, 0]
+    assert not mask[2, 1] and mask[2, 0] and mask[2, 2]
