@@ -19,9 +19,9 @@ How each attention implementation gets it:
             mask, which transformers unpads (a pad token is dropped as key and query; every other token attends
             causally to the non-pad tokens before it, as in MindFormers)
 A batch whose pads all trail its real tokens gets no mask (the plain causal path, SDPA's fastest): pad keys there
-change no real token's output. A row with no key left (a pad query with only pads before it) attends to itself, so no NaN reaches the gradients;
-MindFormers' -10000 mask spreads such a row over every key. Only pad positions, which the loss leaves out and no
-other token attends to, see the difference.
+change no real token's output. A row with no key left (a pad query with only pads before it) attends to itself, so
+no NaN reaches the gradients; MindFormers' -10000 mask spreads such a row over every key. Only pad positions, which
+the loss leaves out and no other token attends to, see the difference.
 Legend: B batch, S sequence.
 """
 
