@@ -16,8 +16,9 @@ Each is checked against a float32 per-expert reference (output, dX, dW: relative
 TFLOP/s = 6 M K N / time (forward, dX, dW).
 
 MoE block rows: Qwen3-MoE's block (router + experts) at the Qwen3-30B-A3B shape: MFMoE (mf_ds.patch.moe.build_block,
-dropless) vs HF v5's experts with `grouped_mm` and `eager`, same weights and routing (outputs compared first),
-forward + backward time and the peak memory allocated above the inputs during one forward + backward.
+dropless; also with MF_DS_EXPERT_MLP=fused) vs HF v5's experts with `grouped_mm` and `eager`, same weights and
+routing (outputs compared first), forward + backward time and the peak memory allocated above the inputs during one
+forward + backward.
 
 Timing: triton.testing.do_bench (CUDA events, median of the repeats after warm-up), gradients reset between calls.
 """
@@ -216,17 +217,19 @@ def moe_block_case(tokens: int, dtype=torch.bfloat16, shape: str = "qwen3_30b_a3
             return block(x)
         return run
 
-    def mf_ds(backend):
+    def mf_ds(backend, expert_mlp="split"):
         def run():
             os.environ[gmm.BACKEND_ENV] = backend
+            os.environ[gmm.EXPERT_MLP_ENV] = expert_mlp
             return ours(x)
         return run
 
     # mf_ds: the permute folded into the first grouped matmul (Triton), the other products on the faster backend;
     # mf_ds_triton: every product on the Triton kernels; mf_ds_torch_gemm: torch's grouped_mm for every product
-    # (so no folded permute) around mf_ds's permute, SwiGLU and combine kernels
-    variants = {"mf_ds": mf_ds("auto"), "mf_ds_triton": mf_ds("triton"), "mf_ds_torch_gemm": mf_ds("torch"),
-                "hf_grouped_mm": hf("grouped_mm"), "hf_eager": hf("eager")}
+    # (so no folded permute) around mf_ds's permute, SwiGLU and combine kernels; mf_ds_fused_mlp: SwiGLU in the
+    # first GEMM's epilogue and dSwiGLU in the second's dX (MF_DS_EXPERT_MLP=fused, the pointer kernels)
+    variants = {"mf_ds": mf_ds("auto"), "mf_ds_triton": mf_ds("triton"), "mf_ds_fused_mlp": mf_ds("auto", "fused"),
+                "mf_ds_torch_gemm": mf_ds("torch"), "hf_grouped_mm": hf("grouped_mm"), "hf_eager": hf("eager")}
     params = [x, *block.parameters()]
     results = {}
     for who, fn in variants.items():
@@ -272,6 +275,7 @@ def moe_block_case(tokens: int, dtype=torch.bfloat16, shape: str = "qwen3_30b_a3
         times[who] = _time(lambda fn=fn: fn().backward(dout), params)
         rows.append({**row, "ms": times[who], "peak_MiB": peak / 2**20})
     os.environ[gmm.BACKEND_ENV] = "auto"
+    os.environ[gmm.EXPERT_MLP_ENV] = "split"
     for row in rows:
         if row["ms"] and "mf_ds" in times:
             row["mf_ds_speedup"] = row["ms"] / times["mf_ds"]

@@ -232,6 +232,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     sched_type, sched_kwargs = _scheduler_args(resolved)
     callbacks_plan = run["callbacks"]
     ckpt = callbacks_plan["checkpoint"]
+    saving = bool(ckpt and ckpt["save_checkpoint_steps"])  # MindSpore's save_checkpoint_steps 0: no step saves
     optimizer = run["optimizer"]
     args = TrainingArguments(
         output_dir=run["output_dir"],
@@ -251,9 +252,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
         adam_epsilon=optimizer.get("eps", 1e-8),
         max_steps=steps,
         logging_steps=1,
-        save_strategy="steps" if ckpt else "no",
-        save_steps=ckpt["save_checkpoint_steps"] if ckpt else 500,
-        save_total_limit=ckpt["keep_checkpoint_max"] if ckpt else None,
+        save_strategy="steps" if saving else "no",
+        save_steps=ckpt["save_checkpoint_steps"] if saving else 500,
+        save_total_limit=(ckpt["keep_checkpoint_max"] or None) if saving else None,  # 0: keep every checkpoint
         save_only_model=False,
         report_to=[],
         dataloader_drop_last=True,
@@ -269,7 +270,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
                                                                       tokens_per_step, run["epochs"],
                                                                       moe=plan["moe"] is not None,
                                                                       drop_rate=drop_rate)]
-    if ckpt:
+    if saving:
         callbacks.append(SaveAtEnd())
     samples = _OrderedSamples(dataset, run["micro_batch_size"], run, model.config._attn_implementation)
     return MFSetup(model, args, callbacks, samples, plan, report, data_size)

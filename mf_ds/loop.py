@@ -323,7 +323,8 @@ class Trainer:
                 _log(f"mf-ds: stopped by a signal at step {self.step} (checkpoint saved)")
                 break
         else:
-            if self.ckpt and self.step % self.ckpt["save_checkpoint_steps"]:
+            # the last step, unless just saved; save_checkpoint_steps 0 saves nothing by steps, nor at the end
+            if self._save_every() and self.step % self._save_every():
                 self.save()
         return losses
 
@@ -348,8 +349,12 @@ class Trainer:
         last = checkpoint.latest(self.ckpt_root) if self.ckpt else None
         return f"; the last checkpoint is {last}" if last else ""
 
+    def _save_every(self) -> int:
+        """CheckpointMonitor's save_checkpoint_steps; 0 (no CheckpointMonitor, or MindSpore's 0) saves no step."""
+        return self.ckpt["save_checkpoint_steps"] if self.ckpt else 0
+
     def _save_due(self) -> bool:
-        return bool(self.ckpt) and self.step % self.ckpt["save_checkpoint_steps"] == 0
+        return bool(self._save_every()) and self.step % self._save_every() == 0
 
     def _moe_step(self) -> dict:
         """Per MoE layer: measured drop rate, MindFormers' estimate, expert load; then the top-k bias update.

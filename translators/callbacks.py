@@ -129,9 +129,13 @@ def parse_callbacks(tree: dict, ledger: Ledger) -> dict[str, dict | None]:
                 ledger.runtime(arg_path, f"run.callbacks.{slots[kind]}.{name}: {what}")
             else:
                 ledger.add(arg_path, note_kind, what)
-        for name in ("per_print_times", "save_checkpoint_steps", "keep_checkpoint_max"):
-            if name in args and args[name] < 1:
-                raise ConfigError(join(path, name), f"expected an int >= 1, got {show(args[name])}")
+        if kind == "MFLossMonitor" and args["per_print_times"] < 1:
+            # MFLossMonitor prints when `step_diff >= self.per_print_times` (callback.py:356): every step
+            ledger.runtime(join(path, "per_print_times"), f"{args['per_print_times']}: MindFormers logs every step "
+                           "(step_diff >= per_print_times), so run.callbacks.loss_monitor.per_print_times is 1")
+            args["per_print_times"] = 1
+        if kind == "CheckpointMonitor":
+            _checkpoint_counts(entry, args, path, ledger)
         if kind == "CheckpointMonitor" and args["checkpoint_format"] not in ("ckpt", "safetensors"):
             raise ConfigError(join(path, "checkpoint_format"),
                               f"expected 'ckpt' or 'safetensors', got {show(args['checkpoint_format'])}")
@@ -142,3 +146,41 @@ def parse_callbacks(tree: dict, ledger: Ledger) -> dict[str, dict | None]:
             ledger.differs(path, f"a second {kind}: the later one is used")
         out[slots[kind]] = args
     return out
+
+
+def _checkpoint_counts(entry: dict, args: dict, path: str, ledger: Ledger) -> None:
+    """MindSpore's CheckpointConfig on the four counts CheckpointMonitor hands it (mindspore/train/callback/
+    _checkpoint.py, 2.7.2): each a non-negative int, not all 0. save_checkpoint_steps 0 saves by time only
+    (save_checkpoint_seconds), so with no time-based saving here it saves nothing, not even at the end
+    (ModelCheckpoint._check_save_ckpt). keep_checkpoint_max 0 becomes 1 unless keep_checkpoint_per_n_minutes is set."""
+    counts = {name: coerce(entry.get(name, default), int, join(path, name)).value for name, default in (
+        ("save_checkpoint_steps", 1), ("save_checkpoint_seconds", 0), ("keep_checkpoint_max", 5),
+        ("keep_checkpoint_per_n_minutes", 0))}
+    for name, value in counts.items():
+        if value < 0:
+            raise ConfigError(join(path, name), f"expected an int >= 0 (MindSpore's CheckpointConfig), got "
+                              f"{show(value)}")
+    if not any(counts.values()):
+        raise ConfigError(path, "save_checkpoint_steps, save_checkpoint_seconds, keep_checkpoint_max and "
+                          "keep_checkpoint_per_n_minutes are all 0: MindSpore's CheckpointConfig refuses that "
+                          "(\"can't be all None or 0\")")
+    if not counts["save_checkpoint_steps"]:
+        args["save_checkpoint_steps"] = 0
+        if counts["save_checkpoint_seconds"]:
+            ledger.differs(join(path, "save_checkpoint_steps"), f"0: MindSpore then saves every "
+                           f"{counts['save_checkpoint_seconds']} s (save_checkpoint_seconds); time-based saving is "
+                           "not supported here, so no checkpoint is saved (a stop by signal still saves one)")
+        else:
+            ledger.runtime(join(path, "save_checkpoint_steps"), "0: no step-based saving, and none at the end, "
+                           "as in MindSpore's ModelCheckpoint (a stop by signal still saves one)")
+    if not counts["keep_checkpoint_max"]:
+        if counts["keep_checkpoint_per_n_minutes"]:
+            args["keep_checkpoint_max"] = 0
+            ledger.differs(join(path, "keep_checkpoint_max"), "0 with keep_checkpoint_per_n_minutes: MindSpore "
+                           "keeps one checkpoint per that many minutes; time-based keeping is not supported here, "
+                           "so every checkpoint is kept")
+        else:
+            args["keep_checkpoint_max"] = 1
+            ledger.runtime(join(path, "keep_checkpoint_max"), "0: MindSpore's CheckpointConfig makes it 1 "
+                           "(keep the newest checkpoint)")
+

@@ -22,6 +22,7 @@ Other rules (keys.md Appendix A, deepspeed-and-hf.md):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from translators.sections import LossScale, Optimizer, Parallel, ParallelConfig,
 
 ADAMW_NO_BIAS_CORRECTION = ("FP32StateAdamWeightDecay", "FusedAdamWeightDecay", "AdamWeightDecay")
 OPTIMIZERS = ("AdamW", *ADAMW_NO_BIAS_CORRECTION, "Adam", "SGD", "Lamb")
+OPTIMIZER_ALIASES = {"adam": "Adam", "sgd": "SGD"}  # registered by MindFormers beside the class names
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,24 @@ def clipping(wrapper: RunnerWrapper, wrapper_given: bool, replaced: bool, ledger
     return value
 
 
+def _adaptive_windows(cell: LossScale, given: dict, ledger: Ledger) -> None:
+    """AdaptiveLossScaleUpdateCell's own arguments: checked as it checks them; any other cell refuses them."""
+    path = "runner_wrapper.scale_sense"
+    windows = [name for name in ("max_scale_window", "min_scale_window") if name in given]
+    if cell.type != "AdaptiveLossScaleUpdateCell":
+        if windows:
+            raise ConfigError(f"{path}.{windows[0]}", f"only AdaptiveLossScaleUpdateCell takes it, not {cell.type}")
+        return
+    if cell.max_scale_window <= cell.min_scale_window:  # wrapper/adaptive_loss_scale.py __init__
+        raise ConfigError(path, f"max_scale_window ({cell.max_scale_window}) has to be larger than min_scale_window "
+                          f"({cell.min_scale_window}) (MindFormers' AdaptiveLossScaleUpdateCell)")
+    ledger.differs(f"{path}.type", f"AdaptiveLossScaleUpdateCell: DeepSpeed's dynamic scaler keeps one window "
+                   f"({cell.scale_window} steps); the adaptive window list from min_scale_window to "
+                   "max_scale_window is not reproduced")
+    for name in windows:
+        ledger.dropped(f"{path}.{name}", "the adaptive window list is not reproduced (DeepSpeed keeps one window)")
+
+
 def precision(compute_dtype: str, param_dtype: str, wrapper: RunnerWrapper, ledger: Ledger) -> dict[str, Any]:
     """The bf16 / fp16 blocks and the loss scaler from runner_wrapper.scale_sense."""
     scale = wrapper.scale_sense
@@ -123,6 +143,7 @@ def precision(compute_dtype: str, param_dtype: str, wrapper: RunnerWrapper, ledg
         ledger.mapped("runner_wrapper.scale_sense", f"deepspeed.fp16.loss_scale = {scale} (static)")
         return {"fp16": {"enabled": True, "loss_scale": float(scale)}}
     cell = LossScale.parse(scale, ledger)
+    _adaptive_windows(cell, scale, ledger)
     if cell.type == "FixedLossScaleUpdateCell" or cell.scale_factor == 1:
         # A factor of 1 can never change the scale: a static scale.
         ledger.mapped("runner_wrapper.scale_sense", f"deepspeed.fp16.loss_scale = {cell.loss_scale_value} (static)")
@@ -179,6 +200,10 @@ def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, override: int
 
 def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tuple[dict[str, Any], dict[str, Any]]:
     """DeepSpeed's optimizer block and the Plan's exact description (run.optimizer)."""
+    if opt.type in OPTIMIZER_ALIASES:
+        ledger.mapped("optimizer.type", f"{opt.type!r}: MindFormers' alias of MindSpore's {OPTIMIZER_ALIASES[opt.type]}"
+                      " (core/optim/build_optim.py register_mf_optim)")
+        opt = dataclasses.replace(opt, type=OPTIMIZER_ALIASES[opt.type])
     if opt.type not in OPTIMIZERS:
         raise ConfigError("optimizer.type", f"{opt.type!r} is not supported", "supported: " + ", ".join(OPTIMIZERS))
     adamw_family = opt.type in ADAMW_NO_BIAS_CORRECTION

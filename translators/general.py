@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from translators.errors import ConfigError, did_you_mean, join, show
 from translators.notes import Ledger
-from translators.schema import Section, at_least, key, one_of
+from translators.schema import Section, at_least, key
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class General(Section):
     run_mode: str | None = key(None, "train | finetune | eval | predict")
     use_parallel: bool = key(False, "initialise distributed; False resets parallel_config to 1s")
     load_checkpoint: str = key("", "checkpoint file or directory to load")
-    load_ckpt_format: str = key("ckpt", "ckpt | safetensors", check=one_of("ckpt", "safetensors"))
+    load_ckpt_format: str | None = key("ckpt", "ckpt | safetensors (checked only when a checkpoint is loaded)")
     resume_training: bool | str = key(False, "restore optimizer state and step from load_checkpoint")
     ignore_data_skip: bool = key(False, "on resume, do not skip the consumed batches")
     auto_trans_ckpt: bool = key(False, "reshard load_checkpoint to this layout")
@@ -150,6 +150,15 @@ def parse_general(tree: dict, ledger: Ledger) -> General:
     for name, reason in SECTIONS_DROPPED.items():
         if name in tree:
             ledger.dropped(name, reason)
+    if general.load_ckpt_format not in (None, "ckpt", "safetensors"):
+        # MindFormers checks the format only on the way to loading one (trainer/utils.py
+        # check_checkpoint_config_valid, r1.5.0 and 1.7.0); the r1.5.0 DeepSeek-V3 finetune YAML has ''
+        if general.load_checkpoint:
+            raise ConfigError("load_ckpt_format", f"expected 'ckpt' or 'safetensors' with load_checkpoint set, got "
+                              f"{show(general.load_ckpt_format)} (MindFormers: config.load_ckpt_format only support "
+                              "for 'ckpt' or 'safetensors')")
+        ledger.runtime("load_ckpt_format", f"{show(general.load_ckpt_format)}: no load_checkpoint, so MindFormers "
+                       "never reads it; nothing is loaded")
     if general.run_mode is not None and general.run_mode not in ("train", "finetune"):
         raise ConfigError("run_mode", f"expected 'train' or 'finetune' (mf-ds trains), got {show(general.run_mode)}")
     if general.run_mode == "finetune" and not general.load_checkpoint:

@@ -101,7 +101,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     # Recompute and the per-layer plan.
     rc = RecomputeConfig.parse(tree.get("recompute_config"), ledger)
-    layers, formative = _layers(rc, pc, pipe, shape, family, ledger)
+    swap = recompute.swap_mode(tree.get("swap_config"))
+    layers, formative = _layers(rc, pc, pipe, shape, family, ledger, swap=swap)
 
     # MoE.
     ep = pc.expert_parallel
@@ -213,7 +214,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "data": data,
         "callbacks": callbacks,
         "load_checkpoint": general.load_checkpoint or None,
-        "load_ckpt_format": general.load_ckpt_format,
+        # MindFormers reads a checkpoint as safetensors only when told so (load_ckpt_format == 'safetensors')
+        "load_ckpt_format": "safetensors" if general.load_ckpt_format == "safetensors" else "ckpt",
         "resume_training": general.resume_training,
         "ignore_data_skip": general.ignore_data_skip,
         "deterministic": bool(general.train_precision_sync),
@@ -233,8 +235,10 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
 
 def _layers(rc: RecomputeConfig, pc: ParallelConfig, pipe: PipelineConfig, shape: Any, family: Any,
-            ledger: Ledger) -> tuple[list[dict], tuple[str, ...]]:
-    """The per-layer plan, from MindFormers' LayerSetting normalisation over the YAML's pipeline layout."""
+            ledger: Ledger, *, swap: bool = False) -> tuple[list[dict], tuple[str, ...]]:
+    """The per-layer plan, from MindFormers' LayerSetting normalisation over the YAML's pipeline layout.
+
+    `swap` (swap_config.swap) makes LayerSetting read the recompute lists as global layer ids."""
     keys = ("recompute", "select_recompute", "select_comm_recompute", "select_recompute_exclude",
             "select_comm_recompute_exclude", "recompute_slice_activation")
     if shape is None:
@@ -272,7 +276,13 @@ def _layers(rc: RecomputeConfig, pc: ParallelConfig, pipe: PipelineConfig, shape
         return layers, ()
     result = recompute.normalise(rc.recompute, rc.select_recompute, rc.select_comm_recompute,
                                  rc.select_recompute_exclude, rc.select_comm_recompute_exclude,
-                                 rc.recompute_slice_activation, lay, mcore=family.mcore)
+                                 rc.recompute_slice_activation, lay, mcore=family.mcore, swap=swap)
+    if ledger.present("swap_config.swap"):
+        ledger.runtime("swap_config.swap", "recompute and select lists read as global layer ids "
+                       "(LayerSetting.set_recompute_select_layer_index); the host-device swap itself is not done"
+                       if swap else "recompute lists read as per-stage layer counts (LayerSetting.set)")
+    for key, note in result.notes:
+        ledger.runtime(key, note)
     layers, unmapped = recompute.layer_plan(result, n_total, family.layer_style,
                                             first_mtp_layer=shape.num_layers if shape.mtp_depth else None)
     for pattern, note in unmapped:

@@ -45,10 +45,14 @@ class LossScale(Section):
     PATH = "runner_wrapper.scale_sense"
     STRICT = True
     type: str = key("DynamicLossScaleUpdateCell", "update cell",
-                    check=one_of("DynamicLossScaleUpdateCell", "FixedLossScaleUpdateCell"))
+                    check=one_of("DynamicLossScaleUpdateCell", "FixedLossScaleUpdateCell",
+                                 "AdaptiveLossScaleUpdateCell"))
     loss_scale_value: float = key(65536.0, "initial loss scale", check=above(0))
     scale_factor: float = key(2.0, "growth / back-off factor", check=at_least(1))
     scale_window: int = key(1000, "overflow-free steps before the scale grows", check=_positive_int)
+    # MindFormers' AdaptiveLossScaleUpdateCell (wrapper/adaptive_loss_scale.py) only
+    max_scale_window: int = key(1000, "Adaptive: the largest window of its window list", check=_positive_int)
+    min_scale_window: int = key(20, "Adaptive: the smallest window of its window list", check=_positive_int)
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,10 @@ class Parallel(Section):
     """parallel: MindSpore auto-parallel context (T MsParallelConfig accepts any key)."""
 
     PATH = "parallel"
-    parallel_mode: int = key(1, "0 data, 1 semi-auto, 2 auto, 3 hybrid", check=one_of(0, 1, 2, 3))
+    # core/context/validators.py validate_parallel_mode: tools/utils.py PARALLEL_MODE's keys, ints and names
+    parallel_mode: int | str = key(1, "0 data, 1 semi-auto, 2 auto, 3 hybrid (or DATA_PARALLEL, ... STAND_ALONE)",
+                                   check=one_of(0, 1, 2, 3, "DATA_PARALLEL", "SEMI_AUTO_PARALLEL", "AUTO_PARALLEL",
+                                                "HYBRID_PARALLEL", "STAND_ALONE", "MANUAL_PARALLEL"))
     enable_parallel_optimizer: bool = key(False, "MindSpore optimizer parallel (ZeRO-like)")
     full_batch: bool = key(True, "every rank loads the global batch")
     gradients_mean: bool = key(False, "average gradients after all-reduce")

@@ -19,7 +19,10 @@ The programs run in an L2-friendly order: GROUP_M row tiles share each column ti
 expert-major with GROUP_K K-tiles per N-tile, so the programs running at once read one expert's rows. Configs are
 autotuned per (M, N, K, E, layout, dtype) on CUDA; test-sized problems take the first config untimed.
 `grouped_mm_gather` folds the permute into the forward's and dW's row loads (x[src_row[r]]), so the MoE block never
-writes or keeps the [T*k, H] permuted copy.
+writes or keeps the [T*k, H] permuted copy. `swiglu_experts` runs the whole expert MLP with SwiGLU in the first
+GEMM's epilogue, dSwiGLU in the epilogue of the second GEMM's dX, and the SwiGLU output recomputed in the second
+GEMM's dW loads: [M, I] less kept per layer, and neither the SwiGLU output's gradient nor the SwiGLU kernels' passes
+(MF_DS_EXPERT_MLP=fused; not yet timed on a GPU, so not the default).
 
 CUDA backend, per product (fwd, dX, dW), `MF_DS_GMM`: `auto` (default) times the pointer kernels here, the TMA
 kernels (gmm_tma.py) and torch's grouped_mm (CUTLASS, bf16 on sm90) once per shape and keeps the fastest;
@@ -57,17 +60,21 @@ def _add(a, b):
 
 @triton.jit
 def _gmm_fwd_kernel(
-    x_ptr, w_ptr, y_ptr, offs_ptr, src_row_ptr,
+    x_ptr, w_ptr, y_ptr, offs_ptr, src_row_ptr, aux_ptr,
     M, N, K, E,
-    stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
+    stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn, stride_am,
     G_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, GATHER: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, GATHER: tl.constexpr, EPI: tl.constexpr,
     PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     """y[rows of group g] = x[rows] @ w[g]; group E is the padding tail, stored as zeros.
 
     GATHER: row r of the A operand is x[src_row[r]] (the permute folded into the GEMM's loads; src_row < 0: a zero
     row), so the permuted copy of x is never written.
+    EPI (the epilogue; N is the width of y's halves below): 0 none. EPI_SWIGLU: w has 2N columns, gate then up;
+    aux [M, 2N] gets gate_up = x @ w and y [M, N] gets silu(gate) * up of the rounded halves (fused_swiglu_packed's
+    arithmetic). EPI_DSWIGLU: the product is dh [M, N], aux holds the forward's gate_up [M, 2N], and y [M, 2N] gets
+    (d gate, d up) of dh (swiglu's backward kernel's arithmetic on dh rounded to y's dtype).
     """
     pid = tl.program_id(0)
     # GROUP_M row tiles share each column tile while they run: a column block of w (one expert, usually) is read
@@ -110,25 +117,55 @@ def _gmm_fwd_kernel(
             a_rows = rows
         w_base = w_ptr + grp.to(tl.int64) * stride_we
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+        acc_up = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # EPI_SWIGLU: the up half; unused otherwise
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:  # K % BLOCK_K == 0: no mask along K
-                a = tl.load(x_ptr + a_rows[:, None] * stride_xm + ks[None, :] * stride_xk,
-                            mask=a_mask[:, None], other=0.0)
-                b = tl.load(w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                            mask=col_mask[None, :], other=0.0)
+                a_load_mask = a_mask[:, None]
+                b_load_mask = col_mask[None, :]
             else:
                 k_mask = ks < K
-                a = tl.load(x_ptr + a_rows[:, None] * stride_xm + ks[None, :] * stride_xk,
-                            mask=a_mask[:, None] & k_mask[None, :], other=0.0)
-                b = tl.load(w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                            mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+                a_load_mask = a_mask[:, None] & k_mask[None, :]
+                b_load_mask = k_mask[:, None] & col_mask[None, :]
+            a = tl.load(x_ptr + a_rows[:, None] * stride_xm + ks[None, :] * stride_xk, mask=a_load_mask, other=0.0)
+            b_ptrs = w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn
+            b = tl.load(b_ptrs, mask=b_load_mask, other=0.0)
             if DOT_FP32:
                 a, b = a.to(tl.float32), b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+            if EPI == 1:
+                b_up = tl.load(b_ptrs + N * stride_wn, mask=b_load_mask, other=0.0)
+                if DOT_FP32:
+                    b_up = b_up.to(tl.float32)
+                acc_up = tl.dot(a, b_up, acc_up, input_precision=PRECISION)
+        if EPI == 1:  # aux = [gate | up] (kept for the backward), y = silu(gate) * up
+            gate = acc.to(aux_ptr.dtype.element_ty)
+            up = acc_up.to(aux_ptr.dtype.element_ty)
+            aux_ptrs = aux_ptr + rows[:, None] * stride_am + cols[None, :]
+            tl.store(aux_ptrs, gate, mask=out_mask)
+            tl.store(aux_ptrs + N, up, mask=out_mask)
+            g = gate.to(tl.float32)
+            h = g / (1.0 + tl.exp(-g)) * up.to(tl.float32)
+            tl.store(y_ptrs, h.to(y_ptr.dtype.element_ty), mask=out_mask)
+        elif EPI == 2:  # y = [d gate | d up] from dh = acc, gate and up from aux
+            d = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+            aux_ptrs = aux_ptr + rows[:, None] * stride_am + cols[None, :]
+            g = tl.load(aux_ptrs, mask=out_mask, other=0.0).to(tl.float32)
+            u = tl.load(aux_ptrs + N, mask=out_mask, other=0.0).to(tl.float32)
+            sig = 1.0 / (1.0 + tl.exp(-g))
+            tl.store(y_ptrs, (d * u * sig * (1.0 + g * (1.0 - sig))).to(y_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(y_ptrs + N * stride_yn, (d * (g * sig)).to(y_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
     elif grp == E:
-        tl.store(y_ptrs, tl.full((BLOCK_M, BLOCK_N), 0.0, y_ptr.dtype.element_ty), mask=out_mask)
+        zeros = tl.full((BLOCK_M, BLOCK_N), 0.0, y_ptr.dtype.element_ty)
+        tl.store(y_ptrs, zeros, mask=out_mask)
+        if EPI == 1:
+            aux_ptrs = aux_ptr + rows[:, None] * stride_am + cols[None, :]
+            tl.store(aux_ptrs, zeros, mask=out_mask)
+            tl.store(aux_ptrs + N, zeros, mask=out_mask)
+        elif EPI == 2:
+            tl.store(y_ptrs + N * stride_yn, zeros, mask=out_mask)
 
 
 @triton.jit
@@ -137,9 +174,12 @@ def _gmm_dw_kernel(
     M, N, K,
     stride_xm, stride_xk, stride_ym, stride_yn, stride_we, stride_wk, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_K: tl.constexpr,
-    GATHER: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+    GATHER: tl.constexpr, SWIGLU_X: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     """dw[e] = x[rows of e]^T @ dy[rows of e], a reduction over the group's rows (zero when it has none).
+
+    SWIGLU_X: x is the forward's gate_up [M, 2K] and the rows of the A operand are silu(gate) * up, recomputed on
+    load and rounded as the forward rounded them (the SwiGLU output is never kept).
 
     Expert-major order: the programs running at once work on one expert's tiles (GROUP_K K-tiles share each
     N-tile), so its x and dy rows come from L2 rather than once per K-tile from HBM; the grid puts the expert on
@@ -173,8 +213,12 @@ def _gmm_dw_kernel(
         else:
             x_mask = row_mask
             x_rows = rows
-        xt = tl.load(x_ptr + x_rows[None, :] * stride_xm + ks[:, None] * stride_xk,
-                     mask=k_mask[:, None] & x_mask[None, :], other=0.0)
+        xt_ptrs = x_ptr + x_rows[None, :] * stride_xm + ks[:, None] * stride_xk
+        xt = tl.load(xt_ptrs, mask=k_mask[:, None] & x_mask[None, :], other=0.0)
+        if SWIGLU_X:
+            g = xt.to(tl.float32)
+            u = tl.load(xt_ptrs + K * stride_xk, mask=k_mask[:, None] & x_mask[None, :], other=0.0)
+            xt = (g / (1.0 + tl.exp(-g)) * u.to(tl.float32)).to(u.dtype)
         dy = tl.load(dy_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn,
                      mask=row_mask[:, None] & col_mask[None, :], other=0.0)
         if DOT_FP32:
@@ -243,8 +287,8 @@ def _autotune(configs, key):
 
 
 _even_k = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
-_gmm_fwd_tuned = _autotune(_FWD_CONFIGS, ["M", "N", "K", "E", "stride_wk", "GATHER"])(_even_k(_gmm_fwd_kernel))
-_gmm_dw_tuned = _autotune(_DW_CONFIGS, ["M", "N", "K", "stride_wk", "GATHER"])(_gmm_dw_kernel)
+_gmm_fwd_tuned = _autotune(_FWD_CONFIGS, ["M", "N", "K", "E", "stride_wk", "GATHER", "EPI"])(_even_k(_gmm_fwd_kernel))
+_gmm_dw_tuned = _autotune(_DW_CONFIGS, ["M", "N", "K", "stride_wk", "GATHER", "SWIGLU_X"])(_gmm_dw_kernel)
 
 # The interpreter (CPU) runs every program in Python: few, small tiles, and the operands go to fp32 before tl.dot
 # because the interpreter's bf16 dot returns garbage (triton 3.9; exact bf16 x bf16 products in fp32 are what the
@@ -273,36 +317,49 @@ def _fwd_kernel(x: Tensor, config: triton.Config | None, K: int) -> tuple:
     return on_device(_gmm_fwd_kernel, x), meta
 
 
+EPI_NONE, EPI_SWIGLU, EPI_DSWIGLU = 0, 1, 2  # _gmm_fwd_kernel's epilogues
+
+
 def _gmm_triton(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, src_row_M: Tensor | None = None,
-                config: triton.Config | None = None) -> Tensor:
+                config: triton.Config | None = None, epi: int = EPI_NONE, aux: Tensor | None = None):
     """y = x @ w per group; w may be any strided view ([E, N, K] transposed for dX). With `src_row_M`, A's row r is
-    x[src_row_M[r]] (negative: a zero row), and y has src_row_M's row count."""
+    x[src_row_M[r]] (negative: a zero row), and y has src_row_M's row count.
+    epi EPI_SWIGLU: w is [E, K, 2I]; returns (silu(gate) * up [M, I], gate_up [M, 2I]). EPI_DSWIGLU: x @ w is dh
+    [M, I] and `aux` the forward's gate_up; returns (d gate | d up) [M, 2I]."""
     M = x_MK.shape[0] if src_row_M is None else src_row_M.shape[0]
     K = x_MK.shape[1]
     E, _, N = w_EKN.shape
-    y_MN = _empty((M, N), dtype=x_MK.dtype, device=x_MK.device)
+    if epi == EPI_SWIGLU:
+        N //= 2
+        aux = _empty((M, 2 * N), dtype=x_MK.dtype, device=x_MK.device)
+    y_MN = _empty((M, 2 * N if epi == EPI_DSWIGLU else N), dtype=x_MK.dtype, device=x_MK.device)
+    result = (y_MN, aux) if epi == EPI_SWIGLU else y_MN
     if M == 0 or N == 0:
-        return y_MN
+        return result
+    assert aux is None or (aux.shape == (M, 2 * N) and aux.stride(1) == 1), (aux.shape, M, N)
     kernel, meta = _fwd_kernel(x_MK, config, K)
 
     def grid(m):
         return ((triton.cdiv(M, m["BLOCK_M"]) + E + 1) * triton.cdiv(N, m["BLOCK_N"]),)
 
     kernel[grid](
-        x_MK, w_EKN, y_MN, offs_E, offs_E if src_row_M is None else src_row_M, M, N, K, E,
+        x_MK, w_EKN, y_MN, offs_E, offs_E if src_row_M is None else src_row_M, y_MN if aux is None else aux,
+        M, N, K, E,
         x_MK.stride(0), x_MK.stride(1), w_EKN.stride(0), w_EKN.stride(1), w_EKN.stride(2),
-        y_MN.stride(0), y_MN.stride(1),
-        G_POW2=triton.next_power_of_2(E + 1), GATHER=src_row_M is not None, PRECISION=_precision(x_MK), **meta,
+        y_MN.stride(0), y_MN.stride(1), 0 if aux is None else aux.stride(0),
+        G_POW2=triton.next_power_of_2(E + 1), GATHER=src_row_M is not None, EPI=epi, PRECISION=_precision(x_MK),
+        **meta,
     )
-    return y_MN
+    return result
 
 
 def _gmm_dw_triton(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor, src_row_M: Tensor | None = None,
-                   config: triton.Config | None = None) -> Tensor:
+                   config: triton.Config | None = None, swiglu_x: bool = False) -> Tensor:
     """dW in w's own layout, so that a transposed view of HF's [E, N, K] storage gets a gradient AccumulateGrad
-    takes without a copy. With `src_row_M`, x's rows are gathered as in the forward."""
+    takes without a copy. With `src_row_M`, x's rows are gathered as in the forward. `swiglu_x`: x is gate_up
+    [M, 2K] and the A operand silu(gate) * up (see _gmm_dw_kernel)."""
     M = dy_MN.shape[0]
-    K = x_MK.shape[1]
+    K = x_MK.shape[1] // 2 if swiglu_x else x_MK.shape[1]
     N = dy_MN.shape[1]
     E = offs_E.shape[0]
     if w_EKN.stride(1) == 1:
@@ -325,7 +382,7 @@ def _gmm_dw_triton(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor, s
         x_MK, dy_MN, dw_EKN, offs_E, offs_E if src_row_M is None else src_row_M, M, N, K,
         x_MK.stride(0), x_MK.stride(1), dy_MN.stride(0), dy_MN.stride(1),
         dw_EKN.stride(0), dw_EKN.stride(1), dw_EKN.stride(2),
-        GATHER=src_row_M is not None, PRECISION=_precision(x_MK), **meta,
+        GATHER=src_row_M is not None, SWIGLU_X=swiglu_x, PRECISION=_precision(x_MK), **meta,
     )
     return dw_EKN
 
@@ -455,6 +512,43 @@ class GroupedMMGatherFunction(torch.autograd.Function):
         return dx_TK, dw_EKN, None, None, None  # the counts and the index maps: integers, no gradient
 
 
+class SwiGLUExpertsFunction(torch.autograd.Function):
+    """The expert MLP `down(silu(gate) * up)` with SwiGLU in the first grouped matmul's epilogue and dSwiGLU in the
+    epilogue of the second one's dX; the SwiGLU output is not kept for the backward (dW of `down` recomputes it from
+    gate_up on load) and dh is never written. Optionally gathered (x[src_row], as GroupedMMGatherFunction).
+
+    Kept for the backward: x (or the unpermuted x_T when gathered), gate_up [M, 2I], the weights and the index maps;
+    the split path keeps gate_up and the SwiGLU output [M, I] as well. Same rounding as the split path: gate_up and
+    the SwiGLU output are rounded to the input dtype where the split path writes them, and dh where it would be
+    written, so the two agree bit for bit when their products are computed the same way."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w13_EK2I: Tensor, w2_EIN: Tensor, tokens_per_expert_E: Tensor,
+                src_row_M: Tensor | None, row_of_pair_TP: Tensor | None) -> Tensor:
+        offs_E = _offsets(tokens_per_expert_E)
+        h_MI, gate_up_MI2 = _gmm_triton(x, w13_EK2I, offs_E, src_row_M, epi=EPI_SWIGLU)
+        ctx.save_for_backward(x, w13_EK2I, w2_EIN, offs_E, gate_up_MI2, src_row_M, row_of_pair_TP)
+        return _gmm_triton(h_MI, w2_EIN, offs_E)
+
+    @staticmethod
+    def backward(ctx, dy_MN: Tensor):
+        from mf_ds.ops.permute import _launch_sum_pairs
+
+        x, w13_EK2I, w2_EIN, offs_E, gate_up_MI2, src_row_M, row_of_pair_TP = ctx.saved_tensors
+        dx = dw13 = dw2 = None
+        if ctx.needs_input_grad[2]:  # down: silu(gate) * up, recomputed on load, ^T @ dY per expert
+            dw2 = _gmm_dw_triton(gate_up_MI2, dy_MN, offs_E, w2_EIN, swiglu_x=True)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            dgate_up_MI2 = _gmm_triton(dy_MN, w2_EIN.transpose(1, 2), offs_E, epi=EPI_DSWIGLU, aux=gate_up_MI2)
+            if ctx.needs_input_grad[1]:
+                dw13 = _gmm_dw_triton(x, dgate_up_MI2, offs_E, w13_EK2I, src_row_M)
+            if ctx.needs_input_grad[0]:
+                dx = _gmm_triton(dgate_up_MI2, w13_EK2I.transpose(1, 2), offs_E)
+                if src_row_M is not None:  # each token sums its kept rows (fp32)
+                    dx = _launch_sum_pairs(dx, row_of_pair_TP)
+        return dx, dw13, dw2, None, None, None
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # CPU torch path
 # ----------------------------------------------------------------------------------------------------------------
@@ -514,6 +608,27 @@ def grouped_mm_gather(x_TK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, 
     assert x_TK.dim() == 2 and w_EKN.dim() == 3 and x_TK.shape[1] == w_EKN.shape[1], (x_TK.shape, w_EKN.shape)
     assert row_of_pair_TP.shape[0] == x_TK.shape[0] and x_TK.dtype == w_EKN.dtype, (row_of_pair_TP.shape, x_TK.shape)
     return GroupedMMGatherFunction.apply(x_TK, w_EKN, tokens_per_expert_E, src_row_M, row_of_pair_TP)
+
+
+def swiglu_experts(x: Tensor, w13_EK2I: Tensor, w2_EIN: Tensor, tokens_per_expert_E: Tensor,
+                   src_row_M: Tensor | None = None, row_of_pair_TP: Tensor | None = None) -> Tensor:
+    """grouped_mm(silu(gate) * up, w2) with [gate | up] = grouped_mm(x, w13), in one autograd node with fused
+    epilogues (SwiGLUExpertsFunction; Triton path only: callers check `swiglu_experts_supported`). With `src_row_M`
+    and `row_of_pair_TP`, x is the unpermuted [T, K] input, gathered as grouped_mm_gather does."""
+    assert x.dim() == 2 and w13_EK2I.dim() == 3 and w2_EIN.dim() == 3, (x.shape, w13_EK2I.shape, w2_EIN.shape)
+    assert x.shape[1] == w13_EK2I.shape[1] and w13_EK2I.shape[2] == 2 * w2_EIN.shape[1], (w13_EK2I.shape, w2_EIN.shape)
+    assert (src_row_M is None) == (row_of_pair_TP is None) and x.dtype == w13_EK2I.dtype == w2_EIN.dtype
+    return SwiGLUExpertsFunction.apply(x, w13_EK2I, w2_EIN, tokens_per_expert_E, src_row_M, row_of_pair_TP)
+
+
+EXPERT_MLP_ENV = "MF_DS_EXPERT_MLP"  # split (default) | fused
+
+
+def swiglu_experts_supported(*tensors: Tensor) -> bool:
+    """Whether the MoE block runs its SwiGLU experts through `swiglu_experts`: on the Triton path, when
+    MF_DS_EXPERT_MLP=fused. Off by default until bench/gpu_suite.py has timed it against the split path, whose
+    products may each take torch's CUTLASS grouped_mm (the fused epilogues exist in the pointer kernels only)."""
+    return gather_supported(*tensors) and os.environ.get(EXPERT_MLP_ENV, "split") == "fused"
 
 
 def gather_supported(*tensors: Tensor) -> bool:

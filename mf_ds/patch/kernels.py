@@ -16,7 +16,10 @@ not kept either: `down_proj(swiglu(gate, up))` runs under torch's non-reentrant 
 the product in backward and ends before down_proj's matmul. What is kept is gate and up (2 T I fewer elements than
 HF's MLP: silu(gate) and the product). That is MindFormers' select_recompute of `feed_forward.w1.activation.silu` +
 `feed_forward.mul`, the same mechanism as mf_ds.recompute's SwiGLU region. MoE experts' SwiGLU is the MoE layer's
-(mf_ds/moe/layer.py calls mf_ds.ops.swiglu.fused_swiglu_packed); here it is a report line.
+(mf_ds/moe/layer.py calls mf_ds.ops.swiglu.fused_swiglu_packed); here it is a report line. So a model whose every
+MLP is an MoE block (Mixtral, Qwen3-MoE without mlp_only_layers) has no MLP for this patch and a report that says
+where the SwiGLU is fused: MindFormers too fuses it inside the experts there (use_fused_swiglu reaches the MoE
+FFN); that is a note, not an error.
 """
 
 from __future__ import annotations
@@ -193,12 +196,16 @@ def _swiglu_mlp(module: nn.Module) -> tuple[bool, str | None]:
 
 
 def _patch_swiglu(model_type: str, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
+    from mf_ds.moe.layer import MFExperts
+
     family = FAMILIES[model_type]
-    report, experts = [], []
+    report, experts, fused, unfused = [], [], [], []
     for name, module in model.named_modules():
         kind = type(module).__name__
         if kind == family.experts:
             experts.append(name)
+        if isinstance(module, MFExperts):  # the mf-ds MoE layer (mf_ds.patch.moe runs first)
+            (fused if module.act_fn is None else unfused).append((name, module))
         if kind not in family.mlps:
             continue
         if "forward" in module.__dict__:  # recompute.py's regions wrap this forward, never the other way round
@@ -215,6 +222,14 @@ def _patch_swiglu(model_type: str, model: nn.Module, plan: dict, recorder: Recor
     if experts:
         report.append(f"{len(experts)} {family.experts} ({experts[0]}, ...): not fused by this patch: the experts' "
                       "SwiGLU is fused by the mf-ds MoE layer (plan.moe) where it replaces them")
+    if fused:
+        report.append(f"{len(fused)} MFExperts ({fused[0][0]}, ...): nothing to replace: the experts' SwiGLU already "
+                      "runs fused inside the mf-ds MoE layer (mf_ds.ops.swiglu.fused_swiglu_packed), where "
+                      "MindFormers fuses it too")
+    if unfused:
+        act = type(unfused[0][1].act_fn).__name__
+        report.append(f"{len(unfused)} MFExperts ({unfused[0][0]}, ...): not fused: the experts' activation is {act}, "
+                      "not SiLU (hidden_act), so it is no SwiGLU")
     return report
 
 

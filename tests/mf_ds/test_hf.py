@@ -84,3 +84,17 @@ def test_moe_callbacks_fire_under_the_trainer_with_the_loop_lines(tmp_path):
     assert lines(hf) == lines(ds)
     rows = [json.loads(line) for line in (tmp_path / "hf" / "metrics.jsonl").read_text().splitlines()]
     assert set(rows[-1]["moe"]) == {"1", "2"} and len(rows[-1]["moe"]["1"]["expert_load"]) == 8
+
+
+def test_save_checkpoint_steps_0_turns_the_trainers_saving_off(tmp_path):
+    from mf_ds.hf import from_mf_yaml
+
+    callbacks = [{"type": "MFLossMonitor"}, {"type": "CheckpointMonitor", "save_checkpoint_steps": 0,
+                                             "keep_checkpoint_max": 2}]
+    setup = from_mf_yaml(CONFIGS / "tiny_llama.yaml", output_dir=tmp_path, max_steps=2, callbacks=callbacks)
+    assert setup.args.save_strategy.value == "no"
+    assert not any(type(c).__name__ == "SaveAtEnd" for c in setup.callbacks)
+    callbacks[1]["save_checkpoint_steps"] = 3
+    setup = from_mf_yaml(CONFIGS / "tiny_llama.yaml", output_dir=tmp_path, max_steps=2, callbacks=callbacks)
+    assert (setup.args.save_strategy.value, setup.args.save_steps, setup.args.save_total_limit) == ("steps", 3, 2)
+    assert any(type(c).__name__ == "SaveAtEnd" for c in setup.callbacks)

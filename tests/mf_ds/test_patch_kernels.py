@@ -318,3 +318,73 @@ def test_deepspeed_zero3():
     assert done.returncode == 0, done.stderr[-3000:]
     losses = json.loads(done.stdout.strip().splitlines()[-1])
     assert losses["fused"] == pytest.approx(losses["plain"], abs=1e-6, rel=0)
+
+
+# --- with the mf-ds MoE layer: the experts' SwiGLU is fused there (issue 16 item 15) -------------------------------
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3"])
+def test_fused_kernels_on_moe_models_with_the_moe_layer(family):
+    """Both fused switches on every MoE family with plan.moe: no PatchError where every MLP is an MoE block
+    (Mixtral, and Qwen3-MoE here), a line saying the experts' SwiGLU runs fused in the MoE layer, the same logits
+    and gradients as HF's model (fp32)."""
+    from tests.moe import family_plan, grads, tiny_model
+
+    hf = tiny_model(family)
+    model = tiny_model(family)
+    moe_plan = family_plan(family)
+    moe_plan["kernels"].update(fused_rope=True, fused_swiglu=True)
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(2))
+    base = hf(ids, labels=ids)
+    base.loss.backward()
+    report = patch.apply(model, moe_plan)
+    try:
+        got = model(ids, labels=ids)
+        got.loss.backward()
+        assert_close(got.logits, base.logits, atol=1e-5, rtol=1e-5)
+        for name, grad in grads(hf).items():
+            assert_close(grads(model)[name], grad, atol=1e-5, rtol=1e-5, msg=name)
+    finally:
+        patch.revert(model)
+    moe_layers = len(moe_plan["moe"]["layers"])
+    assert f"{moe_layers} MFExperts (model.layers.{moe_plan['moe']['layers'][0]}.mlp.experts, ...): nothing to " \
+           "replace: the experts' SwiGLU already runs fused inside the mf-ds MoE layer " \
+           "(mf_ds.ops.swiglu.fused_swiglu_packed), where MindFormers fuses it too" in report
+    assert not any("Experts (" in line and "not fused by this patch" in line for line in report)
+    assert any(line.startswith(f"{kernels.FAMILIES[family].module}.") for line in report)  # RoPE
+
+
+def test_non_silu_experts_are_a_note():
+    from tests.moe import family_plan, tiny_model
+
+    model = tiny_model("mixtral", hidden_act="gelu")
+    moe_plan = family_plan("mixtral")
+    moe_plan["kernels"]["fused_swiglu"] = True
+    report = patch.apply(model, moe_plan)
+    patch.revert(model)
+    assert report[-1] == ("2 MFExperts (model.layers.0.mlp.experts, ...): not fused: the experts' activation is "
+                          "GELUActivation, not SiLU (hidden_act), so it is no SwiGLU")
+
+
+def test_a_mixtral_yaml_with_use_fused_swiglu_starts():
+    """The r1.5.0 Mixtral 8x7B pretrain YAML, shrunk, with use_fused_swiglu and use_fused_rope: it used to stop with
+    `PatchError: fused_swiglu: the mixtral patch matched nothing in MixtralForCausalLM`."""
+    from mf_ds.model import build_model
+    from tests.conftest import CORPUS
+    from translators.loader import load_yaml
+    from translators.plan import translate
+
+    path = CORPUS / "r1.5.0__research__mixtral__mixtral_8x7b__pretrain_mixtral-8x7b.yaml"
+    if not path.exists():
+        pytest.skip(f"{path} is missing (../shared beside the repository)")
+    tree = load_yaml(str(path))
+    tree["model"]["model_config"].update(hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                                         n_kv_heads=2, vocab_size=64, seq_length=16, use_fused_swiglu=True,
+                                         use_fused_rope=True, compute_dtype="float32", use_flash_attention=False)
+    tree["parallel_config"].update(data_parallel=1, model_parallel=1, pipeline_stage=1, expert_parallel=1)
+    tree.pop("recompute_config", None)
+    plan = translate(tree, world_size=1).plan
+    assert plan["kernels"]["fused_swiglu"] and plan["moe"] is not None
+    model = build_model(plan)
+    report = patch.apply(model, plan)
+    patch.revert(model)
+    assert any(line.startswith("2 MFExperts (model.layers.0.mlp.experts, ...): nothing to replace") for line in report)

@@ -171,3 +171,11 @@ def test_configs_train_with_the_loss_falling(tmp_path, name):
     events.Reload()
     assert [e.value for e in events.Scalars("train/loss")] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
     assert {p.name for p in (tmp_path / "report").glob("*.png")} >= {"loss.png", "throughput.png"}
+
+
+def test_save_checkpoint_steps_0_writes_no_checkpoint(tmp_path):
+    """MindSpore's CheckpointConfig takes 0 (no step-based saving): no checkpoint by steps, none at the end."""
+    train(tmp_path, "--max_steps", "2", "--set", "callbacks=[{type: MFLossMonitor}, {type: CheckpointMonitor, "
+          "prefix: t, save_checkpoint_steps: 0, keep_checkpoint_max: 2}]")
+    assert [m["step"] for m in metrics(tmp_path)] == [1, 2]
+    assert not (tmp_path / "checkpoint").exists() or not any((tmp_path / "checkpoint").iterdir())

@@ -11,7 +11,7 @@ import torch
 
 from mf_ds.ops import gmm
 from mf_ds.ops.gmm import grouped_mm, grouped_mm_reference
-from tests.ops.conftest import DEVICE
+from tests.ops.conftest import DEVICE, select_path
 
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 2e-2, 2e-2), (torch.float16, 2e-3, 2e-3)]
 # (tokens per expert, rows M): odd sizes, an empty expert, all rows on one expert, padding rows, nothing routed
@@ -150,6 +150,62 @@ def test_gather_matches_permute_then_grouped_mm(capacity, dtype, atol, rtol, mon
         assert _rel_err(a, b) < max(rtol, 1e-6) / 2, label
     assert torch.all(got[0][int(perm.tokens_per_expert_E.sum()):] == 0), "padding rows must be zero"
     assert got[2].stride() == w.stride()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The expert MLP with SwiGLU in the first GEMM's epilogue and dSwiGLU in the second's dX (gmm.swiglu_experts): the
+# same numbers as the split path on the same kernels (bit for bit in bf16)
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gather", [False, True])
+@pytest.mark.parametrize("capacity", [None, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_experts_equals_split_path(gather, capacity, dtype, monkeypatch):
+    from mf_ds.ops.permute import permute
+    from mf_ds.ops.swiglu import fused_swiglu_packed
+
+    select_path("triton", monkeypatch)
+    monkeypatch.setattr(gmm, "_empty", _poisoned_empty)
+    T, top_k, E, H, I = 9, 2, 4, 40, 24  # noqa: E741 - I: the expert width; not a multiple of the tile
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(T, H, generator=g) / H**0.5).to(DEVICE, dtype)
+    w13 = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).to(DEVICE, dtype).transpose(1, 2)  # HF layouts
+    w2 = (torch.randn(E, H, I, generator=g) / I**0.5).to(DEVICE, dtype).transpose(1, 2)
+    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(T)])
+    ids[:5, 0] = 1  # a hot expert, so the capacity drops pairs and leaves padding rows
+    perm = permute(x, ids.to(DEVICE), E, capacity=capacity, materialize=not gather)
+    dy = torch.randn(perm.token_of_row_M.shape[0], H, generator=g).to(DEVICE, dtype)
+
+    def run(fused: bool):
+        xs, a, b = x.clone().requires_grad_(), w13.detach().requires_grad_(), w2.detach().requires_grad_()
+        counts = perm.tokens_per_expert_E
+        if gather:
+            maps = (perm.token_of_row_M, perm.row_of_pair_TK)
+            y = gmm.swiglu_experts(xs, a, b, counts, *maps) if fused else \
+                gmm.grouped_mm(fused_swiglu_packed(gmm.grouped_mm_gather(xs, a, counts, *maps)), b, counts)
+        else:
+            rows = xs[perm.token_of_row_M.clamp_min(0)] * (perm.token_of_row_M >= 0)[:, None]  # the permuted x
+            y = gmm.swiglu_experts(rows, a, b, counts) if fused else \
+                gmm.grouped_mm(fused_swiglu_packed(gmm.grouped_mm(rows, a, counts)), b, counts)
+        return (y, *torch.autograd.grad(y, (xs, a, b), dy))
+
+    split, fused = run(False), run(True)
+    for label, want, got in zip(("y", "dx", "dw13", "dw2"), split, fused, strict=True):
+        assert got.dtype == dtype and got.shape == want.shape, label
+        if dtype == torch.bfloat16:  # every product rounded where the split path rounds it: the same bits
+            assert torch.equal(got, want), (label, _rel_err(got, want))
+        else:  # fp32: the interpreter's dots over a tile of gate columns vs one spanning both halves (BLAS order)
+            assert _rel_err(got, want) < 1e-6, label  # measured 4e-8 to 7e-8
+    assert fused[2].stride() == w13.stride() and fused[3].stride() == w2.stride()
+    assert torch.all(fused[0][int(perm.tokens_per_expert_E.sum()):] == 0), "padding rows must be zero"
+
+
+def test_swiglu_experts_off_by_default(monkeypatch):
+    monkeypatch.delenv(gmm.EXPERT_MLP_ENV, raising=False)
+    select_path("triton", monkeypatch)
+    x = torch.ones(2, 2, device=DEVICE)
+    assert not gmm.swiglu_experts_supported(x)
+    monkeypatch.setenv(gmm.EXPERT_MLP_ENV, "fused")
+    assert gmm.swiglu_experts_supported(x)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -64,6 +64,24 @@ def test_fp16_dynamic_loss_scale():
     assert "bf16" not in plan["deepspeed"]
 
 
+def test_fp16_adaptive_loss_scale_is_dynamic_with_one_window():
+    """MindFormers' own AdaptiveLossScaleUpdateCell (wrapper/adaptive_loss_scale.py) runs there: taken, with a note."""
+    cell = {"type": "AdaptiveLossScaleUpdateCell", "loss_scale_value": 1024, "scale_factor": 2, "scale_window": 200,
+            "max_scale_window": 1000, "min_scale_window": 20}
+    plan = plan_of(model__model_config__compute_dtype="float16", runner_wrapper__scale_sense=cell)
+    assert plan["deepspeed"]["fp16"]["initial_scale_power"] == 10
+    assert plan["deepspeed"]["fp16"]["loss_scale_window"] == 200
+    assert notes_on(plan, "runner_wrapper.scale_sense.type")[0].startswith("[differs] AdaptiveLossScaleUpdateCell: ")
+    assert notes_on(plan, "runner_wrapper.scale_sense.max_scale_window")[0].startswith("[dropped]")
+    with pytest.raises(ConfigError, match=r"^runner_wrapper\.scale_sense: max_scale_window \(20\) has to be larger"):
+        plan_of(model__model_config__compute_dtype="float16",
+                runner_wrapper__scale_sense={**cell, "max_scale_window": 20})
+    with pytest.raises(ConfigError, match=r"^runner_wrapper\.scale_sense\.min_scale_window: only "
+                                          r"AdaptiveLossScaleUpdateCell takes it, not DynamicLossScaleUpdateCell"):
+        plan_of(model__model_config__compute_dtype="float16",
+                runner_wrapper__scale_sense={"type": "DynamicLossScaleUpdateCell", "min_scale_window": 5})
+
+
 def test_fp16_scale_not_a_power_of_two_and_static_factor():
     cell = {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 65535, "scale_factor": 2, "scale_window": 1}
     plan = plan_of(model__model_config__compute_dtype="float16", runner_wrapper__scale_sense=cell)
@@ -160,3 +178,11 @@ def test_gmm_is_dropless_unless_opted_in():
     tree["mf_ds"] = {"gmm_capacty": True}
     with pytest.raises(ConfigError, match="did you mean 'gmm_capacity'"):
         translate(tree)
+
+
+@pytest.mark.parametrize("alias, name", [("adam", "Adam"), ("sgd", "SGD")])
+def test_mindformers_optimizer_aliases(alias, name):
+    """build_optim.register_mf_optim registers MindSpore's Adam and SGD under 'adam' and 'sgd' too."""
+    plan = plan_of(optimizer={"type": alias, "learning_rate": 1e-3})
+    assert plan["run"]["optimizer"]["type"] == name and plan["deepspeed"]["optimizer"]["type"] == name
+    assert any(n.startswith(f"[mapped] '{alias}': MindFormers' alias") for n in notes_on(plan, "optimizer.type"))

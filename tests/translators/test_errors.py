@@ -72,8 +72,10 @@ CASES = [
     ("run_mode predict", LLAMA, ["run_mode=predict"], [], "run_mode"),
     ("callbacks not a list", LLAMA, ["callbacks={type: MFLossMonitor}"], [], "callbacks"),
     ("callback without type", LLAMA, ["callbacks=[{per_print_times: 1}]"], [], "callbacks[0]"),
-    ("checkpoint steps zero", LLAMA, ["callbacks=[{type: CheckpointMonitor, save_checkpoint_steps: 0}]"], [],
-     "callbacks[0].save_checkpoint_steps"),
+    ("checkpoint steps negative", LLAMA, ["callbacks=[{type: CheckpointMonitor, save_checkpoint_steps: -1}]"], [],
+     "callbacks[0].save_checkpoint_steps: expected an int >= 0"),
+    ("checkpoint counts all zero", LLAMA, ["callbacks=[{type: CheckpointMonitor, save_checkpoint_steps: 0, "
+                                           "keep_checkpoint_max: 0}]"], [], "callbacks[0]: save_checkpoint_steps, "),
     ("section is a list", LLAMA, ["runner_config=[1, 2]"], [], "runner_config"),
     ("megatron blend odd", LLAMA, ["train_dataset.data_loader={type: BlendedMegatronDatasetDataLoader, "
                                    "config: {data_path: ['1']}}"], [], "train_dataset.data_loader.config.data_path"),

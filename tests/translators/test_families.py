@@ -428,3 +428,15 @@ def test_pure_python():
             "print(sorted(m for m in ('torch', 'transformers', 'deepspeed', 'triton', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_dtype_names_in_any_case():
+    """convert_mstype (models/utils.py) lower-cases the name: 'BFloat16' runs in MindFormers."""
+    tree = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
+    tree["model"]["model_config"].update(compute_dtype="BFloat16", param_init_type="Float32")
+    got = translate(tree)
+    assert got.shape.compute_dtype == "bfloat16" and got.hf["dtype"] == "bfloat16"
+    tree["model"]["model_config"]["compute_dtype"] = "half"
+    with pytest.raises(ConfigError, match=r"^model\.model_config\.compute_dtype: expected one of bfloat16, float16, "
+                                          r"float32; got 'half'"):
+        translate(tree)

@@ -18,6 +18,7 @@ from translators.recompute import (
     hf_targets,
     layer_plan,
     normalise,
+    swap_mode,
 )
 
 SEED = build_layout(48, 5, 2, [[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
@@ -238,24 +239,104 @@ def test_comm_exclude():
 # --- swap mode (§6) and zero_bubble_v (§2) -----------------------------------------------------------------------
 
 def test_swap_mode_reads_global_layer_indices():
-    result = run(recompute=[0, 5], select={r"feed_forward\.mul": [1, 5], r"feed_forward\.w1\.activation\.silu": True},
+    result = run(recompute=[0, 5], select={r"feed_forward\.mul": [1, 5], r"feed_forward\.w1\.activation\.silu": [2, 3]},
                  comm=False, swap=True)
     assert result.formative == (
         "Formative layer_recompute: [0, 5]",
-        r"Formative select_recompute: {'feed_forward\\.mul': [1, 5], 'feed_forward\\.w1\\.activation\\.silu': True}",
+        r"Formative select_recompute: {'feed_forward\\.mul': [1, 5], 'feed_forward\\.w1\\.activation\\.silu': [2, 3]}",
         r"Formative select_comm_recompute: {'.*\\.norm': []}")
     assert sorted(result.full) == [0, 5]
-    assert layers(result) == ({r"feed_forward\.mul": [1], r"feed_forward\.w1\.activation\.silu": [1, 2, 3, 4, 6, 7,
-                                                                                                8, 9]},
+    assert layers(result) == ({r"feed_forward\.mul": [1], r"feed_forward\.w1\.activation\.silu": [2, 3]},
                               {r".*\.norm": []})
+    assert result.notes == ()
 
 
 def test_swap_mode_full_recompute_and_excludes():
     result = run(recompute=True, select=True, slice_activation=True, swap=True)
     assert result.full == ALL and result.slice_activation is True
     assert all(not v for v in result.select.values())
-    result = run(select={r"feed_forward\.mul": True}, select_exclude=[r".*\.mul"], swap=True)
+    result = run(select={r"feed_forward\.mul": [1, 2]}, select_exclude=[r".*\.mul"], swap=True)
     assert result.select == {} and result.select_exclude == {r".*\.mul": frozenset()}  # excludes never applied
+
+
+def test_swap_mode_takes_what_mindformers_takes():
+    """Ids beyond the model select nothing (a note says so); a bool in the list is the int it equals (True: 1)."""
+    result = run(recompute=[0, 10, -1, True], select={r"feed_forward\.mul": [9, 12]}, swap=True)
+    assert sorted(result.full) == [0, 1]
+    assert result.select == {r"feed_forward\.mul": frozenset({9})}
+    assert result.notes == (
+        ("recompute_config.recompute", "layer ids [-1, 10] are outside the model's 10 layers and select nothing, "
+                                       "as in MindFormers"),
+        (r"recompute_config.select_recompute['feed_forward\\.mul']", "layer ids [12] are outside the model's 10 "
+                                                                     "layers and select nothing, as in MindFormers"))
+
+
+@pytest.mark.parametrize("section, swap", [
+    (None, False), ({}, False), ({"swap": False, "layer_swap": "anything"}, False), ({"swap": True}, True),
+    ({"swap": True, "default_prefetch": 2, "layer_swap": [{"layers": [0, 1], "backward_prefetch": 1}],
+      "op_swap": {r".*\.flash_attention": [{"layers": True, "backward_prefetch": 2}]}}, True),
+])
+def test_swap_mode(section, swap):
+    assert swap_mode(section) is swap
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"swap": 1}, "swap_config.swap: expected a bool, got 1"),
+    ({"swp": True}, "swap_config.swp: not a swap_config key (TransformerSwapConfig takes swap, layer_swap, op_swap, "
+                    "default_prefetch) (did you mean 'swap'?)"),
+    ({"swap": True, "default_prefetch": 0}, "swap_config.default_prefetch: expected a positive int, got 0"),
+    ({"swap": True, "layer_swap": {"layers": [1], "backward_prefetch": 1}}, "swap_config.layer_swap: expected a list"),
+    ({"swap": True, "layer_swap": [{"layers": [1]}]}, "swap_config.layer_swap[0]: expected a mapping with layers and "
+                                                      "backward_prefetch"),
+    ({"swap": True, "layer_swap": [{"layers": ["a"], "backward_prefetch": 1}]},
+     "swap_config.layer_swap[0].layers: expected True or a list of layer ids, got ['a']"),
+    ({"swap": True, "op_swap": [1]}, "swap_config.op_swap: expected a mapping"),
+    ([1], "swap_config: expected a mapping, got [1]"),
+])
+def test_swap_mode_refuses_what_mindformers_refuses(section, message):
+    with pytest.raises(ConfigError) as info:
+        swap_mode(section)
+    assert str(info.value).startswith(message)
+
+
+# --- issue 16 item 7: one 2-D list for every default pattern -------------------------------------------------------
+
+@pytest.mark.parametrize("value, shown", [
+    ([[True, 0], [1, 1]], "[[2, 0], [1, 1]]"),   # True became layer_list[0][0] (a numpy int) for the first pattern
+    ([[1, 0], [1, 9]], "[[1, 0], [1, 2]]"),      # 9 was clipped to the numpy limit 2
+])
+def test_a_shared_2d_list_fails_where_mindformers_fails(value, shown):
+    with pytest.raises(ConfigError) as info:
+        run(select=value)
+    assert str(info.value).startswith(
+        f"recompute_config.select_recompute: MindFormers' LayerSetting raises `ValueError: Illegal input list for "
+        f"select_recompute: {shown}` here: formatting 'feed_forward\\\\.mul' it wrote numpy ints into this 2-D list")
+    assert "layer_list [[2, 3], [3, 2]]" in str(info.value)
+
+
+def test_a_shared_2d_list_within_limits_serves_every_pattern():
+    result = run(select=[[2, False], [1, 0]], comm=[[True, 0], [0, 0]])  # comm has one default pattern: no re-read
+    assert result.formative[1] == (r"Formative select_recompute: {'feed_forward\\.mul': [[2, 0], [1, 0]], "
+                                   r"'feed_forward\\.w1\\.activation\\.silu': [[2, 0], [1, 0]]}")
+    assert sorted(result.select[r"feed_forward\.mul"]) == [0, 1, 5]
+    assert sorted(result.comm[r".*\.norm"]) == [0, 1]
+    # a bool row is replaced in MindFormers' outer copy only, so it serves both patterns (1.7.0; r1.5.0 failed)
+    assert sorted(run(select=[True, [0, 1]]).select[r"feed_forward\.mul"]) == [0, 1, 2, 3, 4, 8]
+
+
+def test_a_yaml_alias_shares_the_list_between_keys():
+    """PyYAML gives `*a` the same list object; MindFormers then writes into it for the first key, as here."""
+    config = yaml.safe_load("select_recompute: {'a': &r [[5, 0], [0, 0]], 'b': *r}\n")
+    shown = r"\[\[2, 0\], \[0, 0\]\]"
+    with pytest.raises(ConfigError, match=r"^recompute_config\.select_recompute\.b: MindFormers' LayerSetting raises "
+                                          rf"`ValueError: Illegal input list for select_recompute: {shown}"):
+        run(select=config["select_recompute"])
+
+
+def test_a_negative_count_in_a_2d_list_selects_nothing():
+    result = run(recompute=[[-1, 3], [0, 0]])
+    assert result.formative[0] == "Formative layer_recompute: [[-1, 3], [0, 0]]"
+    assert sorted(result.full) == [2, 3, 4]
 
 
 def test_zero_bubble_v_reverses_row_1_of_2d_lists():
@@ -304,7 +385,6 @@ def test_callers_values_are_not_mutated():
     ({"recompute": None}, "recompute_config.recompute: expected a bool, a per-stage list"),
     ({"recompute": {"a": 1}}, "recompute_config.recompute: expected a bool, a per-stage list"),
     ({"recompute": [1, -1]}, "recompute_config.recompute[1]: a layer count cannot be negative, got -1"),
-    ({"recompute": [[1, 0], [-2, 0]]}, "recompute_config.recompute[1][0]: a layer count cannot be negative, got -2"),
     ({"recompute": [[1, 0.5], [0, 0]]}, "recompute_config.recompute[0][1]: expected int or bool, got 0.5"),
     ({"recompute": [[1, 0], 1]}, "recompute_config.recompute[1]: expected a row (list) or bool in a 2-D list, got 1"),
     ({"recompute": [0.5, 1]}, "recompute_config.recompute[0]: expected int or bool, got 0.5"),
@@ -321,10 +401,13 @@ def test_callers_values_are_not_mutated():
     ({"slice_activation": "yes"}, "recompute_config.recompute_slice_activation: expected a bool, got 'yes'"),
     ({"select": [r"feed_forward\.mul"], "swap": True}, "recompute_config.select_recompute: with swap_config.swap on, "
                                                       "MindFormers cannot read a list of op patterns"),
-    ({"recompute": [0, 10], "swap": True}, "recompute_config.recompute[1]: layer index 10 is out of range: the model "
-                                           "has 10 layers"),
-    ({"recompute": [0, True], "swap": True}, "recompute_config.recompute[1]: with swap_config.swap on, expected a "
-                                             "global layer index (int), got True"),
+    ({"recompute": [0, "1"], "swap": True}, "recompute_config.recompute[1]: with swap_config.swap on, expected a "
+                                            "global layer index (int), got '1'"),
+    ({"select": {"x": True}, "swap": True}, "recompute_config.select_recompute.x: with swap_config.swap on, expected "
+                                            "a list of global layer ids, got True (MindFormers: Layer info of "
+                                            "select_recompute must be list when enabling swap)"),
+    ({"comm": {"x": False}, "swap": True}, "recompute_config.select_comm_recompute.x: with swap_config.swap on, "
+                                           "expected a list of global layer ids, got False"),
     ({"select": {"x": [[0, 1]]}, "swap": True}, "recompute_config.select_recompute.x[0]: with swap_config.swap on, "
                                                 "expected a global layer index (int), got [0, 1]"),
     ({"recompute": 3, "swap": True}, "recompute_config.recompute: with swap_config.swap on, expected a bool or a "
@@ -485,3 +568,30 @@ def test_hf_paths_exist_in_real_hf_decoder_layers(style):
             modules |= {name for name, _ in layer.named_modules() if name}
     ops = {path for path in _TABLES[style].hf if path.endswith(".mul")}  # the SwiGLU product, not a module
     assert set(_TABLES[style].hf) - ops <= modules
+
+
+# --- the Plan: swap_config.swap reaches the layer plan (issue 16 item 6) -------------------------------------------
+
+def test_swap_config_swap_makes_the_plan_read_global_layer_ids():
+    from tests.conftest import CONFIGS
+    from translators.loader import load_yaml
+    from translators.plan import translate
+
+    tree = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
+    tree["recompute_config"] = {"recompute": [1], "select_recompute": {r"feed_forward\.mul": [2]}}
+    counts = translate(tree).plan
+    assert [layer["full_recompute"] for layer in counts["layers"]] == [True, False]  # 1 layer of stage 0
+    assert counts["layers"][1]["select_recompute"] == ["mlp.mul"]
+    tree["recompute_config"]["select_recompute"] = {r"feed_forward\.mul": [0, 7]}
+    tree["swap_config"] = {"swap": True}
+    ids = translate(tree).plan
+    assert [layer["full_recompute"] for layer in ids["layers"]] == [False, True]  # layer id 1
+    assert ids["layers"][0]["select_recompute"] == ["mlp.mul"]
+    notes = {(n["key"], n["kind"]): n["message"] for n in ids["notes"]}
+    assert notes[("swap_config.swap", "runtime")].startswith("recompute and select lists read as global layer ids")
+    assert notes[(r"recompute_config.select_recompute['feed_forward\\.mul']", "runtime")] == (
+        "layer ids [7] are outside the model's 2 layers and select nothing, as in MindFormers")
+    assert notes[("swap_config", "dropped")].startswith("Ascend host-device activation swap")
+    tree["swap_config"] = {"swap": "yes"}
+    with pytest.raises(ConfigError, match=r"^swap_config\.swap: expected a bool, got 'yes'$"):
+        translate(tree)

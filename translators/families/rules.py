@@ -94,7 +94,8 @@ def _choice(*choices: str) -> Conv:
 
 
 def _dtype(value: Any, path: str) -> str:
-    return _choice(*DTYPES)(value, path)
+    # convert_mstype (models/utils.py) lower-cases the name first: 'BFloat16' is bfloat16 there too
+    return _choice(*DTYPES)(value.lower() if isinstance(value, str) else value, path)
 
 
 def _token(value: Any, path: str) -> int | list[int] | None:

@@ -1,0 +1,65 @@
+"""callbacks: what MindFormers' callbacks (and MindSpore's CheckpointConfig under CheckpointMonitor) accept."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.conftest import CONFIGS
+from translators.errors import ConfigError
+from translators.loader import load_yaml
+from translators.plan import translate
+
+BASE = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
+
+
+def translated(*callbacks: dict):
+    tree = copy.deepcopy(BASE)
+    tree["callbacks"] = list(callbacks)
+    return translate(tree)
+
+
+def notes(t, key: str) -> list[str]:
+    return [f"[{n.kind}] {n.message}" for n in t.ledger.finish() if n.key == key]
+
+
+def test_save_checkpoint_steps_0_saves_no_step():
+    t = translated({"type": "CheckpointMonitor", "save_checkpoint_steps": 0, "keep_checkpoint_max": 3})
+    ckpt = t.plan["run"]["callbacks"]["checkpoint"]
+    assert ckpt["save_checkpoint_steps"] == 0 and ckpt["keep_checkpoint_max"] == 3
+    assert "[runtime] 0: no step-based saving, and none at the end, as in MindSpore's ModelCheckpoint (a stop by " \
+           "signal still saves one)" in notes(t, "callbacks[0].save_checkpoint_steps")
+
+
+def test_save_checkpoint_steps_0_with_seconds_is_a_warning():
+    t = translated({"type": "CheckpointMonitor", "save_checkpoint_steps": 0, "save_checkpoint_seconds": 60})
+    assert any(n.startswith("[differs] 0: MindSpore then saves every 60 s") for n in
+               notes(t, "callbacks[0].save_checkpoint_steps"))
+
+
+@pytest.mark.parametrize("minutes, kept", [(0, 1), (10, 0)])
+def test_keep_checkpoint_max_0(minutes, kept):
+    """MindSpore's CheckpointConfig makes 0 into 1, unless keep_checkpoint_per_n_minutes is set (kept: all, here)."""
+    t = translated({"type": "CheckpointMonitor", "keep_checkpoint_max": 0, "keep_checkpoint_per_n_minutes": minutes})
+    assert t.plan["run"]["callbacks"]["checkpoint"]["keep_checkpoint_max"] == kept
+
+
+@pytest.mark.parametrize("times", [0, -3])
+def test_per_print_times_below_1_logs_every_step(times):
+    t = translated({"type": "MFLossMonitor", "per_print_times": times})
+    assert t.plan["run"]["callbacks"]["loss_monitor"]["per_print_times"] == 1
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"save_checkpoint_steps": 0, "keep_checkpoint_max": 0},
+     "callbacks[0]: save_checkpoint_steps, save_checkpoint_seconds, keep_checkpoint_max and "
+     "keep_checkpoint_per_n_minutes are all 0"),
+    ({"keep_checkpoint_max": -1}, "callbacks[0].keep_checkpoint_max: expected an int >= 0"),
+    ({"save_checkpoint_seconds": -1}, "callbacks[0].save_checkpoint_seconds: expected an int >= 0"),
+])
+def test_checkpoint_counts_mindspore_refuses(entry, message):
+    with pytest.raises(ConfigError) as info:
+        translated({"type": "CheckpointMonitor", **entry})
+    assert str(info.value).startswith(message)
+
