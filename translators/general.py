@@ -157,7 +157,7 @@ def parse_general(tree: dict, ledger: Ledger) -> General:
             raise ConfigError("load_ckpt_format", f"expected 'ckpt' or 'safetensors' with load_checkpoint set, got "
                               f"{show(general.load_ckpt_format)} (MindFormers: config.load_ckpt_format only support "
                               "for 'ckpt' or 'safetensors')")
-        ledger.runtime("load_ckpt_format", f"{show(general.load_ckpt_format)}: no load_checkpoint, so MindFormers "
+        ledger.dropped("load_ckpt_format", f"{show(general.load_ckpt_format)}: no load_checkpoint, so MindFormers "
                        "never reads it; nothing is loaded")
     if general.run_mode is not None and general.run_mode not in ("train", "finetune"):
         raise ConfigError("run_mode", f"expected 'train' or 'finetune' (mf-ds trains), got {show(general.run_mode)}")
