@@ -34,19 +34,27 @@ from mf_ds.errors import RunError
 class _OrderedSamples(torch.utils.data.IterableDataset):
     """The training samples in mf_ds/train.py's order, with the label masking it applies."""
 
-    def __init__(self, dataset: torch.utils.data.Dataset, micro: int, pad_id: int | None, drop_last: bool):
-        self.dataset, self.micro, self.pad_id, self.drop_last = dataset, micro, pad_id, drop_last
+    def __init__(self, dataset: torch.utils.data.Dataset, micro: int, run: dict, attn_implementation: str | None):
+        self.dataset, self.micro, self.run, self.attn_implementation = dataset, micro, run, attn_implementation
+        self.pad_id, self.drop_last = run["loss_mask_pad_id"], run["data"]["drop_remainder"]
 
     def __iter__(self):
+        from mf_ds.attention import model_inputs
         from mf_ds.data import batches
 
         for batch in batches(self.dataset, self.micro, 0, 1, start=0, passes=None, drop_last=self.drop_last):
             labels = batch["labels"]
             if self.pad_id is not None:
                 labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
+            attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation)
+            if any(name.startswith("cu_seq_lens") for name in attention):
+                raise RunError("per-document attention under flash attention needs the whole micro batch in one "
+                               "forward (FlashAttention's varlen lengths): train with mf-train, or use sdpa")
             for i in range(len(labels)):
-                # shift_labels: the labels are already the next tokens (see mf_ds/loop.py)
-                yield {"input_ids": batch["input_ids"][i], "labels": labels[i], "shift_labels": labels[i]}
+                # shift_labels: the labels are already the next tokens (see mf_ds/loop.py); the attention mask and
+                # position ids are per sample, so the Trainer's collator stacks them back
+                yield {"input_ids": batch["input_ids"][i], "labels": labels[i], "shift_labels": labels[i],
+                       **{name: value[i] for name, value in attention.items()}}
 
 
 class MFLossMonitor(TrainerCallback):
@@ -275,8 +283,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
                                                                       drop_rate=drop_rate)]
     if saving:
         callbacks.append(SaveAtEnd())
-    samples = _OrderedSamples(dataset, run["micro_batch_size"], run["loss_mask_pad_id"],
-                              run["data"]["drop_remainder"])
+    samples = _OrderedSamples(dataset, run["micro_batch_size"], run, model.config._attn_implementation)
     return MFSetup(model, args, callbacks, samples, plan, report, data_size)
 
 

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from mf_ds import checkpoint, patch
 from mf_ds import moe as moe_layer
+from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
 from mf_ds.monitor import Monitor
 
@@ -138,6 +139,9 @@ class Trainer:
         self.output_dir = Path(run["output_dir"])
         seed_everything(run["seed"])
         cpu_numerics()
+        if run["deterministic"]:  # train_precision_sync
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' condition for determinism
+            torch.use_deterministic_algorithms(True, warn_only=True)
         callbacks = run["callbacks"]
         self.ckpt = callbacks["checkpoint"]
         self.ckpt_root = Path(self.ckpt["directory"]) if self.ckpt and self.ckpt["directory"] else \
@@ -165,6 +169,7 @@ class Trainer:
         for line in apply_recompute(model, plan["layers"]):
             _log(f"mf-ds: recompute: {line}")
         model.train()
+        self.attn_implementation = model.config._attn_implementation
         hf = plan["hf_config"]
         self.dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], hf["vocab_size"],
                                            tokenizer_dir=run.get("tokenizer_dir"), override_dir=dataset_dir)
@@ -241,7 +246,8 @@ class Trainer:
 
         # Endless passes (each reshuffled by its seed); the run stops at total_steps. `start` skips what this
         # rank consumed before a resume, so the stream continues exactly where an uninterrupted run would be.
-        return batches(self.dataset, self.micro, self.rank, self.world, start=self.step * self.ga, passes=None,
+        start = 0 if self.run["ignore_data_skip"] else self.step * self.ga  # ignore_data_skip: from the start
+        return batches(self.dataset, self.micro, self.rank, self.world, start=start, passes=None,
                        drop_last=self.run["data"]["drop_remainder"])
 
     @property
@@ -276,7 +282,9 @@ class Trainer:
                     labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
                 # The labels are already the next tokens (Megatron / MindFormers samples): shift_labels stops HF's
                 # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
-                out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels)
+                # MindFormers' attention mask and positions (pad keys, per-document attention): mf_ds/attention.py
+                attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation)
+                out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels, **attention)
                 loss = out.loss * math.nan if poison else out.loss
                 if self.moe:
                     extra = moe_layer.aux_loss(self.engine.module)  # MindFormers adds the balance losses

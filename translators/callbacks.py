@@ -36,7 +36,7 @@ CALLBACKS: dict[str, dict[str, tuple[Any, Any, str, str]]] = {
         "directory": (str | None, None, "runtime", "checkpoint directory (default output_dir/checkpoint)"),
         "save_checkpoint_steps": (int, 1, "runtime", "save every N steps"),
         "keep_checkpoint_max": (int, 5, "runtime", "keep the newest N checkpoints"),
-        "checkpoint_format": (str, "ckpt", "runtime", "weights are always written as HF safetensors"),
+        "checkpoint_format": (str, "ckpt", "dropped", "weights are always written as HF safetensors"),
         "integrated_save": (bool, True, "dropped", "HF weights are always saved whole; DeepSpeed engine state "
                                                    "per rank"),
         "async_save": (bool, False, "dropped", "checkpoints are written synchronously and atomically"),
@@ -54,20 +54,25 @@ CALLBACKS: dict[str, dict[str, tuple[Any, Any, str, str]]] = {
     "TopkBiasBalanceCallback": {
         "balance_via_topk_bias": (bool, None, "runtime", "must mirror moe_config.balance_via_topk_bias"),
         "topk_bias_update_rate": (float, None, "runtime", "bias step u (default: moe_config's)"),
-        "num_layers": (int, None, "runtime", "layers scanned (the plan's MoE layers are used)"),
-        "mtp_depth": (int, None, "runtime", "MTP layers scanned"),
-        "expert_num": (int, None, "runtime", "must equal the routed expert count"),
-        "micro_batch_num": (int, 1, "runtime", "load target micro_batch_num x GA / E"),
-        "gradient_accumulation_steps": (int, 1, "runtime", "load target micro_batch_num x GA / E"),
+        "num_layers": (int, None, "dropped", "the plan's MoE layers are updated, whatever layers this names"),
+        "mtp_depth": (int, None, "dropped", "no MTP layers are built here"),
+        "expert_num": (int, None, "dropped", "checked: must equal the routed expert count (an error otherwise)"),
+        "micro_batch_num": (int, 1, "differs", "the update's sign compares each load with the mean load of the "
+                                               "step; MindFormers' target micro_batch_num x GA / E is not used "
+                                               "(mf_ds/moe/callbacks.py)"),
+        "gradient_accumulation_steps": (int, 1, "differs", "the update's sign compares each load with the mean "
+                                                           "load of the step; MindFormers' target micro_batch_num x "
+                                                           "GA / E is not used (mf_ds/moe/callbacks.py)"),
     },
     "MoEDropRateCallback": {
-        "expert_num": (int, None, "runtime", "must equal the routed expert count"),
+        "expert_num": (int, None, "dropped", "checked: must equal the routed expert count (an error otherwise)"),
         "capacity_factor": (float, None, "runtime", "MindFormers' estimate sum_i max(0, f_i - cf/E) "
                                                     "(default: moe_config's)"),
-        "num_layers": (int, None, "runtime", "layers scanned (the plan's MoE layers are used)"),
-        "mtp_depth": (int, None, "runtime", "MTP layers scanned"),
+        "num_layers": (int, None, "dropped", "every MoE layer of the plan logs, whatever layers this names"),
+        "mtp_depth": (int, None, "dropped", "no MTP layers are built here"),
     },
 }
+_CHECKED = ("expert_num", "checkpoint_format")  # checked against the rest of the YAML, not read at run time
 # Callbacks we know and do not run, with the reason.
 NOT_RUN = {
     "ObsMonitor": "uploads to Huawei OBS (ModelArts only)",
@@ -106,7 +111,8 @@ def parse_callbacks(tree: dict, ledger: Ledger) -> dict[str, dict | None]:
             ledger.unknown(path, f"{kind}: not a callback mf_ds runs; ignored")
             continue
         table = CALLBACKS[kind]
-        args = {name: spec[1] for name, spec in table.items() if spec[2] == "runtime"}
+        # The Plan carries the runtime's arguments and those the translator checks (expert_num, checkpoint_format).
+        args = {name: spec[1] for name, spec in table.items() if spec[2] == "runtime" or name in _CHECKED}
         ledger.runtime(join(path, "type"), f"run.callbacks.{slots[kind]}")
         for name, value in entry.items():
             if name == "type":
@@ -117,8 +123,9 @@ def parse_callbacks(tree: dict, ledger: Ledger) -> dict[str, dict | None]:
                 continue
             hint, _, note_kind, what = table[name]
             coerced = coerce(value, hint, arg_path)
-            if note_kind == "runtime":
+            if note_kind == "runtime" or name in _CHECKED:
                 args[name] = coerced.value
+            if note_kind == "runtime":
                 ledger.runtime(arg_path, f"run.callbacks.{slots[kind]}.{name}: {what}")
             else:
                 ledger.add(arg_path, note_kind, what)

@@ -37,7 +37,8 @@ DATASET_KEYS = {
     "python_multiprocessing": ("dropped", _PIPELINE),
     "numa_enable": ("dropped", _PIPELINE),
     "prefetch_size": ("dropped", _PIPELINE),
-    "eod_reset": ("dropped", "attention is not reset at EOD; documents attend across EOD within a sample"),
+    "eod_reset": None,  # translators/attention.py: what the model makes of it
+    "eod_token_id": None,  # translators/attention.py
     "tokenizer": ("dropped", "online tokenisation of ADGen JSON is not supported; use Megatron or JSONL data"),
     "max_source_length": ("dropped", "ADGen prompt length (online tokenisation is not supported)"),
     "max_target_length": ("dropped", "ADGen answer length (online tokenisation is not supported)"),
@@ -49,25 +50,29 @@ DATASET_KEYS = {
 # The model's construct parameters, in order: a column without construct_args_key feeds the one at its position.
 LEGACY_ARGS = ("input_ids", "labels", "input_position", "position_ids", "attention_mask")  # llama.py:637
 MCORE_ARGS = ("input_ids", "position_ids", "attention_mask", "decoder_input", "labels")  # gpt_model.py:398
-USED_ARGS = ("input_ids", "labels", "loss_mask")  # the rest: HF builds the causal mask and positions itself
+# Read by the runtime; attention_mask / actual_seq_len / position_ids through translators/attention.py
+USED_ARGS = ("input_ids", "labels", "loss_mask", "attention_mask", "actual_seq_len", "position_ids")
 MEGATRON_CONFIG = {
     "data_path": "run.data.paths / weights",
-    "seq_length": "run.data.seq_length",
+    "seq_length": "run.seq_length (samples of seq_length + 1 tokens)",
     "seed": "run.data.seed",
     "random_seed": "run.data.seed",
-    "split": "run.data.split (only the train part is read)",
+    "split": None,  # _split below
     "eod_mask_loss": "run.data.eod_mask_loss",
-    "reset_position_ids": "run.data.reset_position_ids",
-    "reset_attention_mask": "run.data.reset_attention_mask",
-    "create_attention_mask": "run.data.create_attention_mask",
-    "create_compressed_eod_mask": "run.data.create_compressed_eod_mask",
-    "eod_pad_length": "run.data.eod_pad_length",
+    "reset_position_ids": None,  # translators/attention.py: what the model makes of them
+    "reset_attention_mask": None,
+    "create_attention_mask": None,
+    "create_compressed_eod_mask": None,
+    "eod_pad_length": None,
     "eod": "run.data.eod",
     "pad": "run.data.pad",
-    "num_dataset_builder_threads": None,
-    "mmap_bin_files": None,
-    "path_to_cache": None,
+    "num_dataset_builder_threads": "",
+    "mmap_bin_files": "",
+    "path_to_cache": "",
 }
+# The columns a Megatron GPTDataset hands the model when the YAML names none (base_trainer.py:840-853, 1.7.0):
+# each feeds the model argument of its own name (construct_args_key defaults to the column names).
+MEGATRON_COLUMNS = ("input_ids", "labels", "loss_mask", "position_ids")
 
 
 def parse_data(tree: dict, ledger: Ledger, seq_length: int | None, mcore: bool = False,
@@ -84,7 +89,8 @@ def parse_data(tree: dict, ledger: Ledger, seq_length: int | None, mcore: bool =
                             "shuffle": True, "seed": None, "drop_remainder": True, "repeat": 1,
                             "input_columns": ["input_ids"], "train_samples": None, "eod_mask_loss": False,
                             "eod": None, "pad": None, "files_as_given": False, "columns": {},
-                            "shifted": not (mcore or sliced)}
+                            "shifted": not (mcore or sliced), "reset_attention_mask": False,
+                            "reset_position_ids": False, "eod_pad_length": None}
     if isinstance(task, dict):
         for name, value in task.items():
             path = join("train_dataset_task", name)
@@ -123,6 +129,7 @@ def parse_data(tree: dict, ledger: Ledger, seq_length: int | None, mcore: bool =
     ledger.runtime("train_dataset.data_loader.type", f"{kind}")
     if kind == "BlendedMegatronDatasetDataLoader":
         _megatron(loader, data, ledger)
+        data["columns"] = _megatron_columns(raw, loader.get("config") or {})
     elif kind == "MindDataset":
         _mindrecord(loader, raw, data, mcore, ledger)
     else:
@@ -188,6 +195,37 @@ def column_roles(input_columns: list[str], construct_args_key: list[str] | None,
     return dict(zip(input_columns, keys, strict=False))  # unequal lengths: the extra columns feed nothing
 
 
+def _split(value: object, path: str, ledger: Ledger) -> None:
+    """Megatron's "train, valid, test" weights: mf-ds reads every document as training data."""
+    parts = [p.strip() for p in str(value).replace("/", ",").split(",")]
+    try:
+        weights = [float(p) for p in parts]
+    except ValueError:
+        raise ConfigError(path, f"expected weights such as '98, 1, 1', got {show(value)}") from None
+    if any(w < 0 for w in weights) or not sum(weights):
+        raise ConfigError(path, f"expected weights >= 0 with a positive sum, got {show(value)}")
+    if weights[0] == sum(weights):
+        ledger.dropped(path, "every document is training data, as this split says")
+    else:
+        ledger.differs(path, f"every document is training data here; MindFormers keeps {weights[0] / sum(weights):.0%} "
+                       "for training and builds valid/test splits from the rest")
+
+
+def _megatron_columns(raw: dict, config: dict) -> dict[str, str]:
+    """{column: model argument} of a Megatron data set: base_trainer.py `_get_columns_with_strategy` (1.7.0)."""
+    if config.get("create_compressed_eod_mask"):
+        columns = [*MEGATRON_COLUMNS, "actual_seq_len"]
+    elif config.get("create_attention_mask"):
+        columns = [*MEGATRON_COLUMNS, "attention_mask"]
+    else:
+        columns = list(MEGATRON_COLUMNS)
+    if "input_columns" in raw:
+        columns = coerce(raw["input_columns"], list[str], "train_dataset.input_columns").value
+    keys = raw.get("construct_args_key", columns)
+    keys = coerce(keys, list[str], "train_dataset.construct_args_key").value
+    return dict(zip(columns, keys, strict=False))
+
+
 def _megatron(loader: dict, data: dict, ledger: Ledger) -> None:
     base = "train_dataset.data_loader"
     data["kind"] = "megatron"
@@ -213,7 +251,11 @@ def _megatron(loader: dict, data: dict, ledger: Ledger) -> None:
         path = join(cfg, name)
         if name not in MEGATRON_CONFIG:
             ledger.unknown(path, "not a GPTDataset config key; ignored")
+        elif name == "split":
+            _split(config[name], path, ledger)
         elif MEGATRON_CONFIG[name] is None:
+            continue  # accounted by translators/attention.py
+        elif not MEGATRON_CONFIG[name]:
             ledger.dropped(path, "Megatron builder performance setting")
         else:
             ledger.runtime(path, MEGATRON_CONFIG[name])

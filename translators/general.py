@@ -62,21 +62,24 @@ class General(Section):
 GENERAL_BECOMES = {
     "seed": ("runtime", "run.seed (torch, numpy and Python RNGs, data order)"),
     "output_dir": ("runtime", "run.output_dir (checkpoints, metrics.jsonl, logs)"),
-    "run_mode": ("runtime", "run.run_mode (train and finetune train the same way; finetune expects load_checkpoint)"),
+    "run_mode": ("dropped", "train and finetune train the same way here (eval and predict are refused; finetune "
+                            "expects load_checkpoint)"),
     "use_parallel": ("runtime", "False resets parallel_config to 1s, as MindFormers does"),
     "load_checkpoint": ("runtime", "run.load_checkpoint: a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named "
                         "safetensors (mf_ds/ckpt.py), or an HF-layout safetensors directory"),
-    "load_ckpt_format": ("runtime", "run.load_ckpt_format (the weights' own format is read from the file)"),
+    "load_ckpt_format": ("dropped", "the weights' own format is read from the file (mf_ds/ckpt.py)"),
     "resume_training": ("runtime", "run.resume_training (DeepSpeed engine state: optimizer, step, data position)"),
-    "ignore_data_skip": ("runtime", "run.ignore_data_skip"),
+    "ignore_data_skip": ("runtime", "run.ignore_data_skip: a resumed run starts the data from the beginning "
+                                    "instead of after the batches already consumed"),
     "micro_batch_interleave_num": ("runtime", "run.micro_batch_interleave_num: each micro batch is one part of the "
                                               "batch and its loss is multiplied by it, so the gradient is the sum "
                                               "over the parts, as MindFormers' MicroBatchInterleaved adds their "
                                               "losses; the logged loss is their mean (MFLossMonitor divides by it). "
                                               "The TP overlap it exists for does not apply"),
     "use_legacy": ("runtime", "selects the model_config key names (legacy or mcore)"),
-    "print_separate_loss": ("runtime", "run.print_separate_loss (LM, aux and MTP losses logged apart)"),
-    "train_precision_sync": ("runtime", "run.deterministic (torch.use_deterministic_algorithms)"),
+    "print_separate_loss": ("dropped", "the loss line shows the total loss (LM + aux); no MTP loss is trained "
+                                       "here"),
+    "train_precision_sync": ("runtime", "run.deterministic: torch.use_deterministic_algorithms(warn_only=True)"),
     "lr_scale": ("mapped", "learning rate x device count (dp x mp x cp x pp) x batch_size / lr_scale_factor when "
                            "True, as MindFormers' learning_rate_scale"),
     "lr_scale_factor": ("mapped", "see lr_scale"),
@@ -172,7 +175,7 @@ def parse_general(tree: dict, ledger: Ledger) -> General:
             raise ConfigError("load_ckpt_format", f"expected 'ckpt' or 'safetensors' with load_checkpoint set, got "
                               f"{show(general.load_ckpt_format)} (MindFormers: config.load_ckpt_format only support "
                               "for 'ckpt' or 'safetensors')")
-        ledger.runtime("load_ckpt_format", f"{show(general.load_ckpt_format)}: no load_checkpoint, so MindFormers "
+        ledger.dropped("load_ckpt_format", f"{show(general.load_ckpt_format)}: no load_checkpoint, so MindFormers "
                        "never reads it; nothing is loaded")
     if general.run_mode is not None and general.run_mode not in ("train", "finetune"):
         raise ConfigError("run_mode", f"expected 'train' or 'finetune' (mf-ds trains), got {show(general.run_mode)}")
@@ -199,7 +202,8 @@ def parse_trainer(tree: dict, ledger: Ledger) -> Trainer:
             ledger.differs("trainer.type", f"{trainer.type}: mf-ds trains causal language models only; "
                            "the causal-LM loop is used")
     if ledger.present("trainer.model_name"):
-        ledger.runtime("trainer.model_name", "run.model_name (default checkpoint prefix, report titles)")
+        ledger.dropped("trainer.model_name", "informational: nothing here reads it (the checkpoint prefix is "
+                       "CheckpointMonitor's prefix)")
     return trainer
 
 

@@ -45,12 +45,11 @@ BECOMES = {
     "topk_group": "moe.router.topk_group",
     "balance_via_topk_bias": "moe.router.bias_balance",
     "topk_bias_update_rate": "moe.router.bias_update_rate",
-    "router_dense_type": "moe.router.dtype",
     "shared_expert_num": "moe.shared_experts",
     "use_shared_expert_gating": "moe.shared_expert_gating",
     "first_k_dense_replace": "moe.layers",
-    "moe_intermediate_size": "moe.intermediate_size",
-    "use_gmm": "kernels.gmm",
+    "moe_intermediate_size": "hf_config.moe_intermediate_size: the expert width of the HF model (moe.intermediate_size "
+                             "records it)",
     "enable_gmm_safe_tokens": "moe.safe_tokens",
     "use_fused_ops_permute": "kernels.fused_permute",
     "callback_moe_droprate": "moe.drop_rate_callback",
@@ -59,6 +58,9 @@ BECOMES = {
     "expert_model_parallel": "moe.token_groups / capacity_multiple (MoEV2's groups and capacity rounding)",
     "comp_comm_parallel": "moe.capacity_multiple (C rounds up to model_parallel x comp_comm_parallel_degree)",
     "comp_comm_parallel_degree": "moe.capacity_multiple (with comp_comm_parallel)",
+    "use_gmm": "moe.path: moev3 (MoEV3: dropless unless mf_ds.gmm_capacity, the expert loss only, plain top-k); "
+               "the experts always run as grouped matmuls here",
+    "router_dense_type": "moe.router.dtype: the router's logits and scores in bfloat16 when it says so, else float32",
 }
 DROPPED = {
     "aux_loss_factor": "V1-only balance loss (MoEV2/V3, which these YAMLs build, ignore it)",
@@ -205,10 +207,10 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
     topk_method = cfg.topk_method
     if topk_method == "greedy" and (cfg.n_group or cfg.topk_group) and not mcore:
         # The DeepSeek-V3 YAMLs set n_group/topk_group but keep topk_method greedy: MindFormers ignores them.
-        ledger.runtime("moe_config.n_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
-        ledger.runtime("moe_config.topk_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
+        ledger.dropped("moe_config.n_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
+        ledger.dropped("moe_config.topk_group", "unused with topk_method greedy, as in MindFormers (plain top-k)")
     if path == "moev3" and topk_method != "greedy":
-        ledger.runtime("moe_config.topk_method", f"{topk_method} unused with use_gmm: MoEV3 routes with a plain "
+        ledger.dropped("moe_config.topk_method", f"{topk_method} unused with use_gmm: MoEV3 routes with a plain "
                        "top-k, as here")
         topk_method = "greedy"
     if mcore and cfg.n_group and cfg.topk_group:

@@ -18,6 +18,7 @@ from typing import Any
 
 from translators import deepspeed as ds
 from translators import families, layout, names, recompute
+from translators.attention import attention_plan
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
 from translators.errors import ConfigError, show
@@ -149,6 +150,11 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     lr_scale = devices * runner.batch_size / general.lr_scale_factor if general.lr_scale else None
     data = parse_data(tree, ledger, shape.seq_length if shape else None, mcore=family.mcore,
                       sliced=bool(shape and shape.input_sliced_sig))
+    # Pad keys, per-document attention and positions: what MindFormers' model does with this data (attention.py).
+    # Legacy Llama-path models and mcore build the same causal/pad mask; the other legacy families are untouched.
+    modelled = family.mcore or family.layer_style == "llama"
+    pad_token_id = hf_config.get("pad_token_id") if hf_config else None
+    attention = attention_plan(tree, family.mcore, pad_token_id, data, ledger, modelled=modelled)
     steps_per_epoch = None
     if data["train_samples"]:
         steps_per_epoch = data["train_samples"] // batch.global_batch or None
@@ -223,7 +229,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "layer_style": family.layer_style,
         "tokenizer_dir": extra.tokenizer_dir,
         "max_nan_steps": extra.max_nan_steps,
-        "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, ledger),
+        "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, data, ledger),
+        **attention,  # pad_attention_mask, pad_token_id
         "checkpoint_layout": names.checkpoint_layout(tree),
     }
     notes = ledger.finish()
@@ -303,10 +310,13 @@ def _layers(rc: RecomputeConfig, pc: ParallelConfig, pipe: PipelineConfig, shape
     return layers, result.formative
 
 
-def _loss_mask_pad_id(hf_config: dict | None, family: Any, ledger: Ledger) -> int | None:
+def _loss_mask_pad_id(hf_config: dict | None, family: Any, data: dict, ledger: Ledger) -> int | None:
     """MindFormers' Llama and DeepSeek models leave out of the loss every position whose *input* token is the pad
-    id (llama.py:671, input_mask = tokens != pad_token_id); HF masks only labels == -100, so the runtime adds it."""
+    id (llama.py:666, input_mask = tokens != pad_token_id); HF masks only labels == -100, so the runtime adds it.
+    A loss_mask column that feeds the model replaces that mask (input_mask = loss_mask)."""
     if hf_config is None or family.mcore or family.layer_style not in ("llama", "deepseek"):
+        return None
+    if "loss_mask" in data["columns"].values():
         return None
     pad = hf_config.get("pad_token_id")
     if isinstance(pad, int) and ledger.present("model.model_config.pad_token_id"):

@@ -64,7 +64,8 @@ def build_train_dataset(data: dict, seq_length: int, seed: int, vocab_size: int,
         raise DataError("train_dataset.data_loader.config.eod", "eod_mask_loss needs the eod token id")
     return TrainDataset(sources, weights, seq_length, data["seed"] if data["seed"] is not None else seed,
                         data["shuffle"], num_samples=data["train_samples"], eod=eod,
-                        eod_mask_loss=data["eod_mask_loss"], pad=data["pad"])
+                        eod_mask_loss=data["eod_mask_loss"], pad=data["pad"],
+                        loss_mask=kind != "megatron" or not data["columns"] or "loss_mask" in data["columns"].values())
 
 
 def discover(path: str) -> tuple[str, list[str]]:

@@ -13,8 +13,11 @@ remainder) and its samples are spread evenly through the stream, every prefix wi
 weights. This is neither Megatron's C++ `build_blending_indices` order nor its numpy shuffles bit for bit:
 the order differs, the sample contents (Megatron's concatenation) do not. Everything is a function of the seed.
 
-Labels equal to `eod` (with eod_mask_loss) or to `pad` are -100, the ignore index of HF's causal-LM loss, as
-Megatron's GPTDataset zeroes their loss mask.
+The loss mask is GPTDataset's (MindFormers' dataset/blended_datasets/gpt_dataset.py, `__getitem__` and
+`_get_ltor_masks_and_position_ids`): positions whose *input* is `eod` (with eod_mask_loss) and whose label is `pad`
+get label -100, the ignore index of HF's causal-LM loss; this holds when the data set's loss_mask column feeds the
+model (`loss_mask`), else the model masks by itself (mf_ds/loop.py) and only the token rewrite below applies. Pad
+tokens are then rewritten to 0 in the inputs and labels, as GPTDataset does.
 """
 
 from __future__ import annotations
@@ -65,10 +68,11 @@ class TrainDataset(Dataset):
 
     def __init__(self, sources: list, weights: list[float] | None, seq_length: int, seed: int, shuffle: bool,
                  num_samples: int | None = None, eod: int | None = None, eod_mask_loss: bool = False,
-                 pad: int | None = None) -> None:
+                 pad: int | None = None, loss_mask: bool = True) -> None:
         self.name = ", ".join(source.prefix for source in sources)
         self.seed, self.shuffle, self.seq_length = seed, shuffle, seq_length
-        self.masked = [t for t in ((eod if eod_mask_loss else None), pad) if t is not None]
+        self.eod_masked = eod if eod_mask_loss and loss_mask else None
+        self.pad, self.loss_mask = pad, loss_mask
         one_pass = [Samples.one_pass(source, seq_length) for source in sources]
         weights = list(one_pass) if weights is None else list(weights)  # None: each source once per pass
         used = [d for d, w in enumerate(weights) if w > 0]
@@ -90,10 +94,17 @@ class TrainDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         window = self.sources[int(self.which[i])][int(self.local[i])]
-        labels = window[1:].copy()
-        for token in self.masked:
-            labels[labels == token] = IGNORE
-        return {"input_ids": torch.from_numpy(window[:-1].copy()), "labels": torch.from_numpy(labels)}
+        tokens, labels = window[:-1].copy(), window[1:].copy()
+        ignore = np.zeros(len(labels), dtype=bool)
+        if self.eod_masked is not None:
+            ignore |= tokens == self.eod_masked
+        if self.pad is not None:
+            if self.loss_mask:
+                ignore |= labels == self.pad
+            tokens[tokens == self.pad] = 0
+            labels[labels == self.pad] = 0
+        labels[ignore] = IGNORE
+        return {"input_ids": torch.from_numpy(tokens), "labels": torch.from_numpy(labels)}
 
     def pass_order(self, p: int) -> np.ndarray:
         """Sample order of pass p: the data set's own order first, then a fresh permutation per pass."""

@@ -30,7 +30,7 @@ def plan_data(**changes) -> dict:
     data = {"kind": "builtin", "paths": [], "weights": [], "seq_length": L, "shuffle": True, "seed": None,
             "drop_remainder": True, "repeat": 1, "input_columns": ["input_ids"], "train_samples": None,
             "eod_mask_loss": False, "eod": None, "pad": None, "files_as_given": False, "columns": {},
-            "shifted": True}
+            "shifted": True, "reset_attention_mask": False, "reset_position_ids": False, "eod_pad_length": None}
     data.update(changes)
     return data
 
@@ -104,16 +104,25 @@ def test_blending_follows_weights_and_the_seed(tmp_path):
 
 
 @pytest.mark.parametrize("mask", [True, False])
-def test_eod_and_pad_labels_are_ignored(megatron, mask):
+@pytest.mark.parametrize("fed", [True, False])
+def test_gpt_dataset_loss_mask(megatron, mask, fed):
+    """GPTDataset.__getitem__ / _get_ltor_masks_and_position_ids: with eod_mask_loss the positions whose *input* is
+    the eod are out of the loss, those whose label is the pad too; pads become 0 in inputs and labels. Without a
+    loss_mask column feeding the model only the rewrite applies (the model masks by itself)."""
     prefix, _ = megatron
     data = plan_data(kind="megatron", paths=[prefix], weights=[1.0])
     plain = build_train_dataset(data, L, 0, 100)
-    ds = build_train_dataset({**data, "eod_mask_loss": mask, "eod": 3, "pad": 12}, L, 0, 100)
+    columns = {"input_ids": "input_ids", "labels": "labels", **({"loss_mask": "loss_mask"} if fed else {})}
+    ds = build_train_dataset({**data, "eod_mask_loss": mask, "eod": 3, "pad": 12, "columns": columns}, L, 0, 100)
     raw = torch.cat([plain[k]["labels"] for k in range(len(ds))])
+    raw_in = torch.cat([plain[k]["input_ids"] for k in range(len(ds))])
     labels = torch.cat([ds[k]["labels"] for k in range(len(ds))])
+    inputs = torch.cat([ds[k]["input_ids"] for k in range(len(ds))])
     assert (raw == 3).any() and (raw == 12).any() and not (raw == IGNORE).any()
-    ignored = (raw == 12) | ((raw == 3) & mask)
-    assert (labels[ignored] == IGNORE).all() and torch.equal(labels[~ignored], raw[~ignored])
+    ignored = ((raw == 12) | ((raw_in == 3) & mask)) & fed
+    assert (labels[ignored] == IGNORE).all()
+    assert torch.equal(labels[~ignored], raw.masked_fill(raw == 12, 0)[~ignored])
+    assert torch.equal(inputs, raw_in.masked_fill(raw_in == 12, 0))
 
 
 def test_builtin_corpus_is_real_text():

@@ -298,6 +298,24 @@ class Drop:
 
 
 @dataclass(frozen=True)
+class Attention:
+    """Decides the attention mask or positions MindFormers' model builds; read by translators/attention.py, which
+    notes what it did (run.pad_attention_mask, run.data.reset_attention_mask / reset_position_ids)."""
+
+    untyped = True
+
+    def account(self, s: _Values, key: str, name: str, ctx: _Ctx) -> None:
+        ctx.note(s, key, "runtime", "read by translators/attention.py: which keys MindFormers' model masks "
+                                    "(run.pad_attention_mask, run.data.reset_attention_mask)")
+
+    def absent(self, s: _Values, name: str, ctx: _Ctx) -> None:
+        return None
+
+
+ATTENTION = Attention()
+
+
+@dataclass(frozen=True)
 class Shape:
     """Read by `model_shape` into the Plan, which notes it; not an HF config key."""
 
