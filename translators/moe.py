@@ -93,7 +93,8 @@ MCORE = {
     "moe_permute_fusion": ("use_fused_ops_permute", bool), "moe_router_dtype": ("router_dense_type", str),
     "router_dense_type": ("router_dense_type", str), "balance_via_topk_bias": ("balance_via_topk_bias", bool),
     "topk_bias_update_rate": ("topk_bias_update_rate", float), "use_gmm": ("use_gmm", bool),
-    "enable_gmm_safe_tokens": ("enable_gmm_safe_tokens", bool), "use_fused_ops_permute": ("use_fused_ops_permute", bool),
+    "enable_gmm_safe_tokens": ("enable_gmm_safe_tokens", bool),
+    "use_fused_ops_permute": ("use_fused_ops_permute", bool),
     "expert_num": ("expert_num", int), "num_experts_chosen": ("num_experts_chosen", int),
     "shared_expert_num": ("shared_expert_num", int), "use_shared_expert_gating": ("use_shared_expert_gating", bool),
     "callback_moe_droprate": ("callback_moe_droprate", bool),
@@ -223,8 +224,9 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
                             "(all-reduced in each MoE forward)"}[balancing])
     token_groups, multiple = _token_groups(path, pc, cfg, balancing)
     if token_groups > 1 or multiple > 1:
-        ledger.runtime("parallel_config", f"MoE: {token_groups} MindFormers token group(s) per data-parallel shard"
-                       f" (capacity and aux losses per group), capacity rounded up to a multiple of {multiple}")
+        ledger.runtime("parallel_config", f"moe.token_groups {token_groups}: MindFormers' token groups per "
+                       f"data-parallel shard (capacity and aux losses per group); moe.capacity_multiple {multiple}: "
+                       "the capacity rounded up to a multiple of it")
     router_dtype = cfg.router_dense_type if cfg.router_dense_type == "bfloat16" else "float32"  # float16 -> fp32
     legacy_llama = family_name in LLAMA_PATH and not mcore
     plan = {

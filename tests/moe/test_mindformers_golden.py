@@ -32,7 +32,7 @@ def _specs(case: dict) -> tuple[RouterSpec, MoESpec]:
     translators/moe.py builds the Plan."""
     cfg = MoEConfig.parse({"routing_policy": "TopkRouterV2", **case["moe_config"]})
     pc = ParallelConfig.parse({k: v for k, v in case["parallel"].items() if k != "data_parallel"})
-    aux = dict(zip(cfg.aux_loss_types or [], cfg.aux_loss_factors or []))
+    aux = dict(zip(cfg.aux_loss_types or [], cfg.aux_loss_factors or [], strict=True))
     _, multiple = _token_groups("moev2", pc, cfg, "")
     router = RouterSpec(
         cfg.expert_num, cfg.num_experts_chosen, score="sigmoid" if cfg.use_gating_sigmoid else "softmax",
