@@ -60,6 +60,8 @@ def apply(model: torch.nn.Module, plan: dict) -> list[str]:
     except BaseException:
         recorder.revert()
         raise
+    for release in recorder.on_success:  # what only a failed apply would have needed back
+        release()
     model._mf_ds_patches = recorder
     return report
 
@@ -69,5 +71,7 @@ def revert(model: torch.nn.Module) -> None:
     recorder = getattr(model, "_mf_ds_patches", None)
     if recorder is None:
         raise PatchError("this model is not patched")
+    if recorder.irreversible:
+        raise PatchError(f"this patch cannot be reverted: {recorder.irreversible}")
     recorder.revert()
     del model._mf_ds_patches

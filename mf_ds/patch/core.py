@@ -8,6 +8,7 @@ original back in reverse order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 _MISSING = object()
@@ -18,6 +19,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self._undo: list[tuple[Any, str, Any]] = []
+        self.on_success: list[Callable[[], None]] = []  # run once every patch has applied (`mf_ds.patch.apply`)
+        self.irreversible: str | None = None  # why `revert` cannot give the original model back, when it cannot
 
     def set(self, owner: Any, name: str, value: Any) -> None:
         """`setattr(owner, name, value)`, remembering what was there (or that nothing was)."""

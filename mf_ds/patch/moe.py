@@ -81,6 +81,10 @@ def _patch(family: Family, model: nn.Module, plan: dict, recorder: Recorder) -> 
         if sparse:
             new, notes = _build(family, block, spec, moe, index, ep, f"{prefix}.{index}.mlp")
             recorder.set(layer, "mlp", new)
+            if ep is not None:
+                recorder.on_success.append(lambda experts=block.experts: _release_full_experts(experts))
+                recorder.irreversible = (f"expert parallelism {moe['expert_parallel']}: this rank holds only its "
+                                         "own experts (the full ones are released; the checkpoint saves them all)")
             report.append(f"{prefix}.{index}.mlp: {type(block).__name__} -> MFMoE ({new.extra_repr()})")
             report += notes
     missing = sorted(wanted - set(range(len(layers))))
@@ -146,6 +150,15 @@ def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: in
 
         new.deepspeed_moe_marker = DeepSpeedMoEMarker(mf_experts, ep)  # last child: loads after `experts`
     return new, notes
+
+
+def _release_full_experts(experts: nn.Module) -> None:
+    """Empty the replaced HF block's full expert tensors: on an expert-parallel rank the MoE layer holds copies of its
+    own experts, and the recorder's reference to the HF block would otherwise keep every expert (in the load dtype)
+    resident on every rank for the whole run."""
+    for name in ("gate_up_proj", "down_proj"):
+        full = getattr(experts, name)
+        setattr(experts, name, nn.Parameter(full.new_empty((0,) + tuple(full.shape[1:])), requires_grad=False))
 
 
 def build_block(model_type: str, block: nn.Module, plan: dict, layer_index: int = 0) -> MFMoE:

@@ -76,8 +76,13 @@ def _ep_equals_one_rank(rank: int) -> None:
     plan_one, plan_ep = _plans()
     reference, ref_logits, ref_metrics = _reference(plan_one)
     model = tiny_model("qwen3_moe", router_scale=40.0)
+    hf_experts = model.model.layers[0].mlp.experts
     report = mf_ds.patch.apply(model, plan_ep)
     assert "expert_parallel=2" in report[0]
+    # the replaced HF block keeps no full copy of the experts on this rank, and revert says why it cannot
+    assert hf_experts.gate_up_proj.shape[0] == 0 and hf_experts.down_proj.shape[0] == 0
+    with pytest.raises(mf_ds.patch.PatchError, match="cannot be reverted: expert parallelism 2"):
+        mf_ds.patch.revert(model)
     model.train()
     loss, logits = _loss(model, _batch(rank))
     loss.backward()
