@@ -5,9 +5,11 @@ The batch triad (DeepSpeed asserts `train_batch_size == micro * GA * dp_world`):
   GA      = (parallel_config.micro_batch_num if pipeline_stage > 1 else runner_config.gradient_accumulation_steps)
             * micro_batch_interleave_num           # base_trainer.py _check_global_batch_size_for_auto_parallel
   global  = micro * GA * data_parallel             # MindFormers' global batch
-The DeepSpeed run is data parallel over `world_size` ranks (default: parallel_config.data_parallel), and keeps
-MindFormers' global batch: GA = global / (micro * world_size), an error when that does not divide. An explicit
-`--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA instead.
+The DeepSpeed run is data parallel over dp = world_size / (tp x cp) ranks (translators/parallel.py; default world:
+the YAML's dp x tp x cp), and keeps MindFormers' global batch: GA = global / (micro * dp), an error when that does
+not divide. An explicit `--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA instead.
+The config gives micro batch and GA, never train_batch_size: DeepSpeed derives that from its own data-parallel
+world (world / sequence_parallel_size, or the TP mesh's dp), which counts TP and CP peers once.
 
 Other rules (keys.md Appendix A, deepspeed-and-hf.md):
   * clipping: `max_grad_norm` when use_clip_grad, else 0.0 (DeepSpeed's own default is 1.0 since PR #8068);
@@ -40,19 +42,17 @@ class Batch:
 
     micro: int
     gradient_accumulation_steps: int
-    world_size: int
-    global_batch: int          # micro * GA * world_size, what DeepSpeed calls train_batch_size
+    world_size: int            # all ranks
+    data_parallel: int         # ranks reading distinct data: world_size / (tp x cp)
+    global_batch: int          # micro * GA * data_parallel, what DeepSpeed calls train_batch_size
     mindformers_global: int    # MindFormers' global batch for the YAML's own layout
 
 
-def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | None, ga_override: int | None,
+def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world: int, dp: int, ga_override: int | None,
           ledger: Ledger) -> Batch:
     pp = pc.pipeline_stage
     mf_ga = (pc.micro_batch_num if pp > 1 else runner.gradient_accumulation_steps) * mbi
     mf_global = runner.batch_size * mf_ga * pc.data_parallel
-    world = world_size if world_size is not None else pc.data_parallel
-    if world < 1:
-        raise ConfigError("--world-size", f"expected an int >= 1, got {world}")
     if pp > 1 and ledger.present("runner_config.gradient_accumulation_steps") \
             and runner.gradient_accumulation_steps != 1:
         ledger.differs("runner_config.gradient_accumulation_steps", "ignored under pipeline_stage > 1, as in "
@@ -63,19 +63,21 @@ def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | 
         ga = ga_override
         ledger.mapped("runner_config.gradient_accumulation_steps", f"overridden on the command line: "
                       f"deepspeed.gradient_accumulation_steps = {ga}")
-    elif mf_global % (runner.batch_size * world):
+    elif mf_global % (runner.batch_size * dp):
+        ranks = f"world size {world}" if dp == world else f"data-parallel degree {dp} (world {world})"
         raise ConfigError("--world-size", f"MindFormers' global batch {mf_global} (batch_size {runner.batch_size} x "
                           f"data_parallel {pc.data_parallel} x accumulation {mf_ga}) is not a multiple of "
-                          f"batch_size x world size {world}",
+                          f"batch_size x {ranks}",
                           "choose a world size that divides it, or set --gradient_accumulation_steps")
     else:
-        ga = mf_global // (runner.batch_size * world)
+        ga = mf_global // (runner.batch_size * dp)
     source = "parallel_config.micro_batch_num" if pp > 1 else "runner_config.gradient_accumulation_steps"
     if ga_override is None:
         ledger.mapped(source, f"deepspeed.gradient_accumulation_steps = {ga}"
-                      + (f" (the global batch {mf_global} kept on {world} ranks)" if world != pc.data_parallel else ""))
+                      + (f" (the global batch {mf_global} kept on {dp} data-parallel ranks)"
+                         if dp != pc.data_parallel else ""))
     ledger.mapped("runner_config.batch_size", f"deepspeed.train_micro_batch_size_per_gpu = {runner.batch_size}")
-    result = Batch(runner.batch_size, ga, world, runner.batch_size * ga * world, mf_global)
+    result = Batch(runner.batch_size, ga, world, dp, runner.batch_size * ga * dp, mf_global)
     if result.global_batch != mf_global:
         ledger.differs("runner_config", f"global batch {result.global_batch} differs from MindFormers' {mf_global}")
     return result
@@ -218,13 +220,29 @@ def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tup
     return {"type": ds_type, "params": params}, plan
 
 
+def parallel(lay: Any, hf_model_type: str | None) -> dict[str, Any]:
+    """DeepSpeed's tensor_parallel block (AutoTP) and sequence_parallel_size (Ulysses) for the resolved layout."""
+    from translators.parallel import partition_config
+
+    block: dict[str, Any] = {}
+    if lay.tensor_parallel > 1:
+        tp: dict[str, Any] = {"autotp_size": lay.tensor_parallel}
+        if lay.tp_rule == "partition_config":
+            tp["partition_config"] = partition_config(hf_model_type)
+        block["tensor_parallel"] = tp
+    if lay.context_parallel > 1:
+        block["sequence_parallel_size"] = lay.context_parallel
+    return block
+
+
 def activation_checkpointing(n_full: int, slice_activation: bool, mp: int, ledger: Ledger) -> dict[str, Any]:
     """DeepSpeed's activation_checkpointing block; it configures deepspeed.checkpointing, which the runtime calls."""
     if slice_activation:
         # partition_activations splits saved activations over the model-parallel group; without TP there is none.
-        ledger.differs("recompute_config.recompute_slice_activation", "activations are partitioned over the "
-                       "model-parallel group, and mf-ds runs without tensor parallelism: no effect"
-                       if mp > 1 else "no model parallelism to slice over: no effect")
+        ledger.differs("recompute_config.recompute_slice_activation", "DeepSpeed partitions checkpointed "
+                       "activations over TP only inside deepspeed.checkpointing with an mpu, which HF layers' "
+                       "checkpointing does not use: no effect" if mp > 1 else
+                       "no model parallelism to slice over: no effect")
     return {"partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
             "number_checkpoints": n_full or None, "synchronize_checkpoint_boundary": False, "profile": False}
 
