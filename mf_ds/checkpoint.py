@@ -169,6 +169,9 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
     rngs = rng_state()
     # Under ZeRO-3 each rank holds a shard of every weight: gather them whole (collective) for the HF save.
     weights = engine._zero3_consolidated_16bit_state_dict() if engine.zero_optimization_stage() == 3 else None
+    if weights is None and engine.autotp_size() > 1:
+        # AutoTP shards: DeepSpeed gathers them whole, on rank 0, in the HF names (GatherReplacedLayerParams).
+        weights = engine._replace_module_consolidated_state_dict()
     if weights is None and _expert_parallel(engine.module):
         # Under expert parallelism each rank holds its own experts: gather them whole for the HF layout.
         from mf_ds.moe.parallel import gather_full_state_dict
