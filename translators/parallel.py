@@ -15,7 +15,7 @@ share it.
                         Not together with TP: DeepSpeed builds both groups from consecutive ranks
                         (parallel_state_sp.initialize_sequence_parallel, groups._init_tp_mesh_device) and its config
                         derives the data-parallel world from one of them; cp then folds into dp (TP kept, it saves
-                        more memory) with a note.
+                        more memory) with a note. MoE models fold cp too (our MoE layer routes per rank).
   * pipeline_stage   -> folded into dp: DeepSpeed has no pipeline for HF models, and its PipelineModule takes
                         ZeRO-1 only (runtime/pipe/engine.py).
   * expert_parallel  -> our MoE layer's all-to-all over DeepSpeed's expert groups, inside dp (mp_size = tp).
@@ -132,6 +132,12 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
             folded["parallel_config.context_parallel"] = (
                 f"{cp} folds into data parallel: DeepSpeed cannot run Ulysses with AutoTP (both build their groups "
                 f"from consecutive ranks); tensor parallel {tp} is kept, each rank holds whole sequences")
+            cp = 1
+        elif dims is not None and dims.experts > 1:
+            folded["parallel_config.context_parallel"] = (
+                f"{cp} folds into data parallel: mf-ds' MoE layer routes, drops and balances per rank, and under "
+                "Ulysses a rank holds a sequence shard (capacity and aux losses would change); each rank holds whole "
+                "sequences")
             cp = 1
         elif dims is not None:
             _check_ulysses(cp, dims)

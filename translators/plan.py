@@ -428,9 +428,8 @@ def _seq_parallel_cost(pc: ParallelConfig, shape: Any) -> str:
 def _non_default(path: str, pc: ParallelConfig, po: ParallelOptimizerConfig) -> bool:
     """A `differs` note only where the YAML asks for something that is not honoured."""
     name = path.rsplit(".", 1)[-1]
-    if path.startswith("parallel_config."):
-        return getattr(pc, name) not in (1, None)
-    return getattr(po, name) not in (-1, None)
+    section = pc if path.startswith("parallel_config.") else po
+    return getattr(section, name) != getattr(type(section)(), name)  # True == 1: compare with the default itself
 
 
 def _account_runner(ledger: Ledger, sink_size: int | None) -> None:
