@@ -136,7 +136,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     param_dtype = shape.param_init_type if shape else "float32"
     precision = ds.precision(compute_dtype, param_dtype, wrapper, ledger)
     zero = ds.zero(parallel, po.gradient_accumulation_shard, compute_dtype != "float32",
-                   moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger)
+                   moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel)
 
     opt_given = "optimizer" in tree
     opt = Optimizer.parse(tree["optimizer"] if opt_given else Optimizer.TEMPLATE, ledger)

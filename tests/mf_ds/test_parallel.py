@@ -72,3 +72,14 @@ def test_moe_tensor_parallel_equals_one_rank(tmp_path):
     one = train(tmp_path / "one", QWEN3_MOE)
     two = train(tmp_path / "two", QWEN3_MOE, "parallel_config.model_parallel=2", ranks=2)
     same_run(one, two)
+
+
+def test_hf_trainer_path_refuses_context_parallel_in_one_line(monkeypatch, tmp_path):
+    from mf_ds.errors import RunError
+    from mf_ds.hf import from_mf_yaml
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RunError) as err:
+        from_mf_yaml(LLAMA, output_dir=tmp_path, **{"parallel_config.context_parallel": 2})
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("parallel_config.context_parallel 2: the HF Trainer path cannot")
