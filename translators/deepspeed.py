@@ -226,8 +226,9 @@ def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tup
     return {"type": ds_type, "params": params}, plan
 
 
-def parallel(lay: Any, hf_model_type: str | None) -> dict[str, Any]:
-    """DeepSpeed's tensor_parallel block (AutoTP) and sequence_parallel_size (Ulysses) for the resolved layout."""
+def parallel(lay: Any, hf_model_type: str | None, vocab_parallel: bool = False) -> dict[str, Any]:
+    """DeepSpeed's tensor_parallel block (AutoTP; `vocab_parallel`: lm_head sharded over the vocabulary with
+    DeepSpeed's distributed cross-entropy) and sequence_parallel_size (Ulysses) for the resolved layout."""
     from translators.parallel import partition_config
 
     block: dict[str, Any] = {}
@@ -235,6 +236,8 @@ def parallel(lay: Any, hf_model_type: str | None) -> dict[str, Any]:
         tp: dict[str, Any] = {"autotp_size": lay.tensor_parallel}
         if lay.tp_rule == "partition_config":
             tp["partition_config"] = partition_config(hf_model_type)
+        if vocab_parallel:
+            tp["vocab_parallel_lm_head"] = True
         block["tensor_parallel"] = tp
     if lay.context_parallel > 1:
         block["sequence_parallel_size"] = lay.context_parallel

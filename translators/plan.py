@@ -179,7 +179,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         # DeepSpeed's config counts the whole world as data parallel under AutoTP (no mpu at config time):
         # micro batch and GA only, and it derives its own train_batch_size.
         del config["train_batch_size"]
-    config.update(ds.parallel(lay, family.hf_model_type))
+    config.update(ds.parallel(lay, family.hf_model_type, _vocab_parallel(pc, lay, shape)))
     scheduler = ds.scheduler(lr, ledger)
     if scheduler:
         config["scheduler"] = scheduler
@@ -349,10 +349,12 @@ def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po
         "parallel_config.use_seq_parallel": ("differs", _seq_parallel_cost(pc, shape)) if pc.use_seq_parallel
         else ("dropped", "False: no Megatron sequence parallelism asked for"),
         "parallel_config.seq_split_num": ("dropped", "seq-pipe needs pipeline parallelism"),
-        "parallel_config.vocab_emb_dp": ("differs", f"False: the embedding and lm_head stay whole on each of the "
-                                                    f"{lay.tensor_parallel} TP ranks (DeepSpeed's "
-                                                    "vocab_parallel_lm_head, which swaps in its own distributed "
-                                                    "loss, is not enabled: untested with mf-ds' loss path)")
+        "parallel_config.vocab_emb_dp": ("mapped", "False: deepspeed.tensor_parallel.vocab_parallel_lm_head = true "
+                                                   "(lm_head sharded over the vocabulary, DeepSpeed's distributed "
+                                                   "cross-entropy; the input embedding stays whole unless tied)")
+        if _vocab_parallel(pc, lay, shape) else
+        ("differs", f"False: vocab_size {shape.vocab_size if shape else '?'} does not split over tensor parallel "
+                    f"{lay.tensor_parallel}: the embedding and lm_head stay whole on each TP rank")
         if not pc.vocab_emb_dp and lay.tensor_parallel > 1 else
         ("dropped", "embedding sharding belongs to tensor parallelism" + (
             ", which does not run here" if not pc.vocab_emb_dp else "; True keeps it whole, as here")),
@@ -391,6 +393,12 @@ def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po
     for path, reason in lay.folded.items():
         if not ledger.present(path):  # a fold the YAML did not write (a default degree) still gets its line
             ledger.differs(path, reason)
+
+
+def _vocab_parallel(pc: ParallelConfig, lay: Any, shape: Any) -> bool:
+    """vocab_emb_dp: False under AutoTP, where the vocabulary splits evenly over the TP ranks."""
+    tp = lay.tensor_parallel
+    return not pc.vocab_emb_dp and tp > 1 and shape is not None and shape.vocab_size % tp == 0
 
 
 def _axis(lay: Any, path: str, degree: int, applied: str | None) -> tuple[str, str]:

@@ -50,10 +50,12 @@ def llama_one_rank(tmp_path_factory):
 
 
 @pytest.mark.deepspeed
-@pytest.mark.parametrize("stage", [1, 3])
-def test_tensor_parallel_equals_one_rank(tmp_path, llama_one_rank, stage):
-    """model_parallel 2 on 2 ranks: one data-parallel rank whose layers AutoTP shards (the HF tp_plan)."""
-    two = train(tmp_path, LLAMA, "parallel_config.model_parallel=2", f"mf_ds.zero_stage={stage}", ranks=2,
+@pytest.mark.parametrize("stage, vocab_emb_dp", [(1, False), (3, True)])
+def test_tensor_parallel_equals_one_rank(tmp_path, llama_one_rank, stage, vocab_emb_dp):
+    """model_parallel 2 on 2 ranks: one data-parallel rank whose layers AutoTP shards (the HF tp_plan); with
+    vocab_emb_dp False the lm_head is vocabulary-sharded with DeepSpeed's distributed cross-entropy."""
+    two = train(tmp_path, LLAMA, "parallel_config.model_parallel=2", f"mf_ds.zero_stage={stage}",
+                f"parallel_config.vocab_emb_dp={vocab_emb_dp}", ranks=2,
                 expect="layers (first: model.layers.0.self_attn.q_proj")
     same_run(llama_one_rank[0], two)
     weights = saved(tmp_path)  # gathered whole: the HF shapes, the same values as the 1-rank run

@@ -88,12 +88,18 @@ def test_plan_and_ledger_for_tp():
     assert plan["parallel"] == {"world_size": 4, "data_parallel": 2, "tensor_parallel": 2, "context_parallel": 1,
                                 "expert_parallel": 1, "tp_rule": "hf_tp_plan", "folded": {}}
     ds = plan["deepspeed"]
-    assert ds["tensor_parallel"] == {"autotp_size": 2} and "train_batch_size" not in ds
+    assert ds["tensor_parallel"] == {"autotp_size": 2, "vocab_parallel_lm_head": True}
+    assert "train_batch_size" not in ds
     assert plan["run"]["global_batch_size"] == 8 and ds["gradient_accumulation_steps"] == 2  # 8 = 2 x 2 x dp 2
     notes = _notes(plan)
     assert notes["parallel_config.model_parallel"][0] == "mapped"
     assert "autotp_size = 2" in notes["parallel_config.model_parallel"][1]
-    assert notes["parallel_config.vocab_emb_dp"][0] == "differs" and "lm_head" in notes["parallel_config.vocab_emb_dp"][1]
+    assert notes["parallel_config.vocab_emb_dp"][0] == "mapped"
+    assert "vocab_parallel_lm_head = true" in notes["parallel_config.vocab_emb_dp"][1]
+    odd = translate_file(LLAMA, ["parallel_config.model_parallel=2", "parallel_config.vocab_emb_dp=False",
+                                 "model.model_config.vocab_size=321"], world_size=2).plan
+    assert "vocab_parallel_lm_head" not in odd["deepspeed"]["tensor_parallel"]
+    assert _notes(odd)["parallel_config.vocab_emb_dp"][0] == "differs"
     kind, message = notes["parallel_config.use_seq_parallel"]
     # 10 x s 128 x h 64 x (1 - 1/2) x 2 layers = 81920 bytes: 0 MiB rounded, the formula is named
     assert kind == "differs" and "no DeepSpeed counterpart" in message and "10·s·h·(1 - 1/2)" in message
