@@ -3,8 +3,9 @@
 One optimizer step = `gradient_accumulation_steps` micro batches per rank; `engine.backward` divides by GA and
 DeepSpeed averages over data parallel, so the gradient is the mean over the global batch (as MindFormers' mean
 loss). Tensor parallel (AutoTP) peers read the same micro batches; context parallel (Ulysses) ranks each hold a
-sequence shard of every micro batch of their group (mf_ds/parallel.py). Clipping, loss scaling and ZeRO come from plan.deepspeed; the optimizer and the exact MindFormers LR
-schedule are built here (mf_ds/optim.py) and handed to deepspeed.initialize.
+sequence shard of every micro batch of their group (mf_ds/parallel.py). Clipping, loss scaling and ZeRO come from
+plan.deepspeed; the optimizer and the exact MindFormers LR schedule are built here (mf_ds/optim.py) and handed to
+deepspeed.initialize.
 
 Numerics (issue 7): a step whose gradients hold inf/NaN is skipped, as DeepSpeed's fp16 loss scaler skips an
 overflow: no update, the LR schedule holds, `engine.skipped_steps` counts it and metrics.jsonl carries the count.

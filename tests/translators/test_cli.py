@@ -61,8 +61,9 @@ def test_files_and_plan_keys(tmp_path, capsys):
     hf, plan = tmp_path / "hf.json", tmp_path / "plan.json"
     assert run([LLAMA, "--hf-config", str(hf), "--plan", str(plan)]) == 0
     hf_config = json.loads(hf.read_text())
-    assert list(json.loads(plan.read_text())) == list(PLAN_KEYS) and "parallel" in PLAN_KEYS
-    assert list(json.loads(plan.read_text())) == list(PLAN_KEYS)
+    assert hf_config["model_type"] == "llama" and hf_config["num_hidden_layers"] == 2
+    assert list(json.loads(plan.read_text())) == list(PLAN_KEYS) == ["deepspeed", "hf_config", "layers", "moe",
+                                                                      "kernels", "run", "parallel", "notes"]
 
 
 @needs_shared

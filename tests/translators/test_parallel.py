@@ -155,7 +155,7 @@ def test_partition_config_shards_attention_and_dense_mlps_not_experts(model_type
     model = AutoModelForCausalLM.from_config(config)
     specs = AutoTPConfig.from_dict(partition_config(model_type))
     sharded = []
-    for name, param in model.named_parameters():
+    for name, _ in model.named_parameters():
         spec = specs.find_matching_spec(name, model_type)
         split = spec is not None and spec.partition_type != PartitionType.SKIP
         if ".experts." in name or name.endswith(("mlp.gate.weight", "lm_head.weight", "embed_tokens.weight")):
