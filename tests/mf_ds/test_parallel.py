@@ -119,3 +119,34 @@ def test_hf_trainer_path_takes_tensor_parallel(tmp_path, llama_one_rank):
     weights = load_file(str(out / "final" / "model.safetensors"))
     for name, tensor in llama_one_rank[1].items():
         torch.testing.assert_close(weights[name], tensor, atol=1e-5, rtol=1e-4)
+
+
+def _expert_groups(rank: int, port: int, world: int) -> None:
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    try:
+        from mf_ds.moe.parallel import ExpertParallel
+
+        ep = ExpertParallel(2, 4, tensor_parallel=2)
+        # TP peers (0, 1) read the same data: each expert group spans ranks of distinct data, TP-strided
+        assert dist.get_process_group_ranks(ep.group) == [rank % 2, rank % 2 + 2]
+        assert ep.first == 2 * (rank // 2)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.deepspeed
+def test_expert_groups_under_tensor_parallel_are_tp_strided():
+    import os
+
+    import torch.multiprocessing as mp
+
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    mp.spawn(_expert_groups, args=(free_port(), 4), nprocs=4, join=True)
