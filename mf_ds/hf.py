@@ -12,6 +12,13 @@ scheduler are built by `MFTrainer` exactly as mf_ds/train.py builds them (mf_ds/
 AdamWeightDecay without bias correction where the YAML asks for it, decay only on matrices, and every MindFormers
 schedule, also those HF has no type for. `train_dataset` yields the samples in the order mf_ds/train.py consumes
 them, so both paths see the same data (one rank; with several, accelerate splits the stream across ranks).
+
+Layout (plan.parallel): `model_parallel` runs as DeepSpeed AutoTP through the config's `tensor_parallel` block;
+accelerate builds the TP mesh, gives TP peers the same batches (process_index // tp) and gathers the shards for
+saving. `context_parallel` is refused here (`context_parallel_refusal`): accelerate's Ulysses path
+(ParallelismConfig(sp_backend="deepspeed")) takes `labels` unshifted and shifts them itself, while MindFormers'
+samples carry labels that are already the next tokens; the last target of every sequence would be lost. Ulysses
+also replaces transformers' SDPA function for the whole process, so it is left to mf_ds/train.py's own process.
 """
 
 from __future__ import annotations
@@ -103,6 +110,17 @@ class MFLossMonitor(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.monitor is not None:
             self.monitor.close()
+
+
+class ParallelReport(TrainerCallback):
+    """Says what AutoTP sharded, once the Trainer has built the DeepSpeed engine (an error when nothing)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from mf_ds.parallel import tp_report
+
+        line = tp_report(model)
+        if state.is_world_process_zero:
+            print(f"mf-ds: parallel: {line}", file=sys.stderr, flush=True)
 
 
 class SaveAtEnd(TrainerCallback):
@@ -219,6 +237,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     plan = translate_file(str(path), sets, world_size=world).plan
     run = plan["run"]
+    refusal = context_parallel_refusal(plan)
+    if refusal:
+        raise RunError(refusal)
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
     # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.
     seed_everything(run["seed"])
@@ -238,6 +259,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     ds_config.pop("optimizer", None)  # MFTrainer.create_optimizer builds it
     ds_config.pop("scheduler", None)  # MFTrainer.create_scheduler builds it
     ds_config.pop("activation_checkpointing", None)  # the recompute plan is applied to the model directly
+    if "tensor_parallel" in ds_config:
+        # accelerate gathers AutoTP shards for save_model only when this is set (Accelerator.get_state_dict)
+        ds_config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     data_size = len(dataset) // run["global_batch_size"] * run["data"]["repeat"]
     resolved = resolve(run["lr_schedule"], data_size, run_steps=steps)
     sched_type, sched_kwargs = _scheduler_args(resolved)
@@ -283,8 +307,20 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
                                                                       drop_rate=drop_rate)]
     if saving:
         callbacks.append(SaveAtEnd())
+    if plan["parallel"]["tensor_parallel"] > 1:
+        callbacks.append(ParallelReport())
     samples = _OrderedSamples(dataset, run["micro_batch_size"], run, model.config._attn_implementation)
     return MFSetup(model, args, callbacks, samples, plan, report, data_size)
+
+
+def context_parallel_refusal(plan: dict) -> str | None:
+    """The one line why the Trainer path cannot take the Plan's context parallel degree, or None."""
+    cp = plan["parallel"]["context_parallel"]
+    if cp == 1:
+        return None
+    return (f"parallel_config.context_parallel {cp}: the HF Trainer path cannot take it (accelerate's Ulysses "
+            "adapter shifts `labels` itself and MindFormers' samples are already shifted: each sequence's last "
+            "target would be lost); train with mf_ds/train.py, or --set parallel_config.context_parallel=1")
 
 
 def _moe_callbacks(plan: dict) -> list[TrainerCallback]:

@@ -2,8 +2,10 @@
 
 One optimizer step = `gradient_accumulation_steps` micro batches per rank; `engine.backward` divides by GA and
 DeepSpeed averages over data parallel, so the gradient is the mean over the global batch (as MindFormers' mean
-loss). Clipping, loss scaling and ZeRO come from plan.deepspeed; the optimizer and the exact MindFormers LR
-schedule are built here (mf_ds/optim.py) and handed to deepspeed.initialize.
+loss). Tensor parallel (AutoTP) peers read the same micro batches; context parallel (Ulysses) ranks each hold a
+sequence shard of every micro batch of their group (mf_ds/parallel.py). Clipping, loss scaling and ZeRO come from
+plan.deepspeed; the optimizer and the exact MindFormers LR schedule are built here (mf_ds/optim.py) and handed to
+deepspeed.initialize.
 
 Numerics (issue 7): a step whose gradients hold inf/NaN is skipped, as DeepSpeed's fp16 loss scaler skips an
 overflow: no update, the LR schedule holds, `engine.skipped_steps` counts it and metrics.jsonl carries the count.
@@ -157,6 +159,8 @@ class Trainer:
                            "continue it, or give another --output_dir")
         self.max_nan_steps = run["max_nan_steps"]
         self.inject_nan = {int(s) for s in os.environ.get(INJECT_NAN, "").split(",") if s.strip()}
+        self.parallel = plan["parallel"]
+        self.tp, self.cp = self.parallel["tensor_parallel"], self.parallel["context_parallel"]
         model = build_model(plan, weights)
         for line in pending_features(plan):
             _log(f"mf-ds: note: {line}")
@@ -170,6 +174,15 @@ class Trainer:
             _log(f"mf-ds: recompute: {line}")
         model.train()
         self.attn_implementation = model.config._attn_implementation
+        self.mpu = None
+        if self.cp > 1:
+            from mf_ds.parallel import register_ulysses
+
+            self.mpu = register_ulysses(model, self.parallel, run["micro_batch_size"], run["seq_length"])
+            _log(f"mf-ds: parallel: Ulysses context parallel {self.cp} over SDPA attention (this process' "
+                 "transformers attention is replaced)")
+        if self.tp > 1:
+            _log(f"mf-ds: parallel: AutoTP tensor parallel {self.tp} ({self.parallel['tp_rule']})")
         hf = plan["hf_config"]
         self.dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], hf["vocab_size"],
                                            tokenizer_dir=run.get("tokenizer_dir"), override_dir=dataset_dir)
@@ -198,7 +211,12 @@ class Trainer:
             raise RunError("model_config.compute_dtype float16 needs a GPU: DeepSpeed's CPU accelerator has no "
                            "fp16; train here with --set model.model_config.compute_dtype=bfloat16 (or float32)")
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False)
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False,
+            mpu=self.mpu)
+        if self.tp > 1:
+            from mf_ds.parallel import tp_report
+
+            _log(f"mf-ds: parallel: {tp_report(self.engine.module)}")
         if not self._engine_records_norm:
             _skippable(self.engine.optimizer)
         self.print_every = (callbacks["loss_monitor"] or {}).get("per_print_times", 1)
@@ -243,12 +261,17 @@ class Trainer:
 
     def _batches(self):
         from mf_ds.data import batches
+        from mf_ds.parallel import UlyssesBatches, data_shard
 
         # Endless passes (each reshuffled by its seed); the run stops at total_steps. `start` skips what this
         # rank consumed before a resume, so the stream continues exactly where an uninterrupted run would be.
-        start = 0 if self.run["ignore_data_skip"] else self.step * self.ga  # ignore_data_skip: from the start
-        return batches(self.dataset, self.micro, self.rank, self.world, start=start, passes=None,
+        # Under Ulysses each micro step trains one shard of a micro batch read by one rank of the SP group.
+        rank, world = data_shard(self.rank, self.world, self.parallel)
+        # ignore_data_skip: a resumed run reads the data from the start
+        consumed, shards = divmod(0 if self.run["ignore_data_skip"] else self.step * self.ga, self.cp)
+        data = batches(self.dataset, self.micro, rank, world, start=consumed, passes=None,
                        drop_last=self.run["data"]["drop_remainder"])
+        return UlyssesBatches(data, self.mpu, skip=shards) if self.cp > 1 else data
 
     @property
     def _engine_records_norm(self) -> bool:
@@ -283,9 +306,17 @@ class Trainer:
                 # The labels are already the next tokens (Megatron / MindFormers samples): shift_labels stops HF's
                 # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
                 # MindFormers' attention mask and positions (pad keys, per-document attention): mf_ds/attention.py
+                # Under Ulysses the batch carries this rank's shard of the positions.
                 attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation)
+                if self.cp > 1:
+                    attention = {**attention, "position_ids": batch["position_ids"]}
                 out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels, **attention)
-                loss = out.loss * math.nan if poison else out.loss
+                loss = out.loss
+                if self.cp > 1:
+                    from mf_ds.parallel import ulysses_loss
+
+                    loss = ulysses_loss(loss, labels, self.mpu.get_sequence_parallel_group())
+                loss = loss * math.nan if poison else loss
                 if self.moe:
                     extra = moe_layer.aux_loss(self.engine.module)  # MindFormers adds the balance losses
                     loss = loss if extra is None else loss + extra
@@ -301,7 +332,8 @@ class Trainer:
             skipped = self.engine.skipped_steps > skipped_before
             grad_norm = manual_norm if manual_norm is not None else float(self.engine.get_global_grad_norm())
             dist.all_reduce(total)
-            loss = (total / (self.ga * self.world)).item()
+            # TP peers hold the same loss (counted tp times); Ulysses ranks hold shares that sum to their group's.
+            loss = (total / (self.ga * self.world // self.cp)).item()
             self.step += 1
             checkpoint.fault_point("step.update", self.step)
             elapsed = time.perf_counter() - start

@@ -13,9 +13,12 @@ into N parts on axis 0 and ADDS the parts' (mean) losses. In semi-auto / auto pa
 multiplied by N (parts of batch_size); elsewhere it stays batch_size (parts of batch_size / N, which must divide).
 Each DeepSpeed micro batch is one part, and the runtime multiplies its loss by N (run.micro_batch_interleave_num),
 so the gradient is the sum over the parts, as in MindFormers; MFLossMonitor prints the sum / N, the parts' mean.
-The DeepSpeed run is data parallel over `world_size` ranks (default: parallel_config.data_parallel), and keeps
-MindFormers' global batch: GA = global / (micro * world_size), an error when that does not divide. An explicit
-`--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA = N x micro_batch_interleave_num instead.
+The DeepSpeed run is data parallel over dp = world_size / (tp x cp) ranks (translators/parallel.py; default world:
+the YAML's dp x tp x cp), and keeps MindFormers' global batch: GA = global / (micro * dp), an error when that does
+not divide. An explicit `--gradient_accumulation_steps N` (MindFormers' run-script override) sets GA = N x
+micro_batch_interleave_num instead.
+The config gives micro batch and GA, never train_batch_size: DeepSpeed derives that from its own data-parallel
+world (world / sequence_parallel_size, or the TP mesh's dp), which counts TP and CP peers once.
 
 Other rules (keys.md Appendix A, deepspeed-and-hf.md):
   * clipping: `max_grad_norm` when use_clip_grad, else 0.0 (DeepSpeed's own default is 1.0 since PR #8068);
@@ -51,17 +54,19 @@ class Batch:
 
     micro: int
     gradient_accumulation_steps: int
-    world_size: int
-    global_batch: int          # micro * GA * world_size, what DeepSpeed calls train_batch_size
+    world_size: int            # all ranks
+    data_parallel: int         # ranks reading distinct data: world_size / (tp x cp)
+    global_batch: int          # micro * GA * data_parallel, what DeepSpeed calls train_batch_size
     mindformers_global: int    # MindFormers' global batch for the YAML's own layout
     interleave: int            # micro_batch_interleave_num: micro batches are its parts, their losses x it
 
 
-def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | None, ga_override: int | None,
+def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world: int, dp: int, ga_override: int | None,
           ledger: Ledger, accumulates: bool = True) -> Batch:
-    """`accumulates`: MindFormers' parallel mode is semi-auto or auto parallel, the only modes in which it keeps
-    runner_config.gradient_accumulation_steps, and multiplies the per-card batch by `mbi`
-    (micro_batch_interleave_num) before MicroBatchInterleaved cuts it into `mbi` parts."""
+    """The batch triad over `dp` data-parallel ranks of a world of `world`. `accumulates`: MindFormers' parallel
+    mode is semi-auto or auto parallel, the only modes in which it keeps runner_config.gradient_accumulation_steps,
+    and multiplies the per-card batch by `mbi` (micro_batch_interleave_num) before MicroBatchInterleaved cuts it
+    into `mbi` parts."""
     pp = pc.pipeline_stage
     runner_ga = runner.gradient_accumulation_steps
     reset = not accumulates and runner_ga > 1
@@ -82,9 +87,6 @@ def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | 
         part = runner.batch_size // mbi
     mf_ga = (pc.micro_batch_num if pp > 1 else runner_ga) * mbi
     mf_global = part * mf_ga * pc.data_parallel
-    world = world_size if world_size is not None else pc.data_parallel
-    if world < 1:
-        raise ConfigError("--world-size", f"expected an int >= 1, got {world}")
     if pp > 1 and ledger.present("runner_config.gradient_accumulation_steps") \
             and runner.gradient_accumulation_steps != 1:
         ledger.differs("runner_config.gradient_accumulation_steps", "ignored under pipeline_stage > 1, as in "
@@ -96,22 +98,24 @@ def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world_size: int | 
         ledger.mapped("runner_config.gradient_accumulation_steps", f"overridden on the command line: "
                       f"deepspeed.gradient_accumulation_steps = {ga}"
                       + (f" ({ga_override} x micro_batch_interleave_num {mbi})" if mbi > 1 else ""))
-    elif mf_global % (part * world):
+    elif mf_global % (part * dp):
+        ranks = f"world size {world}" if dp == world else f"data-parallel degree {dp} (world {world})"
         raise ConfigError("--world-size", f"MindFormers' global batch {mf_global} (micro batch {part} x "
                           f"data_parallel {pc.data_parallel} x accumulation {mf_ga}) is not a multiple of "
-                          f"micro batch x world size {world}",
+                          f"micro batch x {ranks}",
                           "choose a world size that divides it, or set --gradient_accumulation_steps")
     else:
-        ga = mf_global // (part * world)
+        ga = mf_global // (part * dp)
     source = "parallel_config.micro_batch_num" if pp > 1 else "runner_config.gradient_accumulation_steps"
     if ga_override is None and not (reset and pp == 1):
         ledger.mapped(source, f"deepspeed.gradient_accumulation_steps = {ga}"
                       + (f" ({mf_ga // mbi} x micro_batch_interleave_num {mbi} parts)" if mbi > 1 else "")
-                      + (f" (the global batch {mf_global} kept on {world} ranks)" if world != pc.data_parallel else ""))
+                      + (f" (the global batch {mf_global} kept on {dp} data-parallel ranks)"
+                         if dp != pc.data_parallel else ""))
     ledger.mapped("runner_config.batch_size", f"deepspeed.train_micro_batch_size_per_gpu = {part}"
                   + (f" (one of the {mbi} parts of a batch of {part * mbi} that MicroBatchInterleaved cuts)"
                      if mbi > 1 else ""))
-    result = Batch(part, ga, world, part * ga * world, mf_global, mbi)
+    result = Batch(part, ga, world, dp, part * ga * dp, mf_global, mbi)
     if result.global_batch != mf_global:
         ledger.differs("runner_config", f"global batch {result.global_batch} differs from MindFormers' {mf_global}")
     return result
@@ -199,11 +203,14 @@ def precision(compute_dtype: str, param_dtype: str, wrapper: RunnerWrapper, ledg
 
 
 def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, override: int | None,
-         ledger: Ledger) -> dict[str, Any]:
+         ledger: Ledger, tp: int = 1) -> dict[str, Any]:
     if override is not None:
         if override == 3 and ep > 1:
             raise ConfigError("mf_ds.zero_stage", "ZeRO-3 with expert parallelism is not supported (DeepSpeed "
                               "expert groups need ZeRO-1 or -2)")
+        if override == 0 and tp > 1:
+            raise ConfigError("mf_ds.zero_stage", "tensor parallel needs ZeRO >= 1 here (the gradient norm over TP "
+                              "shards comes from DeepSpeed's ZeRO optimizer)")
         if override == 0 and mixed:
             raise ConfigError("mf_ds.zero_stage", "bf16/fp16 training needs ZeRO >= 1 here (DeepSpeed keeps fp32 "
                               "master weights only through a ZeRO optimizer)")
@@ -215,6 +222,9 @@ def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, override: int
         stage, why = 1, "optimizer states sharded over data parallel"
     elif mixed:
         stage, why = 1, "DeepSpeed keeps fp32 master weights in bf16/fp16 only through a ZeRO optimizer"
+    elif tp > 1:
+        # the runtime clips and logs the global gradient norm, which only DeepSpeed's optimizers sum over TP shards
+        stage, why = 1, "tensor parallel: DeepSpeed's ZeRO optimizer computes the norm over the TP shards"
     else:
         stage, why = 0, "no optimizer sharding"
     ledger.mapped("parallel.enable_parallel_optimizer", f"deepspeed.zero_optimization.stage = {stage} ({why})")
@@ -285,13 +295,32 @@ def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tup
     return {"type": ds_type, "params": params}, plan
 
 
+def parallel(lay: Any, hf_model_type: str | None, vocab_parallel: bool = False) -> dict[str, Any]:
+    """DeepSpeed's tensor_parallel block (AutoTP; `vocab_parallel`: lm_head sharded over the vocabulary with
+    DeepSpeed's distributed cross-entropy) and sequence_parallel_size (Ulysses) for the resolved layout."""
+    from translators.parallel import partition_config
+
+    block: dict[str, Any] = {}
+    if lay.tensor_parallel > 1:
+        tp: dict[str, Any] = {"autotp_size": lay.tensor_parallel}
+        if lay.tp_rule == "partition_config":
+            tp["partition_config"] = partition_config(hf_model_type)
+        if vocab_parallel:
+            tp["vocab_parallel_lm_head"] = True
+        block["tensor_parallel"] = tp
+    if lay.context_parallel > 1:
+        block["sequence_parallel_size"] = lay.context_parallel
+    return block
+
+
 def activation_checkpointing(n_full: int, slice_activation: bool, mp: int, ledger: Ledger) -> dict[str, Any]:
     """DeepSpeed's activation_checkpointing block; it configures deepspeed.checkpointing, which the runtime calls."""
     if slice_activation:
         # partition_activations splits saved activations over the model-parallel group; without TP there is none.
-        ledger.differs("recompute_config.recompute_slice_activation", "activations are partitioned over the "
-                       "model-parallel group, and mf-ds runs without tensor parallelism: no effect"
-                       if mp > 1 else "no model parallelism to slice over: no effect")
+        ledger.differs("recompute_config.recompute_slice_activation", "DeepSpeed partitions checkpointed "
+                       "activations over TP only inside deepspeed.checkpointing with an mpu, which HF layers' "
+                       "checkpointing does not use: no effect" if mp > 1 else
+                       "no model parallelism to slice over: no effect")
     return {"partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
             "number_checkpoints": n_full or None, "synchronize_checkpoint_boundary": False, "profile": False}
 

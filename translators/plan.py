@@ -6,13 +6,13 @@ The Plan is the contract with the runtime: JSON-serialisable, with the top-level
   moe        router / capacity / drop policy / dispatch settings, or null for a dense model
   kernels    fused_rope, fused_swiglu, gmm, fused_permute
   run        steps, epochs, seed, output_dir, data, checkpoints, callbacks, logging, optimizer, lr schedule
+  parallel   world_size, data/tensor/context/expert parallel degrees, folded axes (translators/parallel.py)
   notes      every YAML key -> what it became, or why it does not apply
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from translators.loader import apply_overrides, load_yaml
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
 from translators.notes import Ledger, Note
+from translators.parallel import Dims, resolve
 from translators.sections import (
     LrSchedule,
     MfDs,
@@ -40,7 +41,7 @@ from translators.sections import (
     RunnerWrapper,
 )
 
-PLAN_KEYS = ("deepspeed", "hf_config", "layers", "moe", "kernels", "run", "notes")
+PLAN_KEYS = ("deepspeed", "hf_config", "layers", "moe", "kernels", "run", "parallel", "notes")
 
 
 @dataclass
@@ -86,7 +87,6 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     parallel = Parallel.parse(tree.get("parallel"), ledger)
     po = ParallelOptimizerConfig.parse(parallel.parallel_optimizer_config, ledger)
     pipe = PipelineConfig.parse(parallel.pipeline_config, ledger)
-    _account_parallel(ledger, pc, parallel, po)
 
     # The model.
     family = families.detect_family(tree)
@@ -98,6 +98,13 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         ledger.differs("model", f"no HF config: {family.reason}. The DeepSpeed config and the Plan are complete; "
                        "training needs an HF architecture")
     _check_model_parallel(pc, shape)
+    moe_model = shape is not None and _is_moe(tree, family.mcore)
+    if moe_model and not family.mcore and pc.expert_parallel > 1 \
+            and (pc.data_parallel * pc.context_parallel) % pc.expert_parallel:
+        raise ConfigError("parallel_config.expert_parallel", f"{pc.expert_parallel} must divide data_parallel x "
+                          f"context_parallel {pc.data_parallel * pc.context_parallel} (MindFormers' _check_moe_config)")
+    lay = resolve(pc, family.hf_model_type, _dims(shape, hf_config, tree, family.mcore), world_size)
+    _account_parallel(ledger, pc, parallel, po, lay, shape)
 
     # Recompute and the per-layer plan.
     rc = RecomputeConfig.parse(tree.get("recompute_config"), ledger)
@@ -105,10 +112,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     layers, formative = _layers(rc, pc, pipe, shape, family, ledger, swap=swap)
 
     # MoE.
-    ep = pc.expert_parallel
+    ep = lay.expert_parallel
     moe = None
     if shape is not None:
-        ep = _expert_parallel(ep, pc, family.mcore, world_size, ledger) if _is_moe(tree, family.mcore) else 1
         moe, _ = moe_plan(tree, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep, pc, extra, ledger)
     elif ledger.present("moe_config"):
         ledger.dropped("moe_config", "no model section to build experts in")
@@ -122,8 +128,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         raise ConfigError("micro_batch_interleave_num", f"{mbi} with use_legacy: False: MindFormers 1.7.0 raises "
                           "\"micro_batch_interleave_num > 1, is not supported when use_legacy=False.\"")
     accumulates = general.use_parallel and parallel.parallel_mode in (1, 2)  # semi-auto / auto parallel
-    batch = ds.batch(runner, pc, mbi, world_size, gradient_accumulation_steps, ledger, accumulates)
-    _check_world(batch.world_size, ep, pc, parallel, moe)
+    batch = ds.batch(runner, pc, mbi, lay.world_size, lay.data_parallel, gradient_accumulation_steps, ledger,
+                     accumulates)
+    _check_world(pc, parallel)
     wrapper_given = "runner_wrapper" in tree
     wrapper = RunnerWrapper.parse(tree["runner_wrapper"] if wrapper_given else RunnerWrapper.TEMPLATE, ledger)
     if not wrapper_given:
@@ -135,7 +142,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     param_dtype = shape.param_init_type if shape else "float32"
     precision = ds.precision(compute_dtype, param_dtype, wrapper, ledger)
     zero = ds.zero(parallel, po.gradient_accumulation_shard, compute_dtype != "float32",
-                   moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger)
+                   moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel)
 
     opt_given = "optimizer" in tree
     opt = Optimizer.parse(tree["optimizer"] if opt_given else Optimizer.TEMPLATE, ledger)
@@ -155,6 +162,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     modelled = family.mcore or family.layer_style == "llama"
     pad_token_id = hf_config.get("pad_token_id") if hf_config else None
     attention = attention_plan(tree, family.mcore, pad_token_id, data, ledger, modelled=modelled)
+    _context_parallel_attention(lay.context_parallel, attention, data, ledger)
     steps_per_epoch = None
     if data["train_samples"]:
         steps_per_epoch = data["train_samples"] // batch.global_batch or None
@@ -169,7 +177,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         ledger.runtime("", "no optimizer section: MindFormers' template AdamW (betas 0.9/0.999, eps 1e-8)")
 
     config: dict[str, Any] = {
-        "train_batch_size": batch.global_batch,  # = micro * GA * world size; DeepSpeed asserts it
+        "train_batch_size": batch.global_batch,  # = micro * GA * data-parallel ranks; DeepSpeed asserts it
         "train_micro_batch_size_per_gpu": batch.micro,
         "gradient_accumulation_steps": batch.gradient_accumulation_steps,
         "gradient_clipping": clip,
@@ -179,6 +187,11 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "steps_per_print": 2**31 - 1,  # the runtime's MFLossMonitor prints; DeepSpeed's own lines would repeat it
         "wall_clock_breakdown": False,
     }
+    if lay.tensor_parallel * lay.context_parallel > 1:
+        # DeepSpeed's config counts the whole world as data parallel under AutoTP (no mpu at config time):
+        # micro batch and GA only, and it derives its own train_batch_size.
+        del config["train_batch_size"]
+    config.update(ds.parallel(lay, family.hf_model_type, _vocab_parallel(pc, lay, shape)))
     scheduler = ds.scheduler(lr, ledger)
     if scheduler:
         config["scheduler"] = scheduler
@@ -204,6 +217,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "steps_per_epoch": steps_per_epoch,
         "total_steps": total,
         "world_size": batch.world_size,
+        "data_parallel": batch.data_parallel,
         "micro_batch_size": batch.micro,
         "gradient_accumulation_steps": batch.gradient_accumulation_steps,
         "micro_batch_interleave_num": batch.interleave,
@@ -235,7 +249,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     }
     notes = ledger.finish()
     plan = {"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe, "kernels": kernels,
-            "run": run, "notes": Ledger.as_json(notes)}
+            "run": run, "parallel": lay.as_plan(), "notes": Ledger.as_json(notes)}
     return Translation(plan, formative, ledger)
 
 
@@ -340,32 +354,53 @@ def _layout_free(rc: RecomputeConfig) -> bool:
                                                       "select_recompute_exclude", "select_comm_recompute_exclude"))
 
 
-def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po: ParallelOptimizerConfig) -> None:
+def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po: ParallelOptimizerConfig,
+                      lay: Any, shape: Any) -> None:
     table = {
-        "parallel_config.data_parallel": ("mapped", "the default world size (data-parallel ranks)"),
+        "parallel_config.data_parallel": ("mapped", f"data parallel {lay.data_parallel} of the world "
+                                                    f"{lay.world_size} (plan.parallel)"),
         "parallel_config.micro_batch_num": ("mapped", "gradient accumulation when pipeline_stage > 1"),
-        "parallel_config.pipeline_stage": ("differs", "no pipeline parallelism for HF models here: stages fold "
-                                                      "into data parallelism; the layout still resolves recompute"),
-        "parallel_config.model_parallel": ("differs", "no tensor parallelism here: each rank holds whole layers "
-                                                      "(ZeRO shards optimizer state instead)"),
-        "parallel_config.context_parallel": ("differs", "no context parallelism here: each rank holds whole "
-                                                        "sequences"),
-        "parallel_config.expert_parallel": ("runtime", "moe.expert_parallel (DeepSpeed expert-parallel groups)"),
-        "parallel_config.use_seq_parallel": ("dropped", "Megatron sequence parallelism lives inside TP"),
+        "parallel_config.pipeline_stage": _axis(lay, "parallel_config.pipeline_stage", pc.pipeline_stage, None),
+        "parallel_config.model_parallel": _axis(lay, "parallel_config.model_parallel", pc.model_parallel, (
+            f"deepspeed.tensor_parallel.autotp_size = {lay.tensor_parallel} (AutoTP shards inside "
+            "deepspeed.initialize; " + ("the HF tp_plan" if lay.tp_rule == "hf_tp_plan" else
+                                        "mf-ds' partition_config: attention and dense / shared MLPs; routed experts "
+                                        "stay whole, expert parallelism shards them") + ")")),
+        "parallel_config.context_parallel": _axis(lay, "parallel_config.context_parallel", pc.context_parallel, (
+            f"deepspeed.sequence_parallel_size = {lay.context_parallel} (DeepSpeed Ulysses over SDPA attention: "
+            "each rank holds seq_length / cp tokens, all-to-all over heads; the loss is weighted by tokens over the "
+            "group)")),
+        "parallel_config.expert_parallel": ("differs", lay.folded["parallel_config.expert_parallel"])
+        if "parallel_config.expert_parallel" in lay.folded else
+        ("runtime", "moe.expert_parallel (DeepSpeed expert-parallel groups inside data parallel)"),
+        "parallel_config.use_seq_parallel": ("differs", _seq_parallel_cost(pc, shape)) if pc.use_seq_parallel
+        else ("dropped", "False: no Megatron sequence parallelism asked for"),
         "parallel_config.seq_split_num": ("dropped", "seq-pipe needs pipeline parallelism"),
-        "parallel_config.vocab_emb_dp": ("dropped", "embedding sharding belongs to TP"),
+        "parallel_config.vocab_emb_dp": ("mapped", "False: deepspeed.tensor_parallel.vocab_parallel_lm_head = true "
+                                                   "(lm_head sharded over the vocabulary, DeepSpeed's distributed "
+                                                   "cross-entropy; the input embedding stays whole unless tied)")
+        if _vocab_parallel(pc, lay, shape) else
+        ("differs", f"False: vocab_size {shape.vocab_size if shape else '?'} does not split over tensor parallel "
+                    f"{lay.tensor_parallel}: the embedding and lm_head stay whole on each TP rank")
+        if not pc.vocab_emb_dp and lay.tensor_parallel > 1 else
+        ("dropped", "embedding sharding belongs to tensor parallelism" + (
+            ", which does not run here" if not pc.vocab_emb_dp else "; True keeps it whole, as here")),
         "parallel_config.gradient_aggregation_group": ("dropped", "MindSpore gradient comm fusion"),
         "parallel_config.optimizer_shard": ("dropped", "deprecated since r0.7 and ignored by MindFormers"),
-        "parallel_config.context_parallel_algo": ("dropped", "no context parallelism here"),
-        "parallel_config.ulysses_degree_in_cp": ("dropped", "no context parallelism here"),
+        "parallel_config.context_parallel_algo": _cp_algo(pc, lay),
+        "parallel_config.ulysses_degree_in_cp": ("dropped", "the whole context-parallel degree is Ulysses here"
+                                                 if lay.context_parallel > 1 else "no context parallelism runs"),
         "parallel_config.mem_coeff": ("dropped", "pipeline-balance tool coefficient"),
-        "parallel.parallel_mode": ("dropped", "DeepSpeed is data parallel; no MindSpore parallel modes (read only "
-                                   "for MindFormers' rule that 0 and 3 reset gradient_accumulation_steps to 1)"),
-        "parallel.full_batch": ("runtime", "each rank reads its own shard of the global batch"),
+        "parallel.parallel_mode": ("dropped", "DeepSpeed's own layout (plan.parallel); no MindSpore parallel modes "
+                                   "(read only for MindFormers' rule that 0 and 3 reset gradient_accumulation_steps "
+                                   "to 1)"),
+        "parallel.full_batch": ("runtime", "each data-parallel rank reads its own shard of the global batch; TP / "
+                                           "CP peers read the same one"),
         "parallel.gradients_mean": ("dropped", "DeepSpeed averages gradients over data parallel"),
         "parallel.enable_alltoall": ("dropped", "expert parallelism always uses all-to-all here"),
         "parallel.search_mode": ("dropped", "MindSpore auto-parallel strategy search"),
-        "parallel.loss_repeated_mean": ("dropped", "no TP-repeated loss"),
+        "parallel.loss_repeated_mean": ("dropped", "TP peers compute the same loss; DeepSpeed averages over data "
+                                                   "parallel only"),
         "parallel.dataset_strategy": ("dropped", "checked against data_parallel, then the PyTorch sampler shards"),
         "parallel.strategy_ckpt_save_file": ("dropped", "no MindSpore sharding strategy"),
         "parallel.strategy_ckpt_config": ("dropped", "no MindSpore sharding strategy"),
@@ -384,14 +419,54 @@ def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po
             if kind == "differs" and not _non_default(path, pc, po):
                 kind = "dropped"
             ledger.add(path, kind, message)
+    for path, reason in lay.folded.items():
+        if not ledger.present(path):  # a fold the YAML did not write (a default degree) still gets its line
+            ledger.differs(path, reason)
+
+
+def _vocab_parallel(pc: ParallelConfig, lay: Any, shape: Any) -> bool:
+    """vocab_emb_dp: False under AutoTP, where the vocabulary splits evenly over the TP ranks."""
+    tp = lay.tensor_parallel
+    return not pc.vocab_emb_dp and tp > 1 and shape is not None and shape.vocab_size % tp == 0
+
+
+def _axis(lay: Any, path: str, degree: int, applied: str | None) -> tuple[str, str]:
+    """An axis DeepSpeed runs (mapped), folds into data parallel (differs, with the reason), or leaves at 1."""
+    if path in lay.folded:
+        return "differs", lay.folded[path]
+    if degree > 1 and applied:
+        return "mapped", applied
+    return "dropped", f"{degree}: nothing to split"
+
+
+def _cp_algo(pc: ParallelConfig, lay: Any) -> tuple[str, str]:
+    if lay.context_parallel == 1:
+        return "dropped", "no context parallelism runs"
+    if pc.context_parallel_algo == "ulysses_cp":
+        return "mapped", "DeepSpeed Ulysses"
+    return "differs", (f"{pc.context_parallel_algo}: DeepSpeed has no ring attention for HF models; Ulysses "
+                       "(all-to-all over heads) computes the same attention")
+
+
+def _seq_parallel_cost(pc: ParallelConfig, shape: Any) -> str:
+    """Megatron SP splits the norm / dropout / residual activations over TP; without it each TP rank keeps them
+    whole: 10·s·h·(1 - 1/t) more bytes per layer and sample (Korthikanti et al. 2022, activations per layer
+    s·b·h·(10 + 24/t + 5·a·s/(h·t)) without SP vs s·b·h·(34 + 5·a·s/h)/t with it, 16-bit activations)."""
+    text = "Megatron sequence parallelism (inside TP) has no DeepSpeed counterpart: each TP rank keeps the norm and " \
+           "dropout activations whole"
+    t = pc.model_parallel
+    if shape is None or t == 1:
+        return text + (" (and no tensor parallelism is asked for)" if t == 1 else "")
+    extra = 10 * shape.seq_length * shape.hidden_size * (1 - 1 / t) * shape.num_layers
+    return text + f": about {extra / 2**20:.0f} MiB more activations per sample per rank at seq_length " \
+                  f"{shape.seq_length} ({shape.num_layers} layers x 10·s·h·(1 - 1/{t}) bytes)"
 
 
 def _non_default(path: str, pc: ParallelConfig, po: ParallelOptimizerConfig) -> bool:
     """A `differs` note only where the YAML asks for something that is not honoured."""
     name = path.rsplit(".", 1)[-1]
-    if path.startswith("parallel_config."):
-        return getattr(pc, name) not in (1, None)
-    return getattr(po, name) not in (-1, None)
+    section = pc if path.startswith("parallel_config.") else po
+    return getattr(section, name) != getattr(type(section)(), name)  # True == 1: compare with the default itself
 
 
 def _account_runner(ledger: Ledger, sink_size: int | None) -> None:
@@ -432,41 +507,48 @@ def _check_model_parallel(pc: ParallelConfig, shape: Any) -> None:
                           f"{shape.num_layers + shape.mtp_depth} layers")
 
 
-def _is_moe(tree: dict, mcore: bool) -> bool:
-    """Whether the YAML routes to more than one expert (before the MoE section is checked in detail)."""
+def _dims(shape: Any, hf_config: dict | None, tree: dict, mcore: bool) -> Dims | None:
+    """The model's sizes the parallel degrees are checked against (KV heads from the HF config when there is one)."""
+    if shape is None:
+        return None
+    hf = hf_config or {}
+    kv = hf.get("num_key_value_heads") or shape.num_heads
+    return Dims(heads=shape.num_heads, kv_heads=kv, seq_length=shape.seq_length,
+                         layers=shape.num_layers, experts=_experts(tree, mcore))
+
+
+def _experts(tree: dict, mcore: bool) -> int:
     if mcore:
         config = (tree.get("model") or {}).get("model_config") or {}
         counts = [config.get(name) for name in ("num_experts", "n_routed_experts", "num_moe_experts")]
     else:
         counts = [(tree.get("moe_config") or {}).get("expert_num")]
-    return any(isinstance(n, int) and not isinstance(n, bool) and n > 1 for n in counts)
+    return max([n for n in counts if isinstance(n, int) and not isinstance(n, bool)] or [0])
 
 
-def _expert_parallel(ep: int, pc: ParallelConfig, mcore: bool, world_size: int | None, ledger: Ledger) -> int:
-    """The expert-parallel degree of the DeepSpeed run, which is data parallel over its world size."""
-    if ep == 1:
-        return ep
-    if not mcore and (pc.data_parallel * pc.context_parallel) % ep:
-        raise ConfigError("parallel_config.expert_parallel", f"{ep} must divide data_parallel x context_parallel "
-                          f"{pc.data_parallel * pc.context_parallel} (MindFormers' _check_moe_config)")
-    world = world_size if world_size is not None else pc.data_parallel
-    if world % ep == 0:
-        return ep
-    if world_size is not None:
-        raise ConfigError("parallel_config.expert_parallel", f"{ep} does not divide the world size {world} "
-                          "(DeepSpeed builds expert-parallel groups inside data parallelism)")
-    # mcore spreads experts over TP ranks too (data_parallel 1, expert_parallel 4 in the Qwen3-MoE config);
-    # here every rank is data parallel, so the degree that fits the default world size is used.
-    fitted = math.gcd(ep, world)
-    ledger.differs("parallel_config.expert_parallel", f"{ep} does not divide the default world size {world} "
-                   f"(= data_parallel): expert parallelism {fitted}; pass --world-size to run it as written")
-    return fitted
+def _is_moe(tree: dict, mcore: bool) -> bool:
+    """Whether the YAML routes to more than one expert (before the MoE section is checked in detail)."""
+    return _experts(tree, mcore) > 1
 
 
-def _check_world(world: int, ep: int, pc: ParallelConfig, parallel: Parallel, moe: dict | None) -> None:
-    if moe is not None and world % moe["expert_parallel"]:
-        raise ConfigError("parallel_config.expert_parallel", f"{moe['expert_parallel']} does not divide the world "
-                          f"size {world} (DeepSpeed builds expert-parallel groups inside data parallelism)")
+def _context_parallel_attention(cp: int, attention: dict, data: dict, ledger: Ledger) -> None:
+    """Ulysses attention (DeepSpeed's UlyssesSPAttentionHF over SDPA) is causal and takes no mask: per-document
+    attention cannot run under it, and pad keys stay unmasked (a note; without pads before real tokens nothing
+    changes)."""
+    if cp <= 1:
+        return
+    if data["reset_attention_mask"] or data["reset_position_ids"]:
+        raise ConfigError("parallel_config.context_parallel", f"{cp} (DeepSpeed Ulysses) cannot run per-document "
+                          "attention or restarted positions: its attention is plain causal and takes no mask",
+                          "drop reset_attention_mask / reset_position_ids, or context_parallel")
+    if attention["pad_attention_mask"]:
+        attention["pad_attention_mask"] = False
+        ledger.differs("parallel_config.context_parallel", f"{cp} (DeepSpeed Ulysses): pad tokens stay visible as "
+                       "attention keys, where MindFormers masks them (Ulysses' causal attention takes no mask); only "
+                       "a pad before a real token in a row changes anything")
+
+
+def _check_world(pc: ParallelConfig, parallel: Parallel) -> None:
     strategy = parallel.dataset_strategy
     if not parallel.full_batch and isinstance(strategy, list) and strategy:
         first = strategy[0]

@@ -46,7 +46,7 @@ def group_name(size: int) -> str:
 class ExpertParallel:
     """This rank's place in the expert-parallel group of size `size` (DeepSpeed's groups, created if absent)."""
 
-    def __init__(self, size: int, num_experts: int):
+    def __init__(self, size: int, num_experts: int, tensor_parallel: int = 1):
         if not dist.is_initialized():
             raise RuntimeError(f"expert_parallel {size} needs torch.distributed initialised before the MoE patch")
         if num_experts % size:
@@ -57,7 +57,10 @@ class ExpertParallel:
             deepspeed.init_distributed(dist_backend=dist.get_backend())
         self.size, self.num_experts, self.name = size, num_experts, group_name(size)
         if self.name not in groups._get_expert_parallel_group_dict():
-            groups._create_expert_and_data_parallel(size)
+            # Under AutoTP the TP peers (consecutive ranks) hold the same tokens: the expert-parallel groups are
+            # TP-strided (mp_size = tp), so an expert group spans ranks of distinct data.
+            groups._create_expert_and_data_parallel(size, mp_size=tensor_parallel, pp_size=1,
+                                                    mp_mode="tp")
         self.group = groups._get_expert_parallel_group(self.name)
         self.rank = dist.get_rank(group=self.group)
         self.num_local = num_experts // size
@@ -151,12 +154,13 @@ class DeepSpeedMoEMarker(_DeepSpeedMoE):
                 getattr(self._experts, name)[int(local)].copy_(state_dict[key])
 
 
-def gather_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with every sharded expert tensor gathered whole ([E, ...], HF's layout) for an
-    HF-format save. Collective over each expert-parallel group: every rank must call it."""
+def gather_full_state_dict(model: nn.Module, base: dict | None = None) -> dict[str, torch.Tensor]:
+    """The model's state dict (or `base`, e.g. AutoTP's gathered one) with every sharded expert tensor gathered
+    whole ([E, ...], HF's layout) for an HF-format save. Collective over each expert-parallel group: every rank
+    must call it."""
     from mf_ds.moe.layer import moe_layers
 
-    state = model.state_dict()
+    state = model.state_dict() if base is None else base
     names = {id(m): n for n, m in model.named_modules()}
     for layer in moe_layers(model):
         ep = layer.expert_parallel

@@ -71,7 +71,8 @@ def _patch(family: Family, model: nn.Module, plan: dict, recorder: Recorder) -> 
     if moe["expert_parallel"] > 1:
         from mf_ds.moe.parallel import ExpertParallel
 
-        ep = ExpertParallel(moe["expert_parallel"], moe["num_experts"])
+        tp = (plan.get("parallel") or {}).get("tensor_parallel", 1)  # MoE unit tests' plans carry no layout
+        ep = ExpertParallel(moe["expert_parallel"], moe["num_experts"], tp)
     for index, layer in enumerate(layers):
         block = layer.mlp
         sparse = type(block).__name__ == family.block

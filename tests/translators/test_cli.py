@@ -10,6 +10,7 @@ from tests.conftest import CONFIGS, CORPUS, DATA, ROOT, needs_shared
 from translators.cli import run
 from translators.loader import load_yaml
 from translators.notes import leaves
+from translators.plan import PLAN_KEYS
 
 LLAMA = str(CONFIGS / "tiny_llama.yaml")
 
@@ -61,7 +62,8 @@ def test_files_and_plan_keys(tmp_path, capsys):
     assert run([LLAMA, "--hf-config", str(hf), "--plan", str(plan)]) == 0
     hf_config = json.loads(hf.read_text())
     assert hf_config["model_type"] == "llama" and hf_config["num_hidden_layers"] == 2
-    assert list(json.loads(plan.read_text())) == ["deepspeed", "hf_config", "layers", "moe", "kernels", "run", "notes"]
+    assert list(json.loads(plan.read_text())) == list(PLAN_KEYS) == ["deepspeed", "hf_config", "layers", "moe",
+                                                                      "kernels", "run", "parallel", "notes"]
 
 
 @needs_shared

@@ -1,0 +1,97 @@
+"""The Plan's tensor and context parallel degrees at run time (plan.parallel, translators/parallel.py).
+
+Tensor parallel is DeepSpeed AutoTP: `deepspeed.initialize` shards the model from `plan.deepspeed.tensor_parallel`
+and checks, on the first forward, that the TP peers were given the same batch; so they read the same data shard
+(`data_shard`: TP peers are consecutive ranks, data rank = rank // tp).
+
+Context parallel is DeepSpeed Ulysses (deepspeed/runtime/sequence_parallel/ulysses_sp.py):
+  * `register_ulysses` replaces the SDPA entry of transformers' ALL_ATTENTION_FUNCTIONS with Ulysses' wrapper
+    (all-to-all from sequence shards to head shards and back): for the whole process, which is why it is only
+    called inside mf-ds' own training process, never at import;
+  * `UlyssesBatches` is DeepSpeed's UlyssesSPDataLoaderAdapter over our batches: every rank reads its own micro
+    batches, and the SP group processes them one after another, each rank its seq / cp tokens of each;
+  * `ulysses_loss`: HF's loss is the mean over this rank's tokens; the group's loss is the token-weighted mean,
+    so each rank backpropagates its share  loss_r * n_r / sum(n), sum over the SP group. DeepSpeed sums the
+    gradients over the sequence-data-parallel group and divides by dp only (engine._reduce_non_expert_gradients,
+    ZeRO's `/ (world / sequence_parallel_size)`), which gives the global-batch mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from mf_ds.errors import RunError
+
+
+def data_shard(rank: int, world: int, parallel: dict) -> tuple[int, int]:
+    """(data rank, data ranks) this rank reads as. TP peers read one shard; Ulysses ranks each read their own
+    (the adapter spreads every micro batch over the SP group)."""
+    tp = parallel["tensor_parallel"]
+    return rank // tp, world // tp
+
+
+def tp_report(model: torch.nn.Module) -> str:
+    """One line on what AutoTP sharded (DeepSpeed's TensorParallel_Layer modules), e.g. after deepspeed.initialize."""
+    from deepspeed.module_inject.layers import TensorParallel_Layer
+
+    names = [n for n, m in model.named_modules() if isinstance(m, TensorParallel_Layer)]
+    if not names:
+        raise RunError("parallel_config.model_parallel: DeepSpeed AutoTP sharded no layer of this model")
+    return f"AutoTP sharded {len(names)} layers (first: {names[0]}, last: {names[-1]})"
+
+
+def register_ulysses(model: torch.nn.Module, parallel: dict, micro_batch: int, seq_length: int):
+    """Ulysses over the model's SDPA attention; returns DeepSpeed's SP mpu for deepspeed.initialize."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    impl = model.config._attn_implementation
+    if impl != "sdpa":
+        raise RunError(f"context_parallel needs SDPA attention, and the model uses {impl!r} (Ulysses cannot take "
+                       "eager attention's 4-D masks)")
+    try:
+        return UlyssesSPAttentionHF.register_with_transformers(
+            model, core_attn_implementation="sdpa", sequence_parallel_size=parallel["context_parallel"],
+            micro_batch_size=micro_batch, seq_length=seq_length, seq_length_is_variable=False)
+    except ValueError as exc:
+        raise RunError(f"parallel_config.context_parallel: DeepSpeed Ulysses refused the model: {exc}") from None
+
+
+class UlyssesBatches:
+    """DeepSpeed's UlyssesSPDataLoaderAdapter over `batches`: yields this rank's sequence shard of each micro batch
+    of the SP group in turn. Our labels are already the next tokens (`target_ids`, sharded with the rest); the
+    adapter's own `shift_labels` (it shifts `labels` once more) is dropped."""
+
+    def __init__(self, batches: Iterator[dict], mpu, skip: int = 0):
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+        self.adapter = UlyssesSPDataLoaderAdapter(_with_positions(batches), sp_rank=mpu.get_sequence_parallel_rank(),
+                                                  sp_group=mpu.get_sequence_parallel_group(),
+                                                  sp_world_size=mpu.get_sequence_parallel_world_size(),
+                                                  device=torch.device("cpu"))
+        for _ in range(skip):  # shards of micro batches already trained on before a resume
+            next(self.adapter)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        batch = next(self.adapter)
+        return {"input_ids": batch["input_ids"], "labels": batch["target_ids"], "position_ids": batch["position_ids"]}
+
+
+def _with_positions(batches: Iterator[dict]) -> Iterator[dict]:
+    for batch in batches:
+        ids = batch["input_ids"]
+        positions = torch.arange(ids.shape[1]).expand_as(ids).contiguous()
+        yield {"input_ids": ids, "labels": batch["labels"], "target_ids": batch["labels"], "position_ids": positions}
+
+
+def ulysses_loss(loss: torch.Tensor, labels: torch.Tensor, group) -> torch.Tensor:
+    """This rank's share of the SP group's token-mean loss (the shares sum to the loss of the whole sequence)."""
+    mine = (labels != -100).sum().to(torch.float64)
+    total = mine.clone()
+    dist.all_reduce(total, group=group)
+    return loss * (mine / total.clamp(min=1)).to(loss.dtype)

@@ -1,0 +1,207 @@
+"""`parallel_config` -> the degrees DeepSpeed runs: `resolve(...)` is pure, so the translator and the layout planner
+share it.
+
+    world = data_parallel x tensor_parallel x context_parallel      (DeepSpeed's data-parallel world is `dp`)
+
+  * model_parallel   -> DeepSpeed AutoTP, `tensor_parallel.autotp_size` (sharding inside deepspeed.initialize).
+                        Llama / Qwen2 / Qwen3 shard by the HF `base_model_tp_plan`; where DeepSpeed's
+                        TPPlanConverter rejects a family's plan (GLM's `rowwise_split_input`, DeepSeek's MLA
+                        `mla_kv_a_proj`, every MoE family's `packed_colwise` / `moe_tp_experts` experts) the Plan
+                        carries a `partition_config` of ours: attention and the dense / shared MLPs sharded, routed
+                        experts left whole (expert parallelism shards them). GPT-2 (Conv1D, no plan) folds into dp.
+  * context_parallel -> DeepSpeed Ulysses (`sequence_parallel_size`, runtime/sequence_parallel/ulysses_sp.py):
+                        heads must split over the degree, KV heads split or replicate (`kv % cp == 0 or
+                        cp % kv == 0`, UlyssesSPAttentionHF.__init__), seq_length divisible by it.
+                        Not together with TP: DeepSpeed builds both groups from consecutive ranks
+                        (parallel_state_sp.initialize_sequence_parallel, groups._init_tp_mesh_device) and its config
+                        derives the data-parallel world from one of them; cp then folds into dp (TP kept, it saves
+                        more memory) with a note. MoE models fold cp too (our MoE layer routes per rank).
+  * pipeline_stage   -> folded into dp: DeepSpeed has no pipeline for HF models, and its PipelineModule takes
+                        ZeRO-1 only (runtime/pipe/engine.py).
+  * expert_parallel  -> our MoE layer's all-to-all over DeepSpeed's expert groups, inside dp (mp_size = tp).
+
+Ranks: TP (or CP) peers are consecutive, `[i*m, (i+1)*m)` with m = tp x cp, and read the same micro batch:
+data rank = rank // m. Without --world-size the world is the YAML's dp x tp x cp (folded axes add no ranks).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from translators.errors import ConfigError
+
+# HF model types whose base_model_tp_plan DeepSpeed 0.19.8's TPPlanConverter converts (checked for each).
+HF_TP_PLAN = ("llama", "qwen2", "qwen3")
+
+
+def _spec(patterns: list[str], kind: str, **extra: Any) -> dict:
+    return {"patterns": patterns, "partition_type": kind, **extra}
+
+
+_ATTENTION = [
+    _spec([r".*\.self_attn\.(q|k|v)_proj\.weight$"], "column"),
+    _spec([r".*\.self_attn\.o_proj\.weight$"], "row"),
+]
+# Qwen3's per-head norms see only this rank's heads: replicated, gradients summed over TP (HF's
+# `replicated_with_grad_allreduce`, DeepSpeed's grad_allreduce hook).
+_QK_NORM = [_spec([r".*\.self_attn\.(q|k)_norm\.weight$"], "skip", grad_allreduce=True)]
+# Dense MLPs (first_k_dense layers) and shared experts; `mlp.gate.weight` (the router) matches none of these.
+_MLP = [
+    _spec([r".*\.mlp\.(shared_experts?\.)?(gate|up)_proj\.weight$"], "column"),
+    _spec([r".*\.mlp\.(shared_experts?\.)?down_proj\.weight$"], "row"),
+]
+# DeepSeek MLA: the low-rank down projections (q_a_proj, kv_a_proj_with_mqa) and their norms stay whole; the up
+# projections split by head, o_proj by its input.
+_MLA = [
+    _spec([r".*\.self_attn\.(q_proj|q_b_proj|kv_b_proj)\.weight$"], "column"),
+    _spec([r".*\.self_attn\.o_proj\.weight$"], "row"),
+]
+# GLM: packed [gate; up] rows, each half split (shape [2, -1] on dim 0).
+_GLM_MLP = [
+    _spec([r".*\.mlp\.gate_up_proj\.weight$"], "column", shape=[2, -1], partition_dim=0),
+    _spec([r".*\.mlp\.down_proj\.weight$"], "row"),
+]
+PARTITION_SPECS = {
+    "mixtral": _ATTENTION,
+    "qwen2_moe": _ATTENTION + _MLP,
+    "qwen3_moe": _ATTENTION + _QK_NORM + _MLP,
+    "deepseek_v2": _MLA + _MLP,
+    "deepseek_v3": _MLA + _MLP,
+    "glm": _ATTENTION + _GLM_MLP,
+}
+
+
+def partition_config(hf_model_type: str) -> dict | None:
+    """DeepSpeed's `tensor_parallel.partition_config` for a family whose HF tp_plan it cannot convert."""
+    specs = PARTITION_SPECS.get(hf_model_type)
+    return None if specs is None else {"use_default_specs": False, "layer_specs": [dict(s) for s in specs]}
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What the degree checks need from the model (all from model.model_config / the HF config)."""
+
+    heads: int
+    kv_heads: int
+    seq_length: int
+    layers: int
+    experts: int = 0  # routed experts; 0 for a dense model
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The degrees DeepSpeed runs, and what became of each axis it does not."""
+
+    world_size: int
+    data_parallel: int
+    tensor_parallel: int
+    context_parallel: int
+    expert_parallel: int
+    tp_rule: str | None  # "hf_tp_plan" | "partition_config" | None (tp 1)
+    folded: dict[str, str] = field(default_factory=dict)  # YAML key path -> one-line reason
+
+    def as_plan(self) -> dict:
+        return {"world_size": self.world_size, "data_parallel": self.data_parallel,
+                "tensor_parallel": self.tensor_parallel, "context_parallel": self.context_parallel,
+                "expert_parallel": self.expert_parallel, "tp_rule": self.tp_rule, "folded": dict(self.folded)}
+
+    def data_rank(self, rank: int) -> int:
+        """The data shard a global rank reads: TP / CP peers (consecutive ranks) read the same one."""
+        return rank // (self.tensor_parallel * self.context_parallel)
+
+
+def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: int | None) -> Layout:
+    """The degrees for `world_size` ranks (None: the YAML's dp x tp x cp) from the parsed parallel_config `pc`
+    (data_parallel, model_parallel, context_parallel, expert_parallel, pipeline_stage), the family's HF model type
+    (None: no transformers architecture) and the model's dims (None: no model section). Raises ConfigError, one
+    line naming the key, for a layout that cannot run."""
+    folded: dict[str, str] = {}
+    tp, cp = pc.model_parallel, pc.context_parallel
+    if pc.pipeline_stage > 1:
+        folded["parallel_config.pipeline_stage"] = (
+            f"{pc.pipeline_stage} stages fold into data parallel: DeepSpeed has no pipeline for HF models (its "
+            "PipelineModule takes ZeRO-1 only); ZeRO shards the model states instead")
+    if tp > 1:
+        tp, why = _tp_support(hf_model_type, tp, dims)
+        if why:
+            folded["parallel_config.model_parallel"] = why
+    if cp > 1:
+        if tp > 1:
+            folded["parallel_config.context_parallel"] = (
+                f"{cp} folds into data parallel: DeepSpeed cannot run Ulysses with AutoTP (both build their groups "
+                f"from consecutive ranks); tensor parallel {tp} is kept, each rank holds whole sequences")
+            cp = 1
+        elif dims is not None and dims.experts > 1:
+            folded["parallel_config.context_parallel"] = (
+                f"{cp} folds into data parallel: mf-ds' MoE layer routes, drops and balances per rank, and under "
+                "Ulysses a rank holds a sequence shard (capacity and aux losses would change); each rank holds whole "
+                "sequences")
+            cp = 1
+        elif dims is not None:
+            _check_ulysses(cp, dims)
+    if world_size is None:
+        world = pc.data_parallel * tp * cp
+    else:
+        world = world_size
+        if world < 1:
+            raise ConfigError("--world-size", f"expected an int >= 1, got {world}")
+        if world % (tp * cp):
+            key = "parallel_config.model_parallel" if tp > 1 else "parallel_config.context_parallel"
+            raise ConfigError(key, f"{tp * cp} ({'tensor' if tp > 1 else 'context'} parallel) does not divide "
+                              f"the world size {world}")
+    dp = world // (tp * cp)
+    ep = _expert_parallel(pc.expert_parallel, dims, dp, world_size is not None, folded)
+    return Layout(world, dp, tp, cp, ep, ("hf_tp_plan" if hf_model_type in HF_TP_PLAN else "partition_config")
+                  if tp > 1 else None, folded)
+
+
+def _tp_support(hf_model_type: str | None, tp: int, dims: Dims | None) -> tuple[int, str | None]:
+    """(degree, fold reason): AutoTP where the family has an HF plan DeepSpeed converts or a partition_config."""
+    if hf_model_type is None:
+        return 1, f"{tp} folds into data parallel: no transformers architecture to shard"
+    if hf_model_type not in HF_TP_PLAN and hf_model_type not in PARTITION_SPECS:
+        return 1, (f"{tp} folds into data parallel: DeepSpeed AutoTP cannot shard {hf_model_type} (no HF tp_plan; "
+                   "GPT-2's Conv1D layers have no partition rule)")
+    if dims is not None:
+        if dims.heads % tp:
+            raise ConfigError("parallel_config.model_parallel", f"{tp} must divide num_heads {dims.heads}")
+        if dims.kv_heads % tp and tp % dims.kv_heads:
+            raise ConfigError("parallel_config.model_parallel", f"{tp} and the {dims.kv_heads} KV heads: one must "
+                              "divide the other (AutoTP splits or replicates whole KV heads)")
+    return tp, None
+
+
+def _check_ulysses(cp: int, dims: Dims) -> None:
+    """UlyssesSPAttentionHF's own checks, and the sequence split, as one-line errors before any rank starts."""
+    if dims.heads % cp:
+        raise ConfigError("parallel_config.context_parallel", f"{cp} must divide num_heads {dims.heads} (Ulysses "
+                          "gives each rank whole heads)")
+    if dims.kv_heads % cp and cp % dims.kv_heads:
+        raise ConfigError("parallel_config.context_parallel", f"{cp} and the {dims.kv_heads} KV heads: one must "
+                          "divide the other (Ulysses splits or replicates whole KV heads)")
+    if dims.seq_length % cp:
+        raise ConfigError("parallel_config.context_parallel", f"{cp} must divide seq_length {dims.seq_length} "
+                          "(each rank holds seq_length / cp tokens)")
+
+
+def _expert_parallel(ep: int, dims: Dims | None, dp: int, world_given: bool, folded: dict[str, str]) -> int:
+    """Expert parallelism lives inside DeepSpeed's data-parallel ranks (mp_size = tp)."""
+    if dims is None or dims.experts <= 1:
+        return 1
+    if ep == 1:
+        return 1
+    if dims.experts % ep:
+        raise ConfigError("parallel_config.expert_parallel", f"{ep} must divide the {dims.experts} routed experts")
+    if dp % ep == 0:
+        return ep
+    if world_given:
+        raise ConfigError("parallel_config.expert_parallel", f"{ep} does not divide the data-parallel degree {dp} "
+                          "(DeepSpeed builds expert-parallel groups inside data parallelism)")
+    # mcore spreads experts over TP ranks too (data_parallel 1, expert_parallel 4 in the Qwen3-MoE config);
+    # here the degree that fits the default world is used.
+    fitted = math.gcd(ep, dp)
+    folded["parallel_config.expert_parallel"] = (f"{ep} does not divide the default data-parallel degree {dp}: "
+                                                 f"expert parallelism {fitted}; pass --world-size to run it as written")
+    return fitted
