@@ -39,7 +39,7 @@ def _flag(config: dict, name: str, path: str, default: bool = False) -> bool:
 
 
 def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict, ledger: Ledger,
-                   modelled: bool = True) -> dict[str, Any]:
+                   modelled: bool = True, context_parallel: int = 1) -> dict[str, Any]:
     """{"pad_attention_mask", "pad_token_id"} for run, and data's reset_attention_mask / reset_position_ids /
     eod_pad_length set to what MindFormers' model does with this data (see the module docstring). `modelled`:
     False for the families whose MindFormers mask code is not modelled here (GLM, GPT-2, legacy DeepSeek): causal."""
@@ -93,6 +93,17 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
         mode += "; no eod id: no document boundary is ever found (as in MindFormers)"
     if mcore and eod_reset_model and "position_ids" in fed:
         positions = (reset_pos or eod_reset) and data["eod"] is not None
+    if context_parallel > 1:  # DeepSpeed Ulysses (UlyssesSPAttentionHF over SDPA): plain causal, no mask
+        if documents or positions:
+            raise ConfigError("parallel_config.context_parallel", f"{context_parallel} (DeepSpeed Ulysses) cannot run "
+                              "per-document attention or restarted positions: its attention is plain causal and takes "
+                              "no mask", "drop reset_attention_mask / reset_position_ids, or context_parallel")
+        if pad_mask:
+            pad_mask = False
+            mode = f"causal (context_parallel {context_parallel}: DeepSpeed Ulysses' attention takes no mask)"
+            ledger.differs(f"{MODEL}.pad_token_id", f"{pad_token_id}: under context_parallel {context_parallel} "
+                           "(DeepSpeed Ulysses) pad tokens stay visible as attention keys, where MindFormers masks "
+                           "them; only a pad before a real token in a row changes anything")
     data["reset_attention_mask"] = documents
     data["reset_position_ids"] = positions
     data["eod_pad_length"] = eod_pad_length if documents and compressed else None

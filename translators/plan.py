@@ -161,8 +161,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     # Legacy Llama-path models and mcore build the same causal/pad mask; the other legacy families are untouched.
     modelled = family.mcore or family.layer_style == "llama"
     pad_token_id = hf_config.get("pad_token_id") if hf_config else None
-    attention = attention_plan(tree, family.mcore, pad_token_id, data, ledger, modelled=modelled)
-    _context_parallel_attention(lay.context_parallel, attention, data, ledger)
+    attention = attention_plan(tree, family.mcore, pad_token_id, data, ledger, modelled=modelled,
+                               context_parallel=lay.context_parallel)
     steps_per_epoch = None
     if data["train_samples"]:
         steps_per_epoch = data["train_samples"] // batch.global_batch or None
@@ -529,23 +529,6 @@ def _experts(tree: dict, mcore: bool) -> int:
 def _is_moe(tree: dict, mcore: bool) -> bool:
     """Whether the YAML routes to more than one expert (before the MoE section is checked in detail)."""
     return _experts(tree, mcore) > 1
-
-
-def _context_parallel_attention(cp: int, attention: dict, data: dict, ledger: Ledger) -> None:
-    """Ulysses attention (DeepSpeed's UlyssesSPAttentionHF over SDPA) is causal and takes no mask: per-document
-    attention cannot run under it, and pad keys stay unmasked (a note; without pads before real tokens nothing
-    changes)."""
-    if cp <= 1:
-        return
-    if data["reset_attention_mask"] or data["reset_position_ids"]:
-        raise ConfigError("parallel_config.context_parallel", f"{cp} (DeepSpeed Ulysses) cannot run per-document "
-                          "attention or restarted positions: its attention is plain causal and takes no mask",
-                          "drop reset_attention_mask / reset_position_ids, or context_parallel")
-    if attention["pad_attention_mask"]:
-        attention["pad_attention_mask"] = False
-        ledger.differs("parallel_config.context_parallel", f"{cp} (DeepSpeed Ulysses): pad tokens stay visible as "
-                       "attention keys, where MindFormers masks them (Ulysses' causal attention takes no mask); only "
-                       "a pad before a real token in a row changes anything")
 
 
 def _check_world(pc: ParallelConfig, parallel: Parallel) -> None:

@@ -83,7 +83,7 @@ def test_capacity_groups_and_rounding_follow_the_yaml_layout(parallel, moe, grou
     tree = _mixtral(moe)
     tree["use_parallel"] = True
     tree["parallel_config"] = {**tree.get("parallel_config", {}), "data_parallel": 1, **parallel}
-    plan = translate(tree, world_size=1).plan["moe"]
+    plan = translate(tree).plan["moe"]  # the default world: dp x tp (x cp, folded on MoE)
     assert (plan["token_groups"], plan["capacity_multiple"]) == (groups, multiple)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, ROOT
 from translators.errors import ConfigError
 from translators.parallel import PARTITION_SPECS, Dims, partition_config, resolve
 from translators.plan import translate_file
@@ -164,3 +164,17 @@ def test_partition_config_shards_attention_and_dense_mlps_not_experts(model_type
             assert split, f"{model_type}: {name} is not sharded"
             sharded.append(name)
     assert any("self_attn" in n for n in sharded) and (model_type == "mixtral" or any("mlp" in n for n in sharded))
+
+
+def test_context_parallel_takes_no_attention_mask():
+    """Ulysses' attention is causal and takes no mask: pad keys stay visible (a differs note on pad_token_id), and
+    per-document attention is refused naming the key."""
+    plan = translate_file(LLAMA, ["parallel_config.context_parallel=2"], world_size=2).plan
+    assert plan["run"]["pad_attention_mask"] is False
+    assert any(n["key"] == "model.model_config.pad_token_id" and n["kind"] == "differs" and "Ulysses" in n["message"]
+               for n in plan["notes"])
+    assert translate_file(LLAMA, world_size=1).plan["run"]["pad_attention_mask"] is True
+    with pytest.raises(ConfigError, match=r"^parallel_config\.context_parallel: 2 \(DeepSpeed Ulysses\) cannot run "
+                       "per-document attention"):
+        translate_file(str(ROOT / "tests" / "fixtures" / "mindformers" / "finetune_qwen2_5_packed.yaml"),
+                       ["use_parallel=True", "parallel_config.context_parallel=2"], world_size=2)
