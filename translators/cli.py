@@ -10,7 +10,10 @@ import json
 import sys
 
 from translators.errors import ConfigError
-from translators.plan import translate_file
+from translators.loader import apply_overrides, load_yaml
+from translators.memory import parse_size
+from translators.plan import translate
+from translators.planner import layout, render
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,6 +28,11 @@ def parser() -> argparse.ArgumentParser:
                    "parallel_config.data_parallel); MindFormers' global batch is kept")
     p.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
                    help="override a YAML key (repeatable; VALUE is read as YAML)")
+    p.add_argument("--layout", action="store_true", help="print the parallel layout on --world-size ranks instead "
+                   "of the JSON: degrees, rank order, process groups, data shards, checks, memory per device")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="with --layout: device memory (80GiB, 141GB) for a verdict "
+                   "and the smallest change that fits")
+    p.add_argument("--json", action="store_true", help="with --layout: the layout report as JSON")
     p.add_argument("--gradient_accumulation_steps", type=int, metavar="N",
                    help="override the gradient accumulation (as MindFormers' run script does)")
     return p
@@ -42,7 +50,10 @@ def _write(path: str, payload: object) -> None:
 def run(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        result = translate_file(args.config, args.set, args.world_size, args.gradient_accumulation_steps)
+        gpu_memory = parse_size(args.gpu_memory) if args.gpu_memory is not None else None
+        tree = apply_overrides(load_yaml(args.config), list(args.set))
+        result = translate(tree, world_size=args.world_size,
+                           gradient_accumulation_steps=args.gradient_accumulation_steps)
         for line in result.formative:
             print(line, file=sys.stderr)
         lines = result.ledger.explain() if args.explain else [note.line() for note in result.warnings]
@@ -57,9 +68,19 @@ def run(argv: list[str] | None = None) -> int:
                 _write(args.hf_config, plan["hf_config"])
         if args.plan:
             _write(args.plan, plan)
+        if args.layout:
+            raw_pc = tree.get("parallel_config") if tree.get("use_parallel", True) is not False else None
+            report = layout(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory)
     except ConfigError as exc:
         print(f"mf-translate: error: {exc}", file=sys.stderr)
         return 2
+    if args.layout:
+        if args.json:
+            json.dump(report, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            print("\n".join(render(report)))
+        return 0
     json.dump(plan["deepspeed"], sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
