@@ -11,9 +11,7 @@ import sys
 
 from translators.errors import ConfigError
 from translators.loader import apply_overrides, load_yaml
-from translators.memory import parse_size
 from translators.plan import translate
-from translators.planner import layout, render
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,8 +47,16 @@ def _write(path: str, payload: object) -> None:
 
 def run(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if not args.layout and (args.json or args.gpu_memory is not None):
+        print(f"mf-translate: error: {'--json' if args.json else '--gpu-memory'} goes with --layout", file=sys.stderr)
+        return 2
     try:
-        gpu_memory = parse_size(args.gpu_memory) if args.gpu_memory is not None else None
+        gpu_memory = None
+        if args.layout:  # imported here: plain translation stays as fast to start as before
+            from translators.memory import parse_size
+            from translators.planner import layout, render
+
+            gpu_memory = parse_size(args.gpu_memory) if args.gpu_memory is not None else None
         tree = apply_overrides(load_yaml(args.config), list(args.set))
         result = translate(tree, world_size=args.world_size,
                            gradient_accumulation_steps=args.gradient_accumulation_steps)
@@ -69,7 +75,8 @@ def run(argv: list[str] | None = None) -> int:
         if args.plan:
             _write(args.plan, plan)
         if args.layout:
-            raw_pc = tree.get("parallel_config") if tree.get("use_parallel", True) is not False else None
+            # what the YAML asked for (shown beside the degrees); MindFormers resets it without use_parallel
+            raw_pc = tree.get("parallel_config") if tree.get("use_parallel") is True else None
             report = layout(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory)
     except ConfigError as exc:
         print(f"mf-translate: error: {exc}", file=sys.stderr)

@@ -287,8 +287,9 @@ def render(r: dict) -> list[str]:
         out += ["", f"verdict: {mem['verdict']}: peak {mem['peak'] / memory.GiB:.1f} GiB of "
                 f"{mem['gpu_memory'] / memory.GiB:.1f} GiB (CUDA context and fragmentation not counted)"]
         fixes = mem.get("what_if")
-        if fixes:
-            out.append("  what if (peak per device; fits = within 90%):")
+        if fixes is not None:
+            if fixes:
+                out.append("  what if (peak per device; fits = within 90%):")
             out += [f"    {f['change']:<52}{_gib(f['peak'])}  {'fits' if f['fits'] else 'no'}" for f in fixes]
             first = next((f for f in fixes if f["fits"]), None)
             if first:
