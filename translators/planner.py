@@ -47,7 +47,7 @@ def _ranks(ranks: list[int]) -> str:
     if len(ranks) == 1:
         return str(ranks[0])
     step = ranks[1] - ranks[0]
-    if all(b - a == step for a, b in zip(ranks, ranks[1:])):
+    if all(b - a == step for a, b in zip(ranks, ranks[1:], strict=False)):
         if step == 1:
             return f"{ranks[0]}-{ranks[-1]}"
         if len(ranks) > 3:
@@ -77,7 +77,8 @@ def _checks(plan: dict, par: dict, raw_pc: dict) -> list[dict]:
         rows.append(("experts", f"{experts} % ep {ep} = {experts % ep}: {experts // ep} per rank", experts % ep == 0))
         rows.append(("expert parallel", f"dp {dp} % ep {ep} = {dp % ep}", dp % ep == 0))
     rows.append(("num_layers", f"{layers} layers over MindFormers' {pp} stages" + (
-        f" ({layers // pp}-{-(-layers // pp)} each; folded here, every rank holds all)" if pp > 1 else ""),
+        f" ({layers // pp}{'' if layers % pp == 0 else f'-{layers // pp + 1}'} each; folded here, every rank "
+        "holds all)" if pp > 1 else ""),
         layers >= pp))
     glob = run["global_batch_size"]
     rows.append(("global batch", f"{glob} = micro {run['micro_batch_size']} x accumulation "
@@ -161,7 +162,8 @@ def _fixes(plan: dict, deg: memory.Degrees, zero: dict, micro: int, limit: float
                 peak = _budget(plan, wider, zero, micro, layers)["peak"]
                 out.append({"change": f"expert parallel {ep} ({experts // ep} experts per rank)",
                             "set": [f"parallel_config.expert_parallel={ep}"], "peak": peak, "fits": peak <= limit,
-                            "note": "MindFormers also wants data_parallel x context_parallel divisible by it"})
+                            "note": "the YAML's data_parallel x context_parallel must be a multiple of it too "
+                                    "(MindFormers' _check_moe_config)"})
                 if peak <= limit:
                     break
     current = _budget(plan, deg, zero, micro, layers)["peak"]
@@ -280,8 +282,8 @@ def render(r: dict) -> list[str]:
         lines += [("reduce bucket (bwd)", mem["reduce_bucket"])]
     lines += [("activations (peak)", mem["activations"]), ("peak", mem["peak"])]
     out += [f"  {name:<24}{_gib(value)}" for name, value in lines]
-    out.append(f"  activation peak at the {mem['activations_at']}; at the optimizer step the fp32 gradient "
-               f"partition ({mem['step_fp32_gradients'] / memory.GiB:.2f} GiB) replaces activations and bucket")
+    out.append(f"  activations peak at the {mem['activations_at']}; the optimizer step holds "
+               f"{mem['step_fp32_gradients'] / memory.GiB:.2f} GiB of fp32 gradients in their place")
     out += [f"  note: {n}" for n in mem["activation_notes"]]
     if "verdict" in mem:
         out += ["", f"verdict: {mem['verdict']}: peak {mem['peak'] / memory.GiB:.1f} GiB of "
@@ -290,7 +292,11 @@ def render(r: dict) -> list[str]:
         if fixes is not None:
             if fixes:
                 out.append("  what if (peak per device; fits = within 90%):")
-            out += [f"    {f['change']:<52}{_gib(f['peak'])}  {'fits' if f['fits'] else 'no'}" for f in fixes]
+            gpu = mem["gpu_memory"]
+            for f in fixes:
+                mark = "fits" if f["fits"] else "tight" if f["peak"] <= gpu else "no"
+                out.append(f"    {f['change']:<52}{_gib(f['peak'])}  {mark}")
+            out += [f"    ({note})" for note in dict.fromkeys(f["note"] for f in fixes if "note" in f)]
             first = next((f for f in fixes if f["fits"]), None)
             if first:
                 out.append(f"  smallest change that fits: {first['change']}: --set " + " --set ".join(

@@ -129,7 +129,7 @@ def test_model_states_equal_what_deepspeed_holds(tmp_path):
     mp.spawn(_states_worker, args=(free_port(), world, plan, out), nprocs=world, join=True)
     weights = memory.inventory(plan["hf_config"])
     deg = memory.Degrees(world, world)
-    for (stage, bf16), seen in zip(CASES, torch.load(out)):
+    for (stage, bf16), seen in zip(CASES, torch.load(out), strict=True):
         s = memory.model_states(weights, deg, seen["zero"], bf16, "bfloat16")
         standing = s.params + s.master + (s.gradients + s.bucket if stage == 3 else 0)  # ZeRO-3 allocates at init
         expected = {"init": standing, "backward": standing + (s.gradients if stage < 3 else 0),
