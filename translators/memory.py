@@ -135,7 +135,9 @@ def _mlp(hf: dict, h: int, width: int, name: str = "mlp") -> list[Weights]:
 
 
 def _moe_layers(hf: dict) -> list[int]:
-    mt, L = hf["model_type"], hf["num_hidden_layers"]
+    mt, L = hf["model_type"], hf.get("num_hidden_layers")
+    if mt == "gpt2":
+        return []
     if mt in ("deepseek_v2", "deepseek_v3"):
         if not hf.get("n_routed_experts"):
             return []
@@ -304,6 +306,9 @@ def activations(plan: dict, deg: Degrees, micro: int, seq: int, dtype: str) -> A
     V = hf["vocab_size"]
     moe_layers = set(_moe_layers(hf))
     notes = []
+    if hf["model_type"] == "gpt2":
+        notes.append("GPT-2: counted as a pre-norm layer of the same widths (LayerNorm, GELU MLP, dropout masks "
+                     "not counted separately; not measured)")
     if moe_layers:
         notes.append("MoE layers: top_k routed rows per token, none dropped (tiny DeepSeek-V3 on CPU: 5% under "
                      "the measured peak)")
