@@ -81,6 +81,11 @@ def test_groups_cover_every_rank_once():
 def test_tiny_config_layout_and_bad_input(capsys):
     code, text, _ = _layout(capsys, CONFIGS / "tiny_llama.yaml", "--world-size", 2, "--gpu-memory", "4GiB")
     assert code == 0 and "verdict: fits" in text
+    code, text, _ = _layout(capsys, CONFIGS / "tiny_llama.yaml", "--world-size", 2, "--json")
+    report = json.loads(text)
+    assert report["groups"] == {"data parallel": [[0, 1]]} and report["data"]["accumulation"] == 2
+    states = report["memory"]  # fp32, ZeRO-1 over 2 ranks: whole parameters, the rest halved
+    assert states["parameters"] == 4 * report["parameters"] == 2 * states["master"]
     code, _, err = _layout(capsys, CONFIGS / "tiny_llama.yaml", "--world-size", 2, "--gpu-memory", "lots")
     assert code == 2 and err.strip().splitlines() == [err.strip()] and "--gpu-memory" in err
     code, _, err = _layout(capsys, CONFIGS / "tiny_llama.yaml", "--world-size", 3)
