@@ -190,6 +190,8 @@ def layout(plan: dict, raw_pc: dict, gpu_memory: float | None = None) -> dict:
     if plan["hf_config"] is None:
         raise ConfigError("model", "--layout needs a model with an HF architecture (see the note on 'model')")
     run, ds = plan["run"], plan["deepspeed"]
+    if not run["seq_length"]:
+        raise ConfigError("model.model_config.seq_length", "--layout needs the sequence length for the activations")
     world, tp, cp, ep, dp = (par[k] for k in ("world_size", "tensor_parallel", "context_parallel",
                                                 "expert_parallel", "data_parallel"))
     deg = _degrees(par)
