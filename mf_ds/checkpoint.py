@@ -167,16 +167,21 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
     fault_point("save.engine", step)
     # The RNG state differs per rank only through the data order, which the step count fixes; rank 0's is kept.
     rngs = rng_state()
-    # Under ZeRO-3 each rank holds a shard of every weight: gather them whole (collective) for the HF save.
-    weights = engine._zero3_consolidated_16bit_state_dict() if engine.zero_optimization_stage() == 3 else None
-    if weights is None and engine.autotp_size() > 1:
-        # AutoTP shards: DeepSpeed gathers them whole, on rank 0, in the HF names (GatherReplacedLayerParams).
+    # Under ZeRO-3 each rank holds a shard of every weight, under AutoTP a shard of the sharded layers: DeepSpeed
+    # gathers them whole, in the HF names, on rank 0 (collectives: every rank takes the same branch; the dict is
+    # None elsewhere, so the branch is chosen by the layout, never by the result).
+    stage3, tp = engine.zero_optimization_stage() == 3, engine.autotp_size() > 1
+    weights = None
+    if stage3:
+        weights = engine._zero3_consolidated_16bit_state_dict()
+    elif tp:
         weights = engine._replace_module_consolidated_state_dict()
-    if weights is None and _expert_parallel(engine.module):
+    if not stage3 and _expert_parallel(engine.module):
         # Under expert parallelism each rank holds its own experts: gather them whole for the HF layout.
         from mf_ds.moe.parallel import gather_full_state_dict
 
-        weights = gather_full_state_dict(engine.module)
+        full = gather_full_state_dict(engine.module, base=weights)
+        weights = full if weights is not None or not tp else None
     _barrier()
     if _rank() == 0:
         engine.module.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)

@@ -33,6 +33,16 @@ def data_shard(rank: int, world: int, parallel: dict) -> tuple[int, int]:
     return rank // tp, world // tp
 
 
+def tp_report(model: torch.nn.Module) -> str:
+    """One line on what AutoTP sharded (DeepSpeed's TensorParallel_Layer modules), e.g. after deepspeed.initialize."""
+    from deepspeed.module_inject.layers import TensorParallel_Layer
+
+    names = [n for n, m in model.named_modules() if isinstance(m, TensorParallel_Layer)]
+    if not names:
+        raise RunError("parallel_config.model_parallel: DeepSpeed AutoTP sharded no layer of this model")
+    return f"AutoTP sharded {len(names)} layers (first: {names[0]}, last: {names[-1]})"
+
+
 def register_ulysses(model: torch.nn.Module, parallel: dict, micro_batch: int, seq_length: int):
     """Ulysses over the model's SDPA attention; returns DeepSpeed's SP mpu for deepspeed.initialize."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF

@@ -146,11 +146,14 @@ def precision(compute_dtype: str, param_dtype: str, wrapper: RunnerWrapper, ledg
 
 
 def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, override: int | None,
-         ledger: Ledger) -> dict[str, Any]:
+         ledger: Ledger, tp: int = 1) -> dict[str, Any]:
     if override is not None:
         if override == 3 and ep > 1:
             raise ConfigError("mf_ds.zero_stage", "ZeRO-3 with expert parallelism is not supported (DeepSpeed "
                               "expert groups need ZeRO-1 or -2)")
+        if override == 0 and tp > 1:
+            raise ConfigError("mf_ds.zero_stage", "tensor parallel needs ZeRO >= 1 here (the gradient norm over TP "
+                              "shards comes from DeepSpeed's ZeRO optimizer)")
         if override == 0 and mixed:
             raise ConfigError("mf_ds.zero_stage", "bf16/fp16 training needs ZeRO >= 1 here (DeepSpeed keeps fp32 "
                               "master weights only through a ZeRO optimizer)")
@@ -162,6 +165,9 @@ def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, override: int
         stage, why = 1, "optimizer states sharded over data parallel"
     elif mixed:
         stage, why = 1, "DeepSpeed keeps fp32 master weights in bf16/fp16 only through a ZeRO optimizer"
+    elif tp > 1:
+        # the runtime clips and logs the global gradient norm, which only DeepSpeed's optimizers sum over TP shards
+        stage, why = 1, "tensor parallel: DeepSpeed's ZeRO optimizer computes the norm over the TP shards"
     else:
         stage, why = 0, "no optimizer sharding"
     ledger.mapped("parallel.enable_parallel_optimizer", f"deepspeed.zero_optimization.stage = {stage} ({why})")

@@ -136,7 +136,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     param_dtype = shape.param_init_type if shape else "float32"
     precision = ds.precision(compute_dtype, param_dtype, wrapper, ledger)
     zero = ds.zero(parallel, po.gradient_accumulation_shard, compute_dtype != "float32",
-                   moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger)
+                   moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel)
 
     opt_given = "optimizer" in tree
     opt = Optimizer.parse(tree["optimizer"] if opt_given else Optimizer.TEMPLATE, ledger)
@@ -351,8 +351,8 @@ def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po
         "parallel_config.seq_split_num": ("dropped", "seq-pipe needs pipeline parallelism"),
         "parallel_config.vocab_emb_dp": ("differs", f"False: the embedding and lm_head stay whole on each of the "
                                                     f"{lay.tensor_parallel} TP ranks (DeepSpeed's "
-                                                    "vocab_parallel_lm_head is not used: HF's cross-entropy "
-                                                    "needs whole logits)")
+                                                    "vocab_parallel_lm_head, which swaps in its own distributed "
+                                                    "loss, is not enabled: untested with mf-ds' loss path)")
         if not pc.vocab_emb_dp and lay.tensor_parallel > 1 else
         ("dropped", "embedding sharding belongs to tensor parallelism" + (
             ", which does not run here" if not pc.vocab_emb_dp else "; True keeps it whole, as here")),

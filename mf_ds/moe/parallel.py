@@ -154,12 +154,13 @@ class DeepSpeedMoEMarker(_DeepSpeedMoE):
                 getattr(self._experts, name)[int(local)].copy_(state_dict[key])
 
 
-def gather_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with every sharded expert tensor gathered whole ([E, ...], HF's layout) for an
-    HF-format save. Collective over each expert-parallel group: every rank must call it."""
+def gather_full_state_dict(model: nn.Module, base: dict | None = None) -> dict[str, torch.Tensor]:
+    """The model's state dict (or `base`, e.g. AutoTP's gathered one) with every sharded expert tensor gathered
+    whole ([E, ...], HF's layout) for an HF-format save. Collective over each expert-parallel group: every rank
+    must call it."""
     from mf_ds.moe.layer import moe_layers
 
-    state = model.state_dict()
+    state = model.state_dict() if base is None else base
     names = {id(m): n for n, m in model.named_modules()}
     for layer in moe_layers(model):
         ep = layer.expert_parallel

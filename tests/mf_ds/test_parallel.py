@@ -19,7 +19,7 @@ LLAMA = str(CONFIGS / "tiny_llama.yaml")
 QWEN3_MOE = str(CONFIGS / "tiny_qwen3_moe.yaml")
 
 
-def train(out: Path, config: str, *sets: str, ranks: int = 1) -> list[dict]:
+def train(out: Path, config: str, *sets: str, ranks: int = 1, expect: str = "") -> list[dict]:
     args = ["--output_dir", str(out), "--max_steps", "3", *[a for s in sets for a in ("--set", s)]]
     if ranks == 1:
         cmd = [sys.executable, "-m", "mf_ds.cli", config, *args]
@@ -28,6 +28,7 @@ def train(out: Path, config: str, *sets: str, ranks: int = 1) -> list[dict]:
                str(ROOT / "mf_ds" / "train.py"), "--mf-config", config, *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert expect in proc.stdout + proc.stderr
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -52,7 +53,8 @@ def llama_one_rank(tmp_path_factory):
 @pytest.mark.parametrize("stage", [1, 3])
 def test_tensor_parallel_equals_one_rank(tmp_path, llama_one_rank, stage):
     """model_parallel 2 on 2 ranks: one data-parallel rank whose layers AutoTP shards (the HF tp_plan)."""
-    two = train(tmp_path, LLAMA, "parallel_config.model_parallel=2", f"mf_ds.zero_stage={stage}", ranks=2)
+    two = train(tmp_path, LLAMA, "parallel_config.model_parallel=2", f"mf_ds.zero_stage={stage}", ranks=2,
+                expect="AutoTP sharded 14 layers (first: model.layers.0.self_attn.q_proj")
     same_run(llama_one_rank[0], two)
     weights = saved(tmp_path)  # gathered whole: the HF shapes, the same values as the 1-rank run
     for name, tensor in llama_one_rank[1].items():
@@ -62,7 +64,8 @@ def test_tensor_parallel_equals_one_rank(tmp_path, llama_one_rank, stage):
 @pytest.mark.deepspeed
 def test_context_parallel_equals_one_rank(tmp_path, llama_one_rank):
     """context_parallel 2 on 2 ranks: Ulysses, each rank 64 of the 128 tokens of every micro batch."""
-    two = train(tmp_path, LLAMA, "parallel_config.context_parallel=2", ranks=2)
+    two = train(tmp_path, LLAMA, "parallel_config.context_parallel=2", ranks=2,
+                expect="Ulysses context parallel 2 over SDPA attention")
     same_run(llama_one_rank[0], two)
 
 
@@ -70,5 +73,17 @@ def test_context_parallel_equals_one_rank(tmp_path, llama_one_rank):
 def test_moe_tensor_parallel_equals_one_rank(tmp_path):
     """Qwen3-MoE under mf-ds' partition_config: attention (and its per-head norms) sharded, experts whole."""
     one = train(tmp_path / "one", QWEN3_MOE)
-    two = train(tmp_path / "two", QWEN3_MOE, "parallel_config.model_parallel=2", ranks=2)
+    two = train(tmp_path / "two", QWEN3_MOE, "parallel_config.model_parallel=2", ranks=2,
+                expect="AutoTP sharded")
     same_run(one, two)
+
+
+def test_hf_trainer_path_refuses_context_parallel_in_one_line(monkeypatch, tmp_path):
+    from mf_ds.errors import RunError
+    from mf_ds.hf import from_mf_yaml
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RunError) as err:
+        from_mf_yaml(LLAMA, output_dir=tmp_path, **{"parallel_config.context_parallel": 2})
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("parallel_config.context_parallel 2: the HF Trainer path cannot")
