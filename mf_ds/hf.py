@@ -104,6 +104,17 @@ class MFLossMonitor(TrainerCallback):
             self.monitor.close()
 
 
+class ParallelReport(TrainerCallback):
+    """Says what AutoTP sharded, once the Trainer has built the DeepSpeed engine (an error when nothing)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from mf_ds.parallel import tp_report
+
+        line = tp_report(model)
+        if state.is_world_process_zero:
+            print(f"mf-ds: parallel: {line}", file=sys.stderr, flush=True)
+
+
 class SaveAtEnd(TrainerCallback):
     """MindFormers' CheckpointMonitor also saves when training ends, not only every save_checkpoint_steps."""
 
@@ -276,6 +287,8 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
                                                                       drop_rate=drop_rate)]
     if ckpt:
         callbacks.append(SaveAtEnd())
+    if plan["parallel"]["tensor_parallel"] > 1:
+        callbacks.append(ParallelReport())
     samples = _OrderedSamples(dataset, run["micro_batch_size"], run["loss_mask_pad_id"],
                               run["data"]["drop_remainder"])
     return MFSetup(model, args, callbacks, samples, plan, report, data_size)
