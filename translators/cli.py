@@ -10,7 +10,8 @@ import json
 import sys
 
 from translators.errors import ConfigError
-from translators.plan import translate_file
+from translators.loader import apply_overrides, load_yaml
+from translators.plan import translate
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,6 +26,11 @@ def parser() -> argparse.ArgumentParser:
                    "parallel_config.data_parallel); MindFormers' global batch is kept")
     p.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
                    help="override a YAML key (repeatable; VALUE is read as YAML)")
+    p.add_argument("--layout", action="store_true", help="print the parallel layout on --world-size ranks instead "
+                   "of the JSON: degrees, rank order, process groups, data shards, checks, memory per device")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="with --layout: device memory (80GiB, 141GB) for a verdict "
+                   "and the smallest change that fits")
+    p.add_argument("--json", action="store_true", help="with --layout: the layout report as JSON")
     p.add_argument("--gradient_accumulation_steps", type=int, metavar="N",
                    help="override the gradient accumulation (as MindFormers' run script does)")
     return p
@@ -41,8 +47,19 @@ def _write(path: str, payload: object) -> None:
 
 def run(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if not args.layout and (args.json or args.gpu_memory is not None):
+        print(f"mf-translate: error: {'--json' if args.json else '--gpu-memory'} goes with --layout", file=sys.stderr)
+        return 2
     try:
-        result = translate_file(args.config, args.set, args.world_size, args.gradient_accumulation_steps)
+        gpu_memory = None
+        if args.layout:  # imported here: plain translation stays as fast to start as before
+            from translators.memory import parse_size
+            from translators.planner import layout, render
+
+            gpu_memory = parse_size(args.gpu_memory) if args.gpu_memory is not None else None
+        tree = apply_overrides(load_yaml(args.config), list(args.set))
+        result = translate(tree, world_size=args.world_size,
+                           gradient_accumulation_steps=args.gradient_accumulation_steps)
         for line in result.formative:
             print(line, file=sys.stderr)
         lines = result.ledger.explain() if args.explain else [note.line() for note in result.warnings]
@@ -57,9 +74,20 @@ def run(argv: list[str] | None = None) -> int:
                 _write(args.hf_config, plan["hf_config"])
         if args.plan:
             _write(args.plan, plan)
+        if args.layout:
+            # what the YAML asked for (shown beside the degrees); MindFormers resets it without use_parallel
+            raw_pc = tree.get("parallel_config") if tree.get("use_parallel") is True else None
+            report = layout(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory)
     except ConfigError as exc:
         print(f"mf-translate: error: {exc}", file=sys.stderr)
         return 2
+    if args.layout:
+        if args.json:
+            json.dump(report, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            print("\n".join(render(report)))
+        return 0
     json.dump(plan["deepspeed"], sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
