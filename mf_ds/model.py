@@ -31,7 +31,7 @@ def hf_config(plan: dict):
 def build_model(plan: dict, load_checkpoint: str | None = None) -> torch.nn.Module:
     """fp32 parameters (DeepSpeed casts to bf16/fp16 and keeps fp32 masters in its optimizer)."""
     config = hf_config(plan)
-    if plan["parallel"]["context_parallel"] > 1:
+    if plan.get("parallel", {}).get("context_parallel", 1) > 1:  # (a Plan reduced to hf_config + run has none)
         config._attn_implementation = "sdpa"  # Ulysses wraps SDPA; eager's 4-D masks do not shard
     if not load_checkpoint:
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
