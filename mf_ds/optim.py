@@ -5,6 +5,10 @@ Optimizers (mindformers/core/optim r1.5.0, plan.run.optimizer):
   * FP32StateAdamWeightDecay / FusedAdamWeightDecay / AdamWeightDecay: MindSpore's AdamWeightDecay,
         m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  w -= lr * (m / (sqrt(v) + eps) + wd * w)
     with NO bias correction (MindSpore ops.AdamWeightDecay docs) -> `AdamWeightDecay` below.
+  * AdamWeightDecayX (research/qwen, research/llama3 optim.py, r1.3.0): bias-corrected Adam with eps added to
+    sqrt(v) before the correction, w *= 1 - lr wd;  w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps), and
+    its own weight_decay (the YAML's) on every parameter -> `AdamWeightDecayX` below
+    (tests/fixtures/optim_golden.json: MindSpore running that class).
   * Weight decay only on parameters with ndim > 1 that are not biases (optimizer_grouped_parameters.py).
 Schedules (mindformers/core/lr/lr_schedule.py; arguments in translators/lr.py, formulas in mf_ds/lr.py), as a
 LambdaLR factor of the peak learning rate, stepped once per optimizer step by the DeepSpeed engine.
@@ -74,6 +78,44 @@ class AdamWeightDecay(torch.optim.Optimizer):
         return loss
 
 
+class AdamWeightDecayX(torch.optim.Optimizer):
+    """MindFormers' research-folder AdamWeightDecayX (research/qwen/optim.py r1.3.0), as MindSpore runs it: decoupled
+    decay first, then the bias-corrected step with eps inside (sqrt(v) + eps, then x sqrt(1 - b2^t)). The class reads
+    only its own weight_decay, so every parameter decays (MindFormers' no-decay group included): pass that one
+    value to every group."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        if lr < 0 or eps <= 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"invalid AdamWeightDecayX settings: lr={lr}, betas={betas}, eps={eps}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable | None = None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr = group["lr"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"] += 1
+                m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+                weight = p.float().mul_(1 - lr * group["weight_decay"])
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                step_size = lr * (1 - beta2**t) ** 0.5 / (1 - beta1**t)
+                weight.sub_(m / (v.sqrt() + group["eps"]) * step_size)
+                p.copy_(weight)
+        return loss
+
+
 def build_optimizer(model: torch.nn.Module, spec: dict) -> torch.optim.Optimizer:
     """The optimizer plan.run.optimizer describes, over MindFormers' parameter groups."""
     groups = param_groups(model, spec["weight_decay"])
@@ -81,6 +123,10 @@ def build_optimizer(model: torch.nn.Module, spec: dict) -> torch.optim.Optimizer
     if kind == "SGD":
         return torch.optim.SGD(groups, lr=spec["lr"])
     betas = tuple(spec["betas"])
+    if kind == "AdamWeightDecayX":  # its own weight_decay on every parameter, as MindSpore runs the class
+        for group in groups:
+            group["weight_decay"] = spec["weight_decay"]
+        return AdamWeightDecayX(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
     if not spec["bias_correction"]:
         return AdamWeightDecay(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
     if kind == "Adam":

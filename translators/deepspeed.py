@@ -43,7 +43,9 @@ from translators.notes import Ledger
 from translators.sections import LossScale, Optimizer, Parallel, ParallelConfig, RunnerConfig, RunnerWrapper
 
 ADAMW_NO_BIAS_CORRECTION = ("FP32StateAdamWeightDecay", "FusedAdamWeightDecay", "AdamWeightDecay")
-OPTIMIZERS = ("AdamW", *ADAMW_NO_BIAS_CORRECTION, "Adam", "SGD", "Lamb")
+# research/qwen and research/llama3 optim.py (r1.3.0), registered by the run's --register_path: mf_ds.optim's class
+RESEARCH_OPTIMIZERS = ("AdamWeightDecayX",)
+OPTIMIZERS = ("AdamW", *ADAMW_NO_BIAS_CORRECTION, "Adam", "SGD", "Lamb", *RESEARCH_OPTIMIZERS)
 OPTIMIZER_ALIASES = {"adam": "Adam", "sgd": "SGD"}  # registered by MindFormers beside the class names
 BETAS = {"AdamW": ("betas",), "SGD": ()}  # the keys each class takes for its betas; the others: beta1, beta2
 
@@ -289,8 +291,14 @@ def optimizer(opt: Optimizer, opt_given: bool, lr: float, ledger: Ledger) -> tup
             ledger.mapped(f"optimizer.{name}", f"deepspeed.optimizer: {ds_type} {params}")
     if opt_given and ledger.present("optimizer.learning_rate"):
         ledger.dropped("optimizer.learning_rate", "lr_schedule.learning_rate is used, as in MindFormers")
+    if opt.type in RESEARCH_OPTIMIZERS:
+        ledger.differs("optimizer.type", f"{opt.type}: mf-train and mf_ds.hf run MindFormers' exact update "
+                       "(mf_ds.optim.AdamWeightDecayX: eps added before the bias correction, weight_decay on every "
+                       "parameter); the DeepSpeed JSON alone names the nearest DeepSpeed optimizer, AdamW")
     plan = {"type": opt.type, "torch": ds_type, "bias_correction": not adamw_family, **params,
-            "weight_decay_on": "parameters with ndim > 1 that are not biases (MindFormers' grouped params)"}
+            "weight_decay_on": "every parameter (the class reads only its own weight_decay)"
+            if opt.type in RESEARCH_OPTIMIZERS else
+            "parameters with ndim > 1 that are not biases (MindFormers' grouped params)"}
     plan.pop("adam_w_mode", None)
     return {"type": ds_type, "params": params}, plan
 

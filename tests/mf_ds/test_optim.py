@@ -68,3 +68,44 @@ def test_weight_decay_only_on_matrices():
     groups = {g["name"]: g for g in param_groups(model, 0.1)}
     assert [p.shape for p in groups["decay"]["params"]] == [torch.Size([4, 4])]
     assert len(groups["no_decay"]["params"]) == 3 and groups["no_decay"]["weight_decay"] == 0.0
+
+
+@pytest.mark.parametrize("case", [0, 1])  # eps 1e-8 and 1e-3 (where eps inside the correction shows)
+def test_AdamWeightDecayX_construct(case):
+    """MindSpore running MindFormers' research AdamWeightDecayX (tests/fixtures/optim_golden.json,
+    make_optim_golden.py), built as MindFormers builds it: grouped parameters (decay 0.1 / 0.0) and the YAML's
+    weight_decay as the class's own, which it applies to every parameter. mf_ds.optim.build_optimizer matches every
+    step to float32 rounding."""
+    import json
+    from pathlib import Path
+
+    from mf_ds.optim import build_optimizer
+
+    golden = json.loads((Path(__file__).parents[1] / "fixtures" / "optim_golden.json").read_text())
+    eps = golden["cases"][case]["eps"]
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.tensor(golden["w0"]))
+    model.b = torch.nn.Parameter(torch.tensor(golden["b0"]))
+    spec = {"type": "AdamWeightDecayX", "lr": golden["lr"], "betas": golden["betas"], "eps": eps,
+            "weight_decay": golden["weight_decay"], "bias_correction": True}
+    opt = build_optimizer(model, spec)
+    for grads, want in zip(golden["grads"], golden["cases"][case]["steps"], strict=True):
+        model.w.grad, model.b.grad = torch.tensor(grads["w"]), torch.tensor(grads["b"])
+        opt.step()
+        torch.testing.assert_close(model.w.detach(), torch.tensor(want["w"]), rtol=0, atol=2e-7)
+        torch.testing.assert_close(model.b.detach(), torch.tensor(want["b"]), rtol=0, atol=2e-7)
+
+
+def test_AdamWeightDecayX_translates():
+    """The r1.3.0 research YAMLs' optimizer: accepted, its exact update in the Plan, a differs note for the JSON."""
+    from tests.conftest import CONFIGS
+    from translators.loader import load_yaml
+    from translators.plan import translate
+
+    tree = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
+    tree["optimizer"] = {"type": "AdamWeightDecayX", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
+    t = translate(tree)
+    opt = t.plan["run"]["optimizer"]
+    assert opt["type"] == "AdamWeightDecayX" and opt["betas"] == [0.9, 0.95] and opt["eps"] == 1e-8
+    assert any(n.key == "optimizer.type" and n.kind == "differs" and "AdamWeightDecayX" in n.message
+               for n in t.warnings)
