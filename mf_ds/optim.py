@@ -45,13 +45,12 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-class AdamWeightDecay(torch.optim.Optimizer):
-    """MindSpore's AdamWeightDecay: Adam moments without bias correction, decoupled weight decay in the update."""
+class _Fp32StateAdam(torch.optim.Optimizer):
+    """Adam moments kept in fp32 whatever the parameter dtype ("FP32State"); subclasses define the update."""
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0):
+    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
         if lr < 0 or eps <= 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"invalid AdamWeightDecay settings: lr={lr}, betas={betas}, eps={eps}")
+            raise ValueError(f"invalid {type(self).__name__} settings: lr={lr}, betas={betas}, eps={eps}")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
 
     @torch.no_grad()
@@ -65,20 +64,33 @@ class AdamWeightDecay(torch.optim.Optimizer):
                 grad = p.grad.float()
                 state = self.state[p]
                 if not state:
-                    # fp32 moments whatever the parameter dtype ("FP32State")
                     state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"] = state.get("step", 0) + 1  # (absent in AdamWeightDecay states saved before it)
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                update = m / (v.sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(p.float(), alpha=group["weight_decay"])
-                p.add_(update.to(p.dtype), alpha=-group["lr"])
+                self._update(p, m.mul_(beta1).add_(grad, alpha=1 - beta1),
+                             v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2), state["step"], group)
         return loss
 
+    def _update(self, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int, group: dict) -> None:
+        raise NotImplementedError
 
-class AdamWeightDecayX(torch.optim.Optimizer):
+
+class AdamWeightDecay(_Fp32StateAdam):
+    """MindSpore's AdamWeightDecay: Adam moments without bias correction, decoupled weight decay in the update."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0):
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+    def _update(self, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int, group: dict) -> None:
+        update = m / (v.sqrt() + group["eps"])
+        if group["weight_decay"]:
+            update.add_(p.float(), alpha=group["weight_decay"])
+        p.add_(update.to(p.dtype), alpha=-group["lr"])
+
+
+class AdamWeightDecayX(_Fp32StateAdam):
     """MindFormers' research-folder AdamWeightDecayX (research/qwen/optim.py r1.3.0), as MindSpore runs it: decoupled
     decay first, then the bias-corrected step with eps inside (sqrt(v) + eps, then x sqrt(1 - b2^t)). The class reads
     only its own weight_decay, so every parameter decays (MindFormers' no-decay group included): pass that one
@@ -86,34 +98,14 @@ class AdamWeightDecayX(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0):
-        if lr < 0 or eps <= 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"invalid AdamWeightDecayX settings: lr={lr}, betas={betas}, eps={eps}")
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+        super().__init__(params, lr, betas, eps, weight_decay)
 
-    @torch.no_grad()
-    def step(self, closure: Callable | None = None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            lr = group["lr"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad.float()
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                state["step"] += 1
-                m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
-                weight = p.float().mul_(1 - lr * group["weight_decay"])
-                m.mul_(beta1).add_(grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                step_size = lr * (1 - beta2**t) ** 0.5 / (1 - beta1**t)
-                weight.sub_(m / (v.sqrt() + group["eps"]) * step_size)
-                p.copy_(weight)
-        return loss
+    def _update(self, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int, group: dict) -> None:
+        beta1, beta2 = group["betas"]
+        lr = group["lr"]
+        weight = p.float().mul_(1 - lr * group["weight_decay"])
+        weight.sub_(m / (v.sqrt() + group["eps"]) * (lr * (1 - beta2**t) ** 0.5 / (1 - beta1**t)))
+        p.copy_(weight)
 
 
 def build_optimizer(model: torch.nn.Module, spec: dict) -> torch.optim.Optimizer:
