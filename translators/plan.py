@@ -514,7 +514,7 @@ def _dims(shape: Any, hf_config: dict | None, tree: dict, mcore: bool) -> Dims |
     hf = hf_config or {}
     kv = hf.get("num_key_value_heads") or shape.num_heads
     return Dims(heads=shape.num_heads, kv_heads=kv, seq_length=shape.seq_length,
-                         layers=shape.num_layers, experts=_experts(tree, mcore))
+                layers=shape.num_layers, experts=_experts(tree, mcore))
 
 
 def _experts(tree: dict, mcore: bool) -> int:
