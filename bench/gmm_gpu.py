@@ -15,6 +15,9 @@ Qwen3-30B-A3B (E 128, k 8, H 2048, I 768), Mixtral-8x7B (E 8, k 2, H 4096, I 143
 Each is checked against a float32 per-expert reference (output, dX, dW: relative error) before it is timed.
 TFLOP/s = 6 M K N / time (forward, dX, dW).
 
+Index-map rows: permute's maps from the routing (two Triton kernels) against the torch ops they replace, at the
+block's shape and token counts, dropless and at capacity factor 1.0.
+
 MoE block rows: Qwen3-MoE's block (router + experts) at the Qwen3-30B-A3B shape: MFMoE (mf_ds.patch.moe.build_block,
 dropless; also with MF_DS_EXPERT_MLP=fused) vs HF v5's experts with `grouped_mm` and `eager`, same weights and
 routing (outputs compared first), forward + backward time and the peak memory allocated above the inputs during one
@@ -282,6 +285,34 @@ def moe_block_case(tokens: int, dtype=torch.bfloat16, shape: str = "qwen3_30b_a3
     return rows
 
 
+def index_maps_case(tokens: int, shape: str) -> list[dict]:
+    """permute's index maps (each pair's row, each row's token, the counts): the two Triton kernels against the torch
+    ops (a stable sort and about thirty small launches), dropless and at capacity factor 1.0 (k-drop), same routing.
+    Their maps must be equal before they are timed."""
+    from mf_ds.ops import permute as permute_mod
+
+    experts, top_k, *_ = {**SHAPES, **SMOKE_SHAPES}[shape]
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(tokens, experts, generator=g) + torch.linspace(0, 2, experts)  # skewed towards high ids
+    ids = scores.topk(top_k, dim=1).indices.to(DEVICE)
+    rows = []
+    for capacity in (None, tokens * top_k // experts):
+        M = permute_mod._num_rows(tokens, top_k, experts, capacity, 1)
+        ours = permute_mod._route_triton(ids, experts, capacity, "kdrop", M)
+        counts, row_of_pair, _, pair_of_row = permute_mod._route(ids, experts, capacity, "kdrop", M)
+        equal = (torch.equal(ours[0], counts) and torch.equal(ours[1].long(), row_of_pair)
+                 and torch.equal(ours[2].long(), torch.where(pair_of_row >= 0, pair_of_row // top_k, -1)))
+        row = {"bench": "index_maps", "shape": shape, "tokens": tokens, "impl": "mf_ds_triton",
+               "capacity": capacity, "equal_to_torch": equal}
+        if not equal:
+            rows.append({**row, "ms": None, "note": "wrong result: maps differ from the torch ops'"})
+            continue
+        ms = _time(lambda: permute_mod._route_triton(ids, experts, capacity, "kdrop", M))
+        torch_ms = _time(lambda: permute_mod._route(ids, experts, capacity, "kdrop", M))
+        rows.append({**row, "ms": ms, "torch_ms": torch_ms, "mf_ds_speedup": torch_ms / ms})
+    return rows
+
+
 def main() -> None:
     global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -314,8 +345,9 @@ def main() -> None:
             if not args.smoke:
                 _write(out, rows)  # after each case: a run cut short keeps what it measured
     for t, shape in block:
+        rows += index_maps_case(t, shape)
         rows += moe_block_case(t, dtype, shape)
-        _print([r for r in rows if r["bench"] == "moe_block" and r["tokens"] == t])
+        _print([r for r in rows if r["bench"] in ("index_maps", "moe_block") and r["tokens"] == t])
     if args.smoke:
         wrong = _wrong(rows)
         sys.exit(f"wrong results: {wrong}" if wrong else 0)

@@ -34,17 +34,17 @@ ROUNDS, WARMUP = 15, 2
 
 
 def _plan(capacity_factor: float, E: int = SHAPE["E"], K: int = SHAPE["K"]) -> dict:
-    moe = {
-        "num_experts": E, "top_k": K, "intermediate_size": None, "shared_experts": 0,
-        "shared_expert_gating": False, "layers": [0], "mtp_layers": [],
-        "router": {"score": "softmax", "dtype": "float32", "topk_method": "greedy", "n_group": None,
-                   "topk_group": None, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "bias_balance": False,
-                   "bias_update_rate": 0.0},
-        "aux_loss": {"expert": 0.0, "device": 0.0, "comm": 0.0}, "z_loss": 0.0, "capacity_factor": capacity_factor,
-        "dropless": capacity_factor <= 0, "drop_policy": "kdrop", "gmm": True, "fused_permute": True,
-        "safe_tokens": False, "expert_parallel": 1, "drop_rate_callback": False,
-    }
-    return {"moe": moe}
+    """The Plan's moe section as the translator writes it for a MindFormers MoE YAML of this shape (MoEV2, softmax
+    top-K renormalised like Qwen3-MoE's router, float32 routing, aux losses off; capacity_factor <= 0: dropless), so
+    the benchmark runs what a run of that YAML runs. Its one MoE block is layer 0."""
+    from translators.plan import translate_file
+
+    plan = translate_file(str(ROOT / "configs" / "tiny_llama.yaml"), [
+        f"moe_config.expert_num={E}", f"moe_config.num_experts_chosen={K}", "moe_config.routing_policy=TopkRouterV2",
+        f"moe_config.capacity_factor={capacity_factor}", "moe_config.aux_loss_factor=0.0", "moe_config.use_gmm=True",
+        "moe_config.use_fused_ops_permute=True"]).plan
+    assert plan["moe"]["router"]["norm_topk_prob"], "Qwen3-MoE's router renormalises its top-k"
+    return {"moe": {**plan["moe"], "layers": [0]}}
 
 
 def _hf_block(dtype: torch.dtype):

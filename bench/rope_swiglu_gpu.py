@@ -421,6 +421,14 @@ def main() -> None:
         print(line(row))
     if path:
         print(f"-> {path}")
+    if mf_ds_failures(rows):  # a benchmark of a wrong result is no benchmark: the suite marks this step failed
+        sys.exit(f"mf_ds gave wrong results or failed: {mf_ds_failures(rows)}")
+
+
+def mf_ds_failures(rows: list[dict]) -> list[str]:
+    """mf_ds's rows (its kernel launches, its autograd functions) that were wrong or failed, and cases that failed."""
+    return [f"{r['op']} {r['case']} {r.get('impl', r['kind'])}: {r['note'][:80]}" for r in rows
+            if r.get("impl", "mf_ds") == "mf_ds" and r.get("note", "").startswith(("wrong result", "failed", "case "))]
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ autotuned per (M, N, K, E, layout, dtype) on CUDA; test-sized problems take the 
 writes or keeps the [T*k, H] permuted copy. `swiglu_experts` runs the whole expert MLP with SwiGLU in the first
 GEMM's epilogue, dSwiGLU in the epilogue of the second GEMM's dX, and the SwiGLU output recomputed in the second
 GEMM's dW loads: [M, I] less kept per layer, and neither the SwiGLU output's gradient nor the SwiGLU kernels' passes
-(MF_DS_EXPERT_MLP=fused; not yet timed on a GPU, so not the default).
+(MF_DS_EXPERT_MLP=fused; not yet timed on a GPU, so not the default). In both, the products with neither gather nor
+epilogue (the gathered dX, the fused path's second forward and first dX) go through the same per-product backend
+choice as the split path.
 
 CUDA backend, per product (fwd, dX, dW), `MF_DS_GMM`: `auto` (default) times the pointer kernels here, the TMA
 kernels (gmm_tma.py) and torch's grouped_mm (CUTLASS, bf16 on sm90) once per shape and keeps the fastest;
@@ -52,10 +54,9 @@ from mf_ds.ops.dispatch import on_device, use_triton
 # Self-contained kernels: no direct call to another @triton.jit function, hence none of tl.sum / tl.cumsum / tl.zeros /
 # tl.cdiv (triton.language.standard defines them with @jit), so that dispatch.on_device can run them in the
 # interpreter whatever TRITON_INTERPRET said at import. Reductions call the tl.reduce / tl.associative_scan builtins
-# with `_add`, which the interpreter calls as plain Python.
-@triton.jit
-def _add(a, b):
-    return a + b
+# with triton.language's own `_sum_combine` (what tl.sum passes): the kernels never call it, and the interpreter runs
+# it as one numpy sum or cumsum where a local `a + b` is called in Python per element.
+_sum = tl.standard._sum_combine
 
 
 @triton.jit
@@ -95,11 +96,11 @@ def _gmm_fwd_kernel(
     starts = tl.load(offs_ptr + g - 1, mask=(g >= 1) & (g <= E), other=0).to(tl.int32)
     starts = tl.minimum(tl.where(g <= E, starts, M), M)
     tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
-    tile_ends = tl.associative_scan(tiles, 0, _add)
-    grp = tl.reduce((tile_ends <= tile).to(tl.int32), 0, _add)
-    first_tile = tl.reduce(tl.where(g == grp, tile_ends - tiles, 0), 0, _add)
-    row_start = tl.reduce(tl.where(g == grp, starts, 0), 0, _add) + (tile - first_tile) * BLOCK_M
-    row_end = tl.reduce(tl.where(g == grp, ends, 0), 0, _add)
+    tile_ends = tl.associative_scan(tiles, 0, _sum)
+    grp = tl.reduce((tile_ends <= tile).to(tl.int32), 0, _sum)
+    first_tile = tl.reduce(tl.where(g == grp, tile_ends - tiles, 0), 0, _sum)
+    row_start = tl.reduce(tl.where(g == grp, starts, 0), 0, _sum) + (tile - first_tile) * BLOCK_M
+    row_end = tl.reduce(tl.where(g == grp, ends, 0), 0, _sum)
 
     rows = (row_start + tl.arange(0, BLOCK_M)).to(tl.int64)  # int64: row * stride can pass 2^31
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -463,6 +464,14 @@ def _fwd_runners(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool) 
             "torch": lambda: _torch_fwd(x_MK.contiguous(), w_EKN, offs_E, exact_rows)}
 
 
+def _plain_product(name: str, x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool = True) -> Tensor:
+    """A product with neither gather nor epilogue inside the gathered and fused-SwiGLU paths, on the backend `auto`
+    picks, as in the split path (they ran on the pointer kernel only: gpu-notes.md measured the gathered block 7%
+    behind the split one for it). exact_rows: the caller never reads the padding rows (the per-token sum of a
+    gathered dX reads kept rows only), so torch's uninitialised padding rows are left as they are."""
+    return _product(name, (x_MK, w_EKN), _fwd_runners(x_MK, w_EKN, offs_E, exact_rows))
+
+
 class GroupedMMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, exact_rows: bool = False) -> Tensor:
@@ -506,7 +515,7 @@ class GroupedMMGatherFunction(torch.autograd.Function):
         x_TK, w_EKN, offs_E, src_row_M, row_of_pair_TP = ctx.saved_tensors
         dx_TK = dw_EKN = None
         if ctx.needs_input_grad[0]:  # x: dY @ W^T per row, then each token sums its kept rows (fp32)
-            dx_TK = _launch_sum_pairs(_gmm_triton(dy_MN, w_EKN.transpose(1, 2), offs_E), row_of_pair_TP)
+            dx_TK = _launch_sum_pairs(_plain_product("dx", dy_MN, w_EKN.transpose(1, 2), offs_E), row_of_pair_TP)
         if ctx.needs_input_grad[1]:  # w: X_e^T @ dY_e, X_e's rows gathered from x
             dw_EKN = _gmm_dw_triton(x_TK, dy_MN, offs_E, w_EKN, src_row_M)
         return dx_TK, dw_EKN, None, None, None  # the counts and the index maps: integers, no gradient
@@ -528,7 +537,7 @@ class SwiGLUExpertsFunction(torch.autograd.Function):
         offs_E = _offsets(tokens_per_expert_E)
         h_MI, gate_up_MI2 = _gmm_triton(x, w13_EK2I, offs_E, src_row_M, epi=EPI_SWIGLU)
         ctx.save_for_backward(x, w13_EK2I, w2_EIN, offs_E, gate_up_MI2, src_row_M, row_of_pair_TP)
-        return _gmm_triton(h_MI, w2_EIN, offs_E)
+        return _plain_product("fwd", h_MI, w2_EIN, offs_E, exact_rows=False)
 
     @staticmethod
     def backward(ctx, dy_MN: Tensor):
@@ -543,7 +552,8 @@ class SwiGLUExpertsFunction(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 dw13 = _gmm_dw_triton(x, dgate_up_MI2, offs_E, w13_EK2I, src_row_M)
             if ctx.needs_input_grad[0]:
-                dx = _gmm_triton(dgate_up_MI2, w13_EK2I.transpose(1, 2), offs_E)
+                dx = _plain_product("dx", dgate_up_MI2, w13_EK2I.transpose(1, 2), offs_E,
+                                    exact_rows=src_row_M is not None)
                 if src_row_M is not None:  # each token sums its kept rows (fp32)
                     dx = _launch_sum_pairs(dx, row_of_pair_TP)
         return dx, dw13, dw2, None, None, None

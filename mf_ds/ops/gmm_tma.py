@@ -29,9 +29,7 @@ except ImportError:  # an older Triton: gmm.py keeps its pointer kernels
     TensorDescriptor = None
 
 
-@triton.jit
-def _add(a, b):
-    return a + b
+_sum = tl.standard._sum_combine  # tl.reduce's combine, as in gmm.py
 
 
 @triton.jit
@@ -60,11 +58,11 @@ def _gmm_fwd_tma_kernel(
     starts = tl.load(offs_ptr + g - 1, mask=(g >= 1) & (g <= E), other=0).to(tl.int32)
     starts = tl.minimum(tl.where(g <= E, starts, M), M)
     tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
-    tile_ends = tl.associative_scan(tiles, 0, _add)
-    grp = tl.reduce((tile_ends <= tile).to(tl.int32), 0, _add)
-    first_tile = tl.reduce(tl.where(g == grp, tile_ends - tiles, 0), 0, _add)
-    group_start = tl.reduce(tl.where(g == grp, starts, 0), 0, _add)
-    group_rows_n = tl.reduce(tl.where(g == grp, ends, 0), 0, _add) - group_start
+    tile_ends = tl.associative_scan(tiles, 0, _sum)
+    grp = tl.reduce((tile_ends <= tile).to(tl.int32), 0, _sum)
+    first_tile = tl.reduce(tl.where(g == grp, tile_ends - tiles, 0), 0, _sum)
+    group_start = tl.reduce(tl.where(g == grp, starts, 0), 0, _sum)
+    group_rows_n = tl.reduce(tl.where(g == grp, ends, 0), 0, _sum) - group_start
     local_row = (tile - first_tile) * BLOCK_M
     n0 = pid_n * BLOCK_N
     rows = (group_start + local_row + tl.arange(0, BLOCK_M)).to(tl.int64)

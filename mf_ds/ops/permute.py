@@ -15,8 +15,9 @@ dropped too.
 
 Layout: groups are contiguous from row 0 (expert 0 first), `tokens_per_expert_E` kept rows each; then zero padding.
 The row count is static so nothing syncs with the host: M = roundup(min(T*K, E*capacity), pad_to_multiple)
-(T*K when dropless). The index maps (stable sort by (expert, priority), cumsum positions, capacity mask) are torch
-ops on the device; the row moves are Triton kernels: the forward token-major (each token row read once, written to
+(T*K when dropless). The index maps are two Triton kernels on the Triton path (per-chunk expert counts, then each
+pair's row from the counts of the chunks before it and its rank in its own; int32 maps), and torch ops on the torch
+path (a stable sort by (expert, priority), cumsum positions, capacity mask; int64). The row moves are Triton kernels: the forward token-major (each token row read once, written to
 its kept rows; padding rows zeroed by the same launch), the backward a per-token gather of its rows (no atomics,
 deterministic). `materialize=False` returns the maps alone, for gmm.grouped_mm_gather, which reads the rows
 itself. Replaces the sort/gather/`view(T, K, H).sum(1)` in transformers' `integrations/moe.py::
@@ -37,25 +38,28 @@ from torch import Tensor
 from mf_ds.ops.dispatch import on_device, use_triton
 
 DROP_POLICIES = ("kdrop", "sdrop")
+_empty = torch.empty  # tests poison the outputs through this hook
 
 
 class Permuted(NamedTuple):
     x_MH: Tensor | None  # token rows sorted by expert (kept pairs only, capacity applied), zero padding rows at the
     # end; None from permute(materialize=False), for a consumer that gathers the rows itself (gmm.grouped_mm_gather)
     tokens_per_expert_E: Tensor  # kept rows per expert, int64
-    row_of_pair_TK: Tensor  # each (token, choice)'s row in x_MH, -1 when the pair was dropped; int64
+    row_of_pair_TK: Tensor  # each (token, choice)'s row in x_MH, -1 when the pair was dropped; int32 on the Triton
+    # path, int64 on the torch path
     kept_TK: Tensor  # bool
-    token_of_row_M: Tensor | None = None  # each row's token, -1 for a padding row; int64
+    token_of_row_M: Tensor | None = None  # each row's token, -1 for a padding row; int32 / int64 as row_of_pair_TK
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------------------------
 # Self-contained kernels (no tl.sum / tl.zeros: triton.language.standard @jit helpers) so that dispatch.on_device
-# can run them in the interpreter whatever TRITON_INTERPRET said at import; `_add` goes to the tl.reduce builtin.
-@triton.jit
-def _add(a, b):
-    return a + b
+# can run them in the interpreter whatever TRITON_INTERPRET said at import. Reductions and scans call the tl.reduce /
+# tl.associative_scan builtins with triton.language's own `_sum_combine` (what tl.sum passes): the kernels never call
+# it, and the interpreter runs it as one numpy sum or cumsum, where a local `a + b` is called in Python per element
+# (the index maps of 2400 pairs: 330 s with one, 2 s with the other).
+_sum = tl.standard._sum_combine
 
 
 @triton.jit
@@ -124,7 +128,78 @@ def _unpermute_bwd_kernel(dout_ptr, y_ptr, pair_of_row_ptr, gates_ptr, dy_ptr, d
         v = tl.load(y_ptr + m * stride_y + hs, mask=hs < h_live, other=0.0).to(tl.float32)
         tl.store(dy_ptr + m * stride_dy + hs, (g * do).to(dy_ptr.dtype.element_ty), mask=hs < H)
         dot += do * v
-    tl.store(dgates_ptr + pair, tl.reduce(dot, 0, _add).to(dgates_ptr.dtype.element_ty), mask=live)
+    tl.store(dgates_ptr + pair, tl.reduce(dot, 0, _sum).to(dgates_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _route_count_kernel(ids_ptr, counts_ptr, T, K, E, CHUNK, KDROP: tl.constexpr, E_POW2: tl.constexpr,
+                        BLOCK_P: tl.constexpr):
+    """counts[c, e] = how many of the pairs at priority positions [c * CHUNK, (c + 1) * CHUNK) chose expert e; bin E
+    counts the out-of-range ids (expert-parallel sentinels), which are always dropped. Grid: one program per chunk."""
+    c = tl.program_id(0)
+    P = T * K
+    hist = tl.full((E_POW2,), 0, tl.int32)
+    for p0 in range(0, CHUNK, BLOCK_P):
+        p = c * CHUNK + p0 + tl.arange(0, BLOCK_P)
+        if KDROP:  # priority p = k * T + t: every token's 1st choice in token order, then every 2nd choice ...
+            pair = (p % T) * K + p // T
+        else:  # s-drop: token-major, the pair index itself
+            pair = p
+        e = tl.load(ids_ptr + pair, mask=p < P, other=E).to(tl.int32)
+        hist += tl.histogram(tl.where((e >= 0) & (e < E), e, E), E_POW2)
+    tl.store(counts_ptr + c * E_POW2 + tl.arange(0, E_POW2), hist)
+
+
+@triton.jit
+def _route_place_kernel(ids_ptr, counts_ptr, tokens_per_expert_ptr, row_of_pair_ptr, token_of_row_ptr,
+                        T, K, E, M, C, CHUNK, capacity,
+                        KDROP: tl.constexpr, CAPPED: tl.constexpr, E_POW2: tl.constexpr, BLOCK_P: tl.constexpr,
+                        BLOCK_C: tl.constexpr):
+    """Each pair's row (-1: dropped) and each row's token (-1: padding), from the chunk counts of
+    _route_count_kernel. An expert's pairs take its rows in priority order (MindFormers' position), its first
+    `capacity` kept (CAPPED). Grid: max(C, cdiv(M, CHUNK)) programs; program c places chunk c's pairs and marks the
+    padding rows among rows [c * CHUNK, (c + 1) * CHUNK), so every element of both maps is written once."""
+    c = tl.program_id(0)
+    P = T * K
+    bins = tl.arange(0, E_POW2)
+    total = tl.full((E_POW2,), 0, tl.int32)  # pairs per expert, all chunks
+    run = tl.full((E_POW2,), 0, tl.int32)  # pairs per expert in the chunks before this one
+    for c0 in range(0, C, BLOCK_C):
+        cs = c0 + tl.arange(0, BLOCK_C)
+        h = tl.load(counts_ptr + cs[:, None] * E_POW2 + bins[None, :], mask=cs[:, None] < C, other=0)
+        total += tl.reduce(h, 0, _sum)
+        run += tl.reduce(tl.where(cs[:, None] < c, h, 0), 0, _sum)
+    kept_E = tl.where(bins < E, total, 0)
+    if CAPPED:
+        kept_E = tl.minimum(kept_E, capacity)
+    first_row = tl.associative_scan(kept_E, 0, _sum) - kept_E  # experts' groups from row 0, in expert order
+    n_kept = tl.reduce(kept_E, 0, _sum)
+    tl.store(tokens_per_expert_ptr + bins, kept_E.to(tokens_per_expert_ptr.dtype.element_ty),
+             mask=bins < tl.where(c == 0, E, 0))  # scalar bound: the interpreter rejects `vector & scalar`
+    lane = tl.arange(0, BLOCK_P)
+    for p0 in range(0, CHUNK, BLOCK_P):
+        p = c * CHUNK + p0 + lane
+        live = p < P
+        if KDROP:
+            pair = (p % T) * K + p // T
+        else:
+            pair = p
+        e = tl.load(ids_ptr + pair, mask=live, other=E).to(tl.int32)
+        e = tl.where((e >= 0) & (e < E), e, E)
+        # rank among this block's earlier pairs of the same expert (the blocks run in priority order)
+        same = (e[:, None] == e[None, :]) & (lane[None, :] < lane[:, None])
+        position = tl.gather(run, e, 0) + tl.reduce(same.to(tl.int32), 1, _sum)
+        keep = live & (e < E)
+        if CAPPED:
+            keep = keep & (position < capacity)
+        row = tl.gather(first_row, e, 0) + position
+        tl.store(row_of_pair_ptr + pair, tl.where(keep, row, -1).to(row_of_pair_ptr.dtype.element_ty), mask=live)
+        tl.store(token_of_row_ptr + row, (pair // K).to(token_of_row_ptr.dtype.element_ty), mask=keep)
+        run += tl.histogram(e, E_POW2)
+    for r0 in range(0, CHUNK, BLOCK_P):
+        r = c * CHUNK + r0 + lane
+        tl.store(token_of_row_ptr + r, tl.full((BLOCK_P,), -1, token_of_row_ptr.dtype.element_ty),
+                 mask=(r >= n_kept) & (r < M))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -213,9 +288,44 @@ def _route(expert_ids_TK: Tensor, num_experts: int, capacity: int | None, drop_p
     return tokens_per_expert_E, row_of_pair_TK, row_of_pair_TK >= 0, pair_of_row[:M]
 
 
+ROUTE_BLOCK_P = 64  # pairs ranked at once in _route_place_kernel ([BLOCK_P, BLOCK_P] comparisons)
+ROUTE_CHUNKS = 256  # about this many programs (chunks of pairs) per launch
+
+
+def _route_triton(expert_ids_TK: Tensor, num_experts: int, capacity: int | None, drop_policy: str, M: int,
+                  chunk: int | None = None):
+    """_route's maps in two launches instead of a sort and some thirty small torch ops: per-chunk counts, then each
+    pair's row from the counts of the chunks before its own. -> (tokens_per_expert_E int64, row_of_pair_TK int32,
+    token_of_row_M int32); the caller checks that P and M fit in int32."""
+    T, K = expert_ids_TK.shape
+    P, E, dev = T * K, num_experts, expert_ids_TK.device
+    ids = expert_ids_TK.contiguous()
+    block_p = min(ROUTE_BLOCK_P, triton.next_power_of_2(max(P, 1)))
+    if chunk is None:  # a multiple of BLOCK_P giving at most ROUTE_CHUNKS chunks
+        chunk = block_p * triton.cdiv(triton.cdiv(max(P, 1), ROUTE_CHUNKS), block_p)
+    else:  # tests: small chunks, so that a few pairs span several programs
+        block_p = min(block_p, chunk)
+    assert chunk % block_p == 0, (chunk, block_p)
+    chunks = triton.cdiv(P, chunk)
+    e_pow2 = triton.next_power_of_2(E + 1)
+    counts = _empty((max(chunks, 1), e_pow2), dtype=torch.int32, device=dev)
+    tokens_per_expert_E = _empty((E,), dtype=torch.int64, device=dev)
+    row_of_pair_TK = _empty((T, K), dtype=torch.int32, device=dev)
+    token_of_row_M = _empty((M,), dtype=torch.int32, device=dev)
+    kdrop = drop_policy == "kdrop"
+    if chunks:
+        on_device(_route_count_kernel, ids)[(chunks,)](ids, counts, T, K, E, chunk, KDROP=kdrop, E_POW2=e_pow2,
+                                                       BLOCK_P=block_p)
+    on_device(_route_place_kernel, ids)[(max(chunks, triton.cdiv(M, chunk), 1),)](
+        ids, counts, tokens_per_expert_E, row_of_pair_TK, token_of_row_M, T, K, E, M, chunks, chunk,
+        -1 if capacity is None else capacity, KDROP=kdrop, CAPPED=capacity is not None, E_POW2=e_pow2,
+        BLOCK_P=block_p, BLOCK_C=16)
+    return tokens_per_expert_E, row_of_pair_TK, token_of_row_M
+
+
 def _pair_of_row(row_of_pair_TK: Tensor, M: int) -> Tensor:
     """Inverse row map, -1 for padding rows."""
-    rows = row_of_pair_TK.reshape(-1)
+    rows = row_of_pair_TK.reshape(-1).long()
     pair_of_row = torch.full((M + 1,), -1, dtype=torch.int64, device=rows.device)
     pairs = torch.arange(rows.numel(), device=rows.device)
     return pair_of_row.scatter_(0, torch.where(rows >= 0, rows, M), torch.where(rows >= 0, pairs, -1))[:M]
@@ -224,9 +334,6 @@ def _pair_of_row(row_of_pair_TK: Tensor, M: int) -> Tensor:
 # ----------------------------------------------------------------------------------------------------------------
 # Launchers and autograd
 # ----------------------------------------------------------------------------------------------------------------
-_empty = torch.empty  # tests poison the outputs through this hook
-
-
 def _block_h(H: int) -> int:
     return min(triton.next_power_of_2(max(H, 16)), 1024)
 
@@ -364,9 +471,14 @@ def permute(x_TH: Tensor, expert_ids_TK: Tensor, num_experts: int, capacity: int
     T, K = expert_ids_TK.shape
     assert x_TH.dim() == 2 and x_TH.shape[0] == T, (x_TH.shape, expert_ids_TK.shape)
     M = _num_rows(T, K, num_experts, capacity, pad_to_multiple)
-    tokens_per_expert_E, row_of_pair_TK, kept_TK, pair_of_row_M = _route(
-        expert_ids_TK, num_experts, capacity, drop_policy, M)
-    token_of_row_M = torch.where(pair_of_row_M >= 0, pair_of_row_M // K, -1)
+    if use_triton(expert_ids_TK) and max(T * K, M) < 2**31:  # the maps in int32
+        tokens_per_expert_E, row_of_pair_TK, token_of_row_M = _route_triton(
+            expert_ids_TK, num_experts, capacity, drop_policy, M)
+        kept_TK = row_of_pair_TK >= 0
+    else:
+        tokens_per_expert_E, row_of_pair_TK, kept_TK, pair_of_row_M = _route(
+            expert_ids_TK, num_experts, capacity, drop_policy, M)
+        token_of_row_M = torch.where(pair_of_row_M >= 0, pair_of_row_M // K, -1)
     if not materialize:
         x_MH = None
     elif use_triton(x_TH):

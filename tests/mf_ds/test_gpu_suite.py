@@ -5,6 +5,9 @@ patched model runs the torch references: logits equal to float32 round-off, with
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,3 +34,18 @@ def test_suite_family_patched_equals_unpatched(family):
         got, want = model(ids, labels=ids), reference(ids, labels=ids)
     torch.testing.assert_close(got.logits, want.logits, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(got.loss, want.loss, atol=2e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("script,rows", [
+    ("bench/gmm_gpu.py", ("gmm       smoke", "index_maps smoke", "moe_block smoke            T8      mf_ds_fused_mlp")),
+    ("bench/rope_swiglu_gpu.py", ("rope", "swiglu_packed packed                     mf_ds")),
+])
+def test_gpu_benchmark_smoke_runs_every_row(script, rows):
+    """The suite's benchmarks, every row once, at tiny shapes on CPU (Triton's interpreter): a GPU session gets
+    benchmarks that run, with every mf_ds variant's result checked before it is timed (both exit non-zero on a wrong
+    one). The MoE block's Plan comes from the translator, so it cannot drift from what a run uses."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, script, "--smoke"], cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for row in rows:
+        assert row in done.stdout, done.stdout[-2000:]

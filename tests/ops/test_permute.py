@@ -152,7 +152,8 @@ def test_dropless_round_trip_is_gate_weighted_sum():
 
 
 def _poisoned_empty(*args, **kwargs):
-    return torch.full(*args[:1], float("nan"), **kwargs)
+    dtype = kwargs.get("dtype", torch.get_default_dtype())
+    return torch.full(*args[:1], float("nan") if dtype.is_floating_point else 12345, **kwargs)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -161,6 +162,33 @@ def test_triton_permute_unpermute_match_reference(name, dtype, atol, rtol, monke
     monkeypatch.setattr(permute_mod, "_empty", _poisoned_empty)  # an element the kernels leave unwritten fails
     monkeypatch.setattr(permute_mod, "use_triton", lambda *tensors: True)
     _check_chain((permute, unpermute), name, dtype, atol, rtol, DEVICE)
+
+
+# (tokens, top-k, experts, capacity, drop policy, pad_to_multiple, chunk): chunks of a few pairs make the cross-program
+# counts matter; ids include -1 and E (expert-parallel sentinels, dropped)
+ROUTE_CASES = [(13, 2, 5, None, "kdrop", 1, None), (13, 2, 5, 3, "kdrop", 8, 4), (13, 2, 5, 3, "sdrop", 1, 8),
+               (40, 3, 7, 0, "kdrop", 1, 16), (40, 3, 7, None, "sdrop", 4, 4), (1, 1, 1, None, "kdrop", 1, None),
+               (0, 2, 4, None, "kdrop", 1, None), (300, 8, 64, 40, "kdrop", 8, 64), (97, 6, 160, 3, "sdrop", 1, None)]
+
+
+@pytest.mark.parametrize("sentinels", [False, True])
+@pytest.mark.parametrize("tokens,top_k,experts,capacity,drop_policy,pad,chunk", ROUTE_CASES)
+def test_route_kernels_match_torch_maps(tokens, top_k, experts, capacity, drop_policy, pad, chunk, sentinels,
+                                        monkeypatch):
+    """The index maps' two kernels give the torch path's maps exactly (in int32), and MindFormers' kept pairs."""
+    g = torch.Generator().manual_seed(tokens + experts)
+    ids = torch.randint(-1 if sentinels else 0, experts + 1 if sentinels else experts, (tokens, top_k), generator=g)
+    M = permute_mod._num_rows(tokens, top_k, experts, capacity, pad)
+    monkeypatch.setattr(permute_mod, "_empty", _poisoned_empty)
+    got = permute_mod._route_triton(ids.to(DEVICE), experts, capacity, drop_policy, M, chunk)
+    tokens_per_expert, row_of_pair, kept, pair_of_row = permute_mod._route(ids, experts, capacity, drop_policy, M)
+    assert got[1].dtype == got[2].dtype == torch.int32 and got[0].dtype == torch.int64
+    assert torch.equal(got[0].cpu(), tokens_per_expert)
+    assert torch.equal(got[1].cpu().long(), row_of_pair)
+    assert torch.equal(got[2].cpu().long(), torch.where(pair_of_row >= 0, pair_of_row // top_k, -1))
+    if not sentinels:
+        want_rows, want_kept = _naive_mindformers(ids, experts, capacity, drop_policy)
+        assert torch.equal(got[1].cpu().long(), want_rows) and torch.equal(got[0].cpu(), want_kept)
 
 
 def test_triton_dispatch_when_forced(monkeypatch):
