@@ -19,6 +19,7 @@ tests/fixtures/moe_golden.json holds MindFormers' own outputs):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from translators.errors import ConfigError, show
@@ -76,28 +77,73 @@ DROPPED = {
     "update_step": "V1 hot/cold experts", "hot_expert_num": "V1 hot/cold experts",
     "cold_token_percent": "V1 hot/cold experts", "moe_module_name": "V1", "dispatch_global_max_bs": "inference only",
 }
+
+
+@dataclass(frozen=True)
+class McoreKey:
+    """One mcore model_config spelling of a MoE setting."""
+
+    name: str  # the legacy moe_config key (MoEConfig field) it sets
+    type: type | None = None  # what _mcore_moe coerces and copies its value as; None: not copied (see MCORE_MOE)
+
+
 # mcore model_config MoE keys, every spelling MindFormers accepts (parallel_core/transformer_config_utils.py
-# COMMON_CONFIG_MAPPING) -> the MoEConfig name and type.
-MCORE = {
-    "num_experts": ("expert_num", int), "n_routed_experts": ("expert_num", int), "num_moe_experts": ("expert_num", int),
-    "num_experts_per_tok": ("num_experts_chosen", int), "moe_router_topk": ("num_experts_chosen", int),
-    "moe_intermediate_size": ("moe_intermediate_size", int), "moe_ffn_hidden_size": ("moe_intermediate_size", int),
-    "n_shared_experts": ("shared_expert_num", int), "moe_grouped_gemm": ("use_gmm", bool),
-    "norm_topk_prob": ("norm_topk_prob", bool), "routed_scaling_factor": ("routed_scaling_factor", float),
-    "moe_router_topk_scaling_factor": ("routed_scaling_factor", float),
-    "moe_router_enable_expert_bias": ("balance_via_topk_bias", bool),
-    "moe_router_bias_update_rate": ("topk_bias_update_rate", float), "n_group": ("n_group", int),
-    "moe_router_num_groups": ("n_group", int), "topk_group": ("topk_group", int),
-    "moe_router_group_topk": ("topk_group", int),
-    "first_k_dense_replace": ("first_k_dense_replace", int), "use_pad_tokens": ("enable_gmm_safe_tokens", bool),
-    "moe_permute_fusion": ("use_fused_ops_permute", bool), "moe_router_dtype": ("router_dense_type", str),
-    "router_dense_type": ("router_dense_type", str), "balance_via_topk_bias": ("balance_via_topk_bias", bool),
-    "topk_bias_update_rate": ("topk_bias_update_rate", float), "use_gmm": ("use_gmm", bool),
-    "enable_gmm_safe_tokens": ("enable_gmm_safe_tokens", bool),
-    "use_fused_ops_permute": ("use_fused_ops_permute", bool),
-    "expert_num": ("expert_num", int), "num_experts_chosen": ("num_experts_chosen", int),
-    "shared_expert_num": ("shared_expert_num", int), "use_shared_expert_gating": ("use_shared_expert_gating", bool),
-    "callback_moe_droprate": ("callback_moe_droprate", bool),
+# COMMON_CONFIG_MAPPING, 1.7.0) -> the legacy name it sets and, where _mcore_moe copies it, its type. The only table
+# of these spellings: translators/families/mcore.py accounts the router settings from it (MCORE_MOE_RULES); the shape
+# ones (expert count, widths, groups) its model tables map to HF. _mcore_moe copies the typed rows in this order: a
+# later spelling of a setting wins and its note comes later.
+MCORE_MOE: dict[str, McoreKey] = {
+    "num_experts": McoreKey("expert_num", int),
+    "n_routed_experts": McoreKey("expert_num", int),
+    "num_moe_experts": McoreKey("expert_num", int),
+    "num_experts_per_tok": McoreKey("num_experts_chosen", int),
+    "moe_router_topk": McoreKey("num_experts_chosen", int),
+    "moe_intermediate_size": McoreKey("moe_intermediate_size", int),
+    "moe_ffn_hidden_size": McoreKey("moe_intermediate_size", int),
+    "n_shared_experts": McoreKey("shared_expert_num", int),
+    "moe_grouped_gemm": McoreKey("use_gmm", bool),
+    "norm_topk_prob": McoreKey("norm_topk_prob", bool),
+    "routed_scaling_factor": McoreKey("routed_scaling_factor", float),
+    "moe_router_topk_scaling_factor": McoreKey("routed_scaling_factor", float),
+    "moe_router_enable_expert_bias": McoreKey("balance_via_topk_bias", bool),
+    "moe_router_bias_update_rate": McoreKey("topk_bias_update_rate", float),
+    "n_group": McoreKey("n_group", int),
+    "moe_router_num_groups": McoreKey("n_group", int),
+    "topk_group": McoreKey("topk_group", int),
+    "moe_router_group_topk": McoreKey("topk_group", int),
+    "first_k_dense_replace": McoreKey("first_k_dense_replace", int),
+    "use_pad_tokens": McoreKey("enable_gmm_safe_tokens", bool),
+    "moe_permute_fusion": McoreKey("use_fused_ops_permute", bool),
+    "moe_router_dtype": McoreKey("router_dense_type", str),
+    "router_dense_type": McoreKey("router_dense_type", str),
+    "balance_via_topk_bias": McoreKey("balance_via_topk_bias", bool),
+    "topk_bias_update_rate": McoreKey("topk_bias_update_rate", float),
+    "use_gmm": McoreKey("use_gmm", bool),
+    "enable_gmm_safe_tokens": McoreKey("enable_gmm_safe_tokens", bool),
+    "use_fused_ops_permute": McoreKey("use_fused_ops_permute", bool),
+    "expert_num": McoreKey("expert_num", int),
+    "num_experts_chosen": McoreKey("num_experts_chosen", int),
+    "shared_expert_num": McoreKey("shared_expert_num", int),
+    "use_shared_expert_gating": McoreKey("use_shared_expert_gating", bool),
+    "callback_moe_droprate": McoreKey("callback_moe_droprate", bool),
+    # the losses and the load-balancing type: read by _mcore_moe's own code below
+    "moe_z_loss_coeff": McoreKey("z_loss_factor"), "z_loss_factor": McoreKey("z_loss_factor"),
+    "moe_router_load_balancing_type": McoreKey("aux_loss_types"),
+    "moe_aux_loss_coeff": McoreKey("aux_loss_factors"),
+    # not read (MCORE_MOE_RULES says why)
+    "aux_loss_types": McoreKey("aux_loss_types"), "aux_loss_factors": McoreKey("aux_loss_factors"),
+    "moe_expert_capacity_factor": McoreKey("capacity_factor"), "capacity_factor": McoreKey("capacity_factor"),
+    "moe_token_drop_policy": McoreKey("enable_sdrop"), "enable_sdrop": McoreKey("enable_sdrop"),
+    "topk_method": McoreKey("topk_method"),
+    "moe_router_pre_softmax": McoreKey("moe_router_pre_softmax"),
+    "moe_token_dispatcher_type": McoreKey("moe_token_dispatcher_type"),
+    "moe_router_force_expert_balance": McoreKey("moe_router_force_expert_balance"),
+    "use_fused_ops_topkrouter": McoreKey("use_fused_ops_topkrouter"),
+    "npu_nums_per_device": McoreKey("npu_nums_per_device"),
+    "moe_shared_expert_overlap": McoreKey("moe_shared_expert_overlap"),
+    "group_wise_a2a": McoreKey("group_wise_a2a"),
+    "comp_comm_parallel": McoreKey("comp_comm_parallel"),
+    "comp_comm_parallel_degree": McoreKey("comp_comm_parallel_degree"),
 }
 LOAD_BALANCING = ("sub_seq_aux_loss", "seq_aux_loss", "gbs_aux_loss")  # TopKRouter.SUPPORTED_LOAD_BALANCING_TYPES
 
@@ -108,10 +154,10 @@ def _mcore_moe(model_config: dict, ledger: Ledger) -> tuple[dict[str, Any], str]
     base = "model.model_config"
     values: dict[str, Any] = {"capacity_factor": -1.0, "routing_policy": "TopkRouterV2",
                               "enable_gmm_safe_tokens": True}  # MFModelConfig use_pad_tokens defaults True
-    for name, (target, hint) in MCORE.items():
-        if name in model_config and model_config[name] is not None:
-            values[target] = coerce(model_config[name], hint, f"{base}.{name}").value
-            ledger.runtime(f"{base}.{name}", f"moe ({target})")
+    for name, key in MCORE_MOE.items():
+        if key.type is not None and model_config.get(name) is not None:
+            values[key.name] = coerce(model_config[name], key.type, f"{base}.{name}").value
+            ledger.runtime(f"{base}.{name}", f"moe ({key.name})")
     for name in ("use_gating_sigmoid", "scoring_func", "moe_router_score_function"):  # is_use_gated_sigmoid
         value = model_config.get(name)
         if value is not None:

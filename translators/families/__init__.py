@@ -19,7 +19,7 @@ One table per MindFormers config class (LlamaConfig, DeepseekV2/V3Config, ChatGL
 A key in no table gets an `unknown` note: MindFormers' legacy configs keep unknown keys (PretrainedConfig **kwargs)
 and never read them. `hf_config` and `model_shape` together account for every key under `model.model_config` and
 `model.arch`; of the top-level `moe_config` only the keys that feed the HF config are accounted here. mcore YAMLs keep
-their MoE router settings in model_config: MCORE_MOE_NAMES gives the legacy moe_config name of each.
+their MoE settings in model_config: translators/moe.py MCORE_MOE gives the legacy moe_config name of each.
 
 Sources (keys.md): LC = mindformers/models/llama/llama_config.py r1.5.0, DS3 = research/deepseek3/deepseek3_config.py,
 DS2 = research/deepseek2/deepseek2_config.py, GLM = mindformers/models/glm2/glm2_config.py, GPT2 =

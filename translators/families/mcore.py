@@ -29,6 +29,7 @@ from translators.families.rules import (
     Shape,
     _each,
 )
+from translators.moe import MCORE_MOE
 
 # ---------------------------------------------------------------------------------------------------------------
 # mcore configs (use_legacy: False). MindFormers accepts every spelling in COMMON_CONFIG_MAPPING (MAP) for one
@@ -63,35 +64,14 @@ MCORE_SPELLINGS: dict[str, tuple[str, ...]] = {
     "shared_expert_num": ("shared_expert_num", "n_shared_experts"),
 }
 
-# mcore MoE router settings that no HF config key holds: mcore spelling -> legacy moe_config key (MAP).
-MCORE_MOE_NAMES: dict[str, str] = {
-    "moe_router_dtype": "router_dense_type", "router_dense_type": "router_dense_type",
-    "moe_router_enable_expert_bias": "balance_via_topk_bias", "balance_via_topk_bias": "balance_via_topk_bias",
-    "moe_router_bias_update_rate": "topk_bias_update_rate", "topk_bias_update_rate": "topk_bias_update_rate",
-    "moe_grouped_gemm": "use_gmm", "use_gmm": "use_gmm",
-    "moe_z_loss_coeff": "z_loss_factor", "z_loss_factor": "z_loss_factor",
-    "moe_expert_capacity_factor": "capacity_factor", "capacity_factor": "capacity_factor",
-    "moe_token_drop_policy": "enable_sdrop", "enable_sdrop": "enable_sdrop",
-    "use_pad_tokens": "enable_gmm_safe_tokens", "enable_gmm_safe_tokens": "enable_gmm_safe_tokens",
-    "moe_router_load_balancing_type": "aux_loss_types", "aux_loss_types": "aux_loss_types",
-    "moe_aux_loss_coeff": "aux_loss_factors", "aux_loss_factors": "aux_loss_factors",
-    "moe_permute_fusion": "use_fused_ops_permute", "use_fused_ops_permute": "use_fused_ops_permute",
-    "moe_router_pre_softmax": "moe_router_pre_softmax", "moe_token_dispatcher_type": "moe_token_dispatcher_type",
-    "moe_router_force_expert_balance": "moe_router_force_expert_balance",
-    "use_fused_ops_topkrouter": "use_fused_ops_topkrouter", "npu_nums_per_device": "npu_nums_per_device",
-    "callback_moe_droprate": "callback_moe_droprate", "moe_shared_expert_overlap": "moe_shared_expert_overlap",
-    "group_wise_a2a": "group_wise_a2a", "comp_comm_parallel": "comp_comm_parallel",
-    "comp_comm_parallel_degree": "comp_comm_parallel_degree", "use_shared_expert_gating": "use_shared_expert_gating",
-    "topk_method": "topk_method",
-}
-
-# What each of them becomes (parallel_core/transformer_config_utils.py COMMON_CONFIG_MAPPING and the training graph,
-# 1.7.0): translators/moe.py reads the first group and notes what each became; the others are not read.
+# mcore MoE router settings that no HF config key holds (their spellings and legacy names: translators/moe.py
+# MCORE_MOE), and what each becomes (parallel_core/transformer_config_utils.py COMMON_CONFIG_MAPPING and the training
+# graph, 1.7.0): translators/moe.py reads the first group and notes what each became; the others are not read.
 _MOE_READ = "MoE setting (moe_config.{legacy}); read by translators/moe.py into the Plan's moe (see its notes)"
 _NOT_IN_TRAINING_GRAPH = "not read by MindFormers' mcore training graph"
 _PERFORMANCE = "Ascend dispatch / overlap setting (performance only; the mcore path is dropless)"
 MCORE_MOE_RULES: dict[str, Rule | str] = {
-    **{key: Runtime(_MOE_READ.format(legacy=MCORE_MOE_NAMES[key])) for key in (
+    **{key: Runtime(_MOE_READ.format(legacy=MCORE_MOE[key].name)) for key in (
         "moe_router_dtype", "router_dense_type", "moe_router_enable_expert_bias", "balance_via_topk_bias",
         "moe_router_bias_update_rate", "topk_bias_update_rate", "moe_grouped_gemm", "use_gmm", "use_pad_tokens",
         "enable_gmm_safe_tokens", "moe_permute_fusion", "use_fused_ops_permute", "moe_router_load_balancing_type",
@@ -111,7 +91,7 @@ MCORE_MOE_RULES: dict[str, Rule | str] = {
                                               "the router probabilities by a uniform balanced load (a load test); "
                                               "mf_ds routes with the router's"),
 }
-assert set(MCORE_MOE_RULES) == set(MCORE_MOE_NAMES), set(MCORE_MOE_RULES) ^ set(MCORE_MOE_NAMES)
+assert set(MCORE_MOE_RULES) <= set(MCORE_MOE), set(MCORE_MOE_RULES) - set(MCORE_MOE)
 
 MCORE: dict[str, Rule | str] = {
     "model_type": Ident(tuple(_MCORE_TYPES)),
@@ -219,3 +199,7 @@ QWEN3_MOE_DEFAULTS = {**QWEN3_DEFAULTS, "hidden_size": 2048, "intermediate_size"
 DEEPSEEK_MCORE_DEFAULTS = {**MCORE_DEFAULTS, "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
                            "num_layers": 61, "num_heads": 128, "n_kv_heads": 128, "max_position_embeddings": 4096,
                            "rms_norm_eps": 1e-6, "return_extra_loss": True}
+
+# Every mcore MoE spelling is accounted: the router settings by MCORE_MOE_RULES, the shape ones by a MoE model table.
+_ACCOUNTED = {s for table in (QWEN3_MOE, DEEPSEEK_MCORE) for key in table for s in MCORE_SPELLINGS.get(key, (key,))}
+assert set(MCORE_MOE) <= _ACCOUNTED, set(MCORE_MOE) - _ACCOUNTED
