@@ -19,8 +19,10 @@ LLAMA = str(CONFIGS / "tiny_llama.yaml")
 QWEN3_MOE = str(CONFIGS / "tiny_qwen3_moe.yaml")
 
 
-def train(out: Path, config: str, *sets: str, ranks: int = 1, expect: str = "") -> list[dict]:
-    args = ["--output_dir", str(out), "--max_steps", "3", *[a for s in sets for a in ("--set", s)]]
+def train(out: Path, config: str, *sets: str, ranks: int = 1, expect: str = "", steps: int = 3,
+          resume: bool = False) -> list[dict]:
+    args = ["--output_dir", str(out), "--max_steps", str(steps), *[a for s in sets for a in ("--set", s)]]
+    args += ["--resume_training"] if resume else []
     if ranks == 1:
         cmd = [sys.executable, "-m", "mf_ds.cli", config, *args]
     else:
@@ -65,9 +67,13 @@ def test_tensor_parallel_equals_one_rank(tmp_path, llama_one_rank, stage, vocab_
 
 @pytest.mark.deepspeed
 def test_context_parallel_equals_one_rank(tmp_path, llama_one_rank):
-    """context_parallel 2 on 2 ranks: Ulysses, each rank 64 of the 128 tokens of every micro batch."""
-    two = train(tmp_path, LLAMA, "parallel_config.context_parallel=2", ranks=2,
-                expect="Ulysses context parallel 2 over SDPA attention")
+    """context_parallel 2 on 2 ranks: Ulysses, each rank 64 of the 128 tokens of every micro batch; stopped after 2
+    steps and resumed from its checkpoint for the 3rd, it still gives the 1-rank run's losses."""
+    cp = ["parallel_config.context_parallel=2", "callbacks=[{type: MFLossMonitor}, {type: CheckpointMonitor, "
+          "prefix: t, save_checkpoint_steps: 2, keep_checkpoint_max: 2}]"]
+    train(tmp_path, LLAMA, *cp, ranks=2, steps=2, expect="Ulysses context parallel 2 over SDPA attention")
+    two = train(tmp_path, LLAMA, *cp, ranks=2, resume=True)
+    assert [m["step"] for m in two] == [1, 2, 3]
     same_run(llama_one_rank[0], two)
 
 
