@@ -120,11 +120,18 @@ def test_no_host_sync_on_counts_cuda(backend, monkeypatch):
 # ----------------------------------------------------------------------------------------------------------------
 # The permute folded into the grouped matmul (gmm.grouped_mm_gather): the same numbers as permute, then grouped_mm
 # ----------------------------------------------------------------------------------------------------------------
+# The gathered dX and the fused path's plain products go through the per-product backend choice: on CUDA each
+# backend is forced once (torch's grouped_mm leaves the padding rows of a gathered dX unwritten: never read)
+BACKENDS = ["auto", "triton", "tma", "torch"] if DEVICE == "cuda" else ["auto"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("capacity", [None, 2])  # dropless; a capacity that drops pairs and leaves padding rows
 @pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
-def test_gather_matches_permute_then_grouped_mm(capacity, dtype, atol, rtol, monkeypatch):
+def test_gather_matches_permute_then_grouped_mm(capacity, dtype, atol, rtol, backend, monkeypatch):
     from mf_ds.ops.permute import permute, permute_reference
 
+    monkeypatch.setenv(gmm.BACKEND_ENV, backend)
     monkeypatch.setattr(gmm, "_empty", _poisoned_empty)
     T, top_k, E = 9, 2, 4
     g = torch.Generator().manual_seed(3)
@@ -156,14 +163,16 @@ def test_gather_matches_permute_then_grouped_mm(capacity, dtype, atol, rtol, mon
 # The expert MLP with SwiGLU in the first GEMM's epilogue and dSwiGLU in the second's dX (gmm.swiglu_experts): the
 # same numbers as the split path on the same kernels (bit for bit in bf16)
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("gather", [False, True])
 @pytest.mark.parametrize("capacity", [None, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_swiglu_experts_equals_split_path(gather, capacity, dtype, monkeypatch):
+def test_swiglu_experts_equals_split_path(gather, capacity, dtype, backend, monkeypatch):
     from mf_ds.ops.permute import permute
     from mf_ds.ops.swiglu import fused_swiglu_packed
 
     select_path("triton", monkeypatch)
+    monkeypatch.setenv(gmm.BACKEND_ENV, backend)
     monkeypatch.setattr(gmm, "_empty", _poisoned_empty)
     T, top_k, E, H, I = 9, 2, 4, 40, 24  # noqa: E741 - I: the expert width; not a multiple of the tile
     g = torch.Generator().manual_seed(5)
@@ -189,10 +198,13 @@ def test_swiglu_experts_equals_split_path(gather, capacity, dtype, monkeypatch):
         return (y, *torch.autograd.grad(y, (xs, a, b), dy))
 
     split, fused = run(False), run(True)
+    same_kernels = DEVICE == "cpu" or backend == "triton"  # else a split product may run on another backend
     for label, want, got in zip(("y", "dx", "dw13", "dw2"), split, fused, strict=True):
         assert got.dtype == dtype and got.shape == want.shape, label
-        if dtype == torch.bfloat16:  # every product rounded where the split path rounds it: the same bits
+        if dtype == torch.bfloat16 and same_kernels:  # every product rounded where the split path rounds it
             assert torch.equal(got, want), (label, _rel_err(got, want))
+        elif dtype == torch.bfloat16:  # other kernels: another summation order, bf16 rounding apart
+            assert _rel_err(got, want) < 1e-2, label
         else:  # fp32: the interpreter's dots over a tile of gate columns vs one spanning both halves (BLAS order)
             assert _rel_err(got, want) < 1e-6, label  # measured 4e-8 to 7e-8
     assert fused[2].stride() == w13.stride() and fused[3].stride() == w2.stride()
