@@ -310,6 +310,25 @@ def test_cuda_backends_match_reference(backend, monkeypatch):
         assert sorted(key[0] for key in gmm.CHOICES) == ["dw", "dx", "fwd"], gmm.CHOICES
 
 
+def test_auto_times_close_backends_again_before_choosing():
+    """MF_DS_GMM=auto: a backend a clear margin ahead is taken at once; where the first timings lie within CLOSE of
+    each other, the close ones are timed again in turn and the median decides (here torch's first timing was its
+    lucky one)."""
+    script = {"torch": iter([1.10] * gmm.RETIMES), "tma": iter([1.00] * gmm.RETIMES)}
+    calls = []
+
+    def do_bench(run, warmup, rep, return_mode):
+        calls.append(run)
+        return next(script[run])
+
+    usable = {"triton": "triton", "tma": "tma", "torch": "torch"}
+    assert gmm._fastest({"triton": 1.0, "tma": 1.3, "torch": 1.2}, usable, do_bench) == "triton" and not calls
+    timings = {"triton": 2.0, "tma": 1.02, "torch": 1.0}
+    assert gmm._fastest(timings, usable, do_bench) == "tma"
+    assert calls == ["tma", "torch"] * gmm.RETIMES  # in turn, triton (2x slower) not again
+    assert timings["tma_retimed"] == 1.0 and timings["torch_retimed"] == 1.1
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The TMA kernels (gmm_tma.py): every config, against the reference; on CPU in the interpreter (float32)
 # ----------------------------------------------------------------------------------------------------------------
