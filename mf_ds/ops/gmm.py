@@ -270,6 +270,11 @@ _DW_CONFIGS = [
     triton.Config({"BLOCK_K": 128, "BLOCK_N": 256, "BLOCK_M": 64, "GROUP_K": 8}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_K": 128, "BLOCK_N": 128, "BLOCK_M": 64, "GROUP_K": 8}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_K": 64, "BLOCK_N": 128, "BLOCK_M": 64, "GROUP_K": 8}, num_warps=4, num_stages=4),
+    # 128 rows per reduction step: at DeepSeek-V3 EP8 an expert holds ~512 rows, 8 steps of 64 per tile, so the
+    # pipeline fill and the epilogue weigh on each program (dW is where torch's CUTLASS kernel led by up to 25%,
+    # gpu-notes.md). 192 KB of shared memory each. Added untimed: the autotuner keeps them only where they win.
+    triton.Config({"BLOCK_K": 128, "BLOCK_N": 128, "BLOCK_M": 128, "GROUP_K": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_K": 128, "BLOCK_N": 256, "BLOCK_M": 128, "GROUP_K": 8}, num_warps=8, num_stages=2),
 ]
 _TUNE_FROM = 2**32  # multiply-adds (M N K): below, the first config, untimed (a test-sized call tunes nothing)
 
