@@ -308,15 +308,16 @@ def _route_triton(expert_ids_TK: Tensor, num_experts: int, capacity: int | None,
     assert chunk % block_p == 0, (chunk, block_p)
     chunks = triton.cdiv(P, chunk)
     e_pow2 = triton.next_power_of_2(E + 1)
-    counts = _empty((max(chunks, 1), e_pow2), dtype=torch.int32, device=dev)
+    counts = _empty((chunks, e_pow2), dtype=torch.int32, device=dev)
     tokens_per_expert_E = _empty((E,), dtype=torch.int64, device=dev)
     row_of_pair_TK = _empty((T, K), dtype=torch.int32, device=dev)
     token_of_row_M = _empty((M,), dtype=torch.int32, device=dev)
     kdrop = drop_policy == "kdrop"
-    if chunks:
-        on_device(_route_count_kernel, ids)[(chunks,)](ids, counts, T, K, E, chunk, KDROP=kdrop, E_POW2=e_pow2,
-                                                       BLOCK_P=block_p)
-    on_device(_route_place_kernel, ids)[(max(chunks, triton.cdiv(M, chunk), 1),)](
+    if P == 0:  # no pairs, no rows (M = 0): nothing to launch (the kernels' k-drop order divides by T)
+        return tokens_per_expert_E.zero_(), row_of_pair_TK, token_of_row_M
+    on_device(_route_count_kernel, ids)[(chunks,)](ids, counts, T, K, E, chunk, KDROP=kdrop, E_POW2=e_pow2,
+                                                   BLOCK_P=block_p)
+    on_device(_route_place_kernel, ids)[(max(chunks, triton.cdiv(M, chunk)),)](
         ids, counts, tokens_per_expert_E, row_of_pair_TK, token_of_row_M, T, K, E, M, chunks, chunk,
         -1 if capacity is None else capacity, KDROP=kdrop, CAPPED=capacity is not None, E_POW2=e_pow2,
         BLOCK_P=block_p, BLOCK_C=16)
