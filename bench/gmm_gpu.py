@@ -307,8 +307,9 @@ def index_maps_case(tokens: int, shape: str) -> list[dict]:
         if not equal:
             rows.append({**row, "ms": None, "note": "wrong result: maps differ from the torch ops'"})
             continue
-        ms = _time(lambda: permute_mod._route_triton(ids, experts, capacity, "kdrop", M))
-        torch_ms = _time(lambda: permute_mod._route(ids, experts, capacity, "kdrop", M))
+        args = (ids, experts, capacity, "kdrop", M)
+        ms = _time(lambda args=args: permute_mod._route_triton(*args))
+        torch_ms = _time(lambda args=args: permute_mod._route(*args))
         rows.append({**row, "ms": ms, "torch_ms": torch_ms, "mf_ds_speedup": torch_ms / ms})
     return rows
 
