@@ -20,9 +20,9 @@ pair's row from the counts of the chunks before it and its rank in its own; int3
 path (a stable sort by (expert, priority), cumsum positions, capacity mask; int64). The row moves are Triton
 kernels: the forward token-major (each token row read once, written to its kept rows; padding rows zeroed by the
 same launch), the backward a per-token gather of its rows (no atomics, deterministic). `materialize=False` returns
-the maps alone, for gmm.grouped_mm_gather, which reads the rows itself. Replaces the sort/gather/`view(T, K,
-H).sum(1)` in transformers' `integrations/moe.py:: grouped_mm_experts_forward`; the fused permute follows Megatron's
-`moe_utils.permute/unpermute` (TE `moe_permute`).
+the maps alone, for gmm.grouped_mm_gather, which reads the rows itself. Replaces the sort/gather/
+`view(T, K, H).sum(1)` in transformers' `integrations/moe.py::grouped_mm_experts_forward`; the fused permute follows
+Megatron's `moe_utils.permute/unpermute` (TE `moe_permute`).
 
 Shapes: T tokens, H hidden, K top-k, E experts, M rows after permute, P = T*K pairs.
 """
