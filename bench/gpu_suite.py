@@ -106,6 +106,41 @@ def train_all(out: Path, timeout: float = 300) -> list[dict]:
     return verdicts
 
 
+def target_verdicts(gmm_rows: list[dict], rope_rows: list[dict]) -> list[dict]:
+    """Issue 15's targets, each case against its peer from the same run: {target, case, value, needed, met}.
+    GMM fwd+bwd >= 1.2x torch grouped_mm and DeepSpeed's Triton group GEMM; the MoE block >= 1.3x HF v5 grouped_mm
+    experts with lower peak memory; RoPE and SwiGLU kernels >= 0.85 of copy bandwidth and mf_ds fastest through
+    autograd. A peer that could not run gives no verdict; an mf_ds row without a time fails its target."""
+    out = []
+
+    def verdict(target, case, value, needed, at_least=True):
+        met = value is not None and (value >= needed if at_least else value <= needed)
+        out.append({"target": target, "case": case, "value": value, "needed": needed, "met": met})
+
+    for bench, peers, needed in (("gmm", ("torch", "deepspeed"), 1.2), ("moe_block", ("hf_grouped_mm",), 1.3)):
+        cases = {(r["shape"], r["tokens"]) for r in gmm_rows if r["bench"] == bench}
+        for shape, tokens in sorted(cases):
+            rows = {r["impl"]: r for r in gmm_rows if r["bench"] == bench and (r["shape"], r["tokens"]) == (shape,
+                                                                                                         tokens)}
+            ours = rows.get("mf_ds", {})
+            for peer in peers:
+                theirs = rows.get(peer, {})
+                if not theirs.get("ms"):
+                    continue
+                speedup = theirs["ms"] / ours["ms"] if ours.get("ms") else None
+                verdict(f"{bench} vs {peer}", f"{shape} T{tokens}", speedup, needed)
+                if bench == "moe_block" and ours.get("ms"):
+                    verdict(f"{bench} peak memory vs {peer}", f"{shape} T{tokens}",
+                            ours["peak_MiB"] / theirs["peak_MiB"], 1.0, at_least=False)
+    for r in rope_rows:
+        case = f"{r['op']} {r['case']}"
+        if r["kind"] == "kernel":
+            verdict("kernel fraction of copy bandwidth", case, r.get("fraction_of_copy"), 0.85)
+        elif r["kind"] == "autograd" and r.get("impl") != "mf_ds" and r.get("ms_net") is not None:
+            verdict(f"autograd vs {r['impl']}", case, r.get("mf_ds_speedup"), 1.0)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -123,6 +158,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
     record = {"suite": "gpu_suite", **stamp(), "steps": []}
+    started = time.time()
     py = sys.executable
     if "tests" not in skip:
         tests = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "8", "tests/ops"]  # 8 compiling in parallel
@@ -143,7 +179,15 @@ def main() -> int:
             record["steps"].append(run_step(Path(cmd[1]).stem, cmd, out, timeout=900))
             print(cmd[1], record["steps"][-1]["rc"], flush=True)
             print((out / f"{Path(cmd[1]).stem}.log").read_text()[-3000:], flush=True)
-    path = out / f"gpu_suite-cuda-{record['device']['name'].replace(' ', '_')}.json"
+    device = record["device"]["name"].replace(" ", "_")
+    results = [out / f"gmm-cuda-{device}.json", out / f"rope_swiglu-cuda-{device}.json"]
+    if "bench" not in skip and all(p.is_file() and p.stat().st_mtime >= started for p in results):  # this run's
+        record["targets"] = target_verdicts(*(json.loads(p.read_text())["rows"] for p in results))
+        for t in record["targets"]:
+            value = "--" if t["value"] is None else f"{t['value']:.2f}"
+            print(f"target {'met    ' if t['met'] else 'NOT met'} {t['target']:40} {t['case']:28} {value} "
+                  f"(needed {'>=' if 'memory' not in t['target'] else '<='} {t['needed']})", flush=True)
+    path = out / f"gpu_suite-cuda-{device}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"-> {path}")
     failed = [s["step"] for s in record["steps"] if s["rc"] != 0] + \
