@@ -65,7 +65,7 @@ def mla_rope_key_grads(model: torch.nn.Module) -> int:
     """DeepSeek MLA under AutoTP (translators/parallel.py `_MLA`): `kv_a_proj_with_mqa` stays whole and its output
     is [compressed kv (kv_lora_rank) | rope key k_pe (qk_rope_head_dim)]. The compressed part reaches the heads
     through the column-split `kv_b_proj`, whose backward all-reduces its input gradient, so that part is whole on
-    every rank. k_pe is shared by all heads and used directly by this rank's half of them: its gradient is this
+    every rank. k_pe is shared by all heads and used directly by this rank's share of them: its gradient is this
     rank's heads' share only. Left so, the replicated `kv_a_proj_with_mqa` (and, through the input gradient,
     every layer below) trains on a partial gradient and the TP replicas drift apart (measured: 2.4e-3 on
     kv_a_proj_with_mqa after 3 steps of tiny_deepseek_v3, tp 2 against 1 rank). A forward hook on each
