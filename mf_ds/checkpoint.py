@@ -176,6 +176,11 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
         weights = engine._zero3_consolidated_16bit_state_dict()
     elif tp:
         weights = engine._replace_module_consolidated_state_dict()
+        if weights is not None:
+            # DeepSpeed's TP gather walks parameters only; persistent buffers (AutoTP leaves them whole on every
+            # rank) would be missing from model.safetensors, e.g. DeepSeek-V3's trained router bias
+            # `mlp.gate.e_score_correction_bias`.
+            weights.update({k: v.detach().cpu() for k, v in engine.module.state_dict().items() if k not in weights})
     if not stage3 and _expert_parallel(engine.module):
         # Under expert parallelism each rank holds its own experts: gather them whole for the HF layout.
         from mf_ds.moe.parallel import gather_full_state_dict

@@ -113,12 +113,14 @@ class MFLossMonitor(TrainerCallback):
 
 
 class ParallelReport(TrainerCallback):
-    """Says what AutoTP sharded, once the Trainer has built the DeepSpeed engine (an error when nothing)."""
+    """Says what AutoTP sharded, once the Trainer has built the DeepSpeed engine (an error when nothing), and
+    completes MLA's rope-key gradient over TP before the first step (mf_ds.parallel.mla_rope_key_grads)."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from mf_ds.parallel import tp_report
+        from mf_ds.parallel import mla_rope_key_grads, tp_report
 
         line = tp_report(model)
+        mla_rope_key_grads(model)
         if state.is_world_process_zero:
             print(f"mf-ds: parallel: {line}", file=sys.stderr, flush=True)
 

@@ -214,9 +214,10 @@ class Trainer:
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False,
             mpu=self.mpu)
         if self.tp > 1:
-            from mf_ds.parallel import tp_report
+            from mf_ds.parallel import mla_rope_key_grads, tp_report
 
             _log(f"mf-ds: parallel: {tp_report(self.engine.module)}")
+            mla_rope_key_grads(self.engine.module)
         if not self._engine_records_norm:
             _skippable(self.engine.optimizer)
         self.print_every = (callbacks["loss_monitor"] or {}).get("per_print_times", 1)
