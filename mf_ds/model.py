@@ -50,7 +50,8 @@ def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
                 "parameter elements")
         return model
     if zero.zero3(plan) and log is not None:
-        log(f"mf-ds: zero: ZeRO-3 builds the whole model on every rank first: {full_reason or zero.full_build_reason(plan)}")
+        why = full_reason or zero.full_build_reason(plan)
+        log(f"mf-ds: zero: ZeRO-3 builds the whole model on every rank first: {why}")
     if not load_checkpoint:
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = Path(load_checkpoint)

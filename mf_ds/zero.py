@@ -94,7 +94,9 @@ def _initialize_gathered(model) -> None:
         for child in module.children():  # transformers' smart_apply: a sub-model brings its own init function
             visit(child, child._initialize_weights if isinstance(child, PreTrainedModel) else fn, custom)
         params = list(module.parameters(recurse=False))  # `_init_weights` also writes direct children's
-        params += [p for c in module.children() if not isinstance(c, PreTrainedModel) for p in c.parameters(recurse=False)]
+        for child in module.children():
+            if not isinstance(child, PreTrainedModel):
+                params += child.parameters(recurse=False)
         with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
             fn(module, custom)
 

@@ -101,10 +101,10 @@ def test_partitioned_build_is_the_whole_build_bit_for_bit(one_rank, monkeypatch,
 def test_weights_into_shards(one_rank, monkeypatch, tmp_path):
     """An HF directory (tiny_qwen3_moe, fused experts) and a MindFormers .ckpt (the llama fixture) give the shards
     the weights of today's whole-build loaders, bit for bit (and the llama model its first loss)."""
-    plan = zero3_plan(QWEN3_MOE)
+    moe_plan = zero3_plan(QWEN3_MOE)
     torch.manual_seed(3)
-    AutoModelForCausalLM.from_config(hf_config(plan), dtype=torch.float32).save_pretrained(str(tmp_path / "hf"))
-    for plan, weights in ((plan, str(tmp_path / "hf")),
+    AutoModelForCausalLM.from_config(hf_config(moe_plan), dtype=torch.float32).save_pretrained(str(tmp_path / "hf"))
+    for plan, weights in ((moe_plan, str(tmp_path / "hf")),
                           (zero3_plan(MF / "finetune_llama_tiny.yaml"), str(MF / "llama" / "model.ckpt"))):
         part, full, _ = build_both(plan, weights, monkeypatch)
         got, want = whole(part), full.state_dict()
