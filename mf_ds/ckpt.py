@@ -281,6 +281,14 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
     except KeyError as exc:
         raise RunError(f"{path}: {exc.args[0]}") from None
     state = model.state_dict()
+    writer = None
+    if write is None and any(hasattr(p, "ds_id") for p in model.parameters()):
+        from mf_ds.zero import Writer
+
+        # ZeRO-3 shards (mf_ds/zero.py): check against the whole shapes, assemble and write one parameter at a time
+        writer = Writer(model)
+        state = writer.shapes
+        write = writer
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     filled: dict[str, int] = {}  # parameter -> elements written
     partial: dict[str, tuple[torch.Tensor, int]] = {}  # HF tensor assembled from parts (write mode): buffer, filled
@@ -317,7 +325,8 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
                 if done == buffer.numel():
                     write(piece.name, partial.pop(piece.name)[0])
             elif write is not None:
-                write(piece.name, piece.tensor)
+                if write(piece.name, piece.tensor) is False:
+                    raise RunError(f"{file}: {mf_name} ({piece.name}) has no place in this model")
             else:
                 with torch.no_grad():
                     (whole.view(piece.view)[piece.index] if piece.view else whole).copy_(piece.tensor)

@@ -245,8 +245,12 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
     # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.
     seed_everything(run["seed"])
-    model = build_model(plan, run["load_checkpoint"])
-    report = pending_features(plan) + patch.apply(model, plan) + apply_recompute(model, plan["layers"])
+    notes = []
+    model = build_model(plan, run["load_checkpoint"], log=notes.append,
+                        full_reason="the HF Trainer path builds the model before TrainingArguments starts "
+                                    "torch.distributed, which partitioned construction needs")
+    report = [line.removeprefix("mf-ds: ") for line in notes] + pending_features(plan) + \
+        patch.apply(model, plan) + apply_recompute(model, plan["layers"])
     dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], plan["hf_config"]["vocab_size"],
                                   tokenizer_dir=run["tokenizer_dir"])
     steps = len(dataset) // run["global_batch_size"] * run["epochs"]

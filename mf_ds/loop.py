@@ -161,7 +161,7 @@ class Trainer:
         self.inject_nan = {int(s) for s in os.environ.get(INJECT_NAN, "").split(",") if s.strip()}
         self.parallel = plan["parallel"]
         self.tp, self.cp = self.parallel["tensor_parallel"], self.parallel["context_parallel"]
-        model = build_model(plan, weights)
+        model = build_model(plan, weights, log=_log)
         for line in pending_features(plan):
             _log(f"mf-ds: note: {line}")
         # The Plan's MoE layer and fused kernels, before recompute wraps the modules and before DeepSpeed

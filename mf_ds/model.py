@@ -28,11 +28,30 @@ def hf_config(plan: dict):
     return config
 
 
-def build_model(plan: dict, load_checkpoint: str | None = None) -> torch.nn.Module:
-    """fp32 parameters (DeepSpeed casts to bf16/fp16 and keeps fp32 masters in its optimizer)."""
+def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
+                full_reason: str | None = None) -> torch.nn.Module:
+    """fp32 parameters (DeepSpeed casts to bf16/fp16 and keeps fp32 masters in its optimizer).
+
+    Under ZeRO-3 the model is built partitioned (mf_ds/zero.py) unless something needs whole weights, or the caller
+    gives `full_reason`; `log` gets one line either way (what each rank holds, or why the whole model is built)."""
+    from mf_ds import zero
+
     config = hf_config(plan)
     if plan.get("parallel", {}).get("context_parallel", 1) > 1:  # (a Plan reduced to hf_config + run has none)
         config._attn_implementation = "sdpa"  # Ulysses wraps SDPA; eager's 4-D masks do not shard
+    if zero.partitioned(plan) and full_reason is None:
+        with zero.construction(plan["deepspeed"]):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if load_checkpoint:
+            _load_partitioned(model, plan, Path(load_checkpoint))
+        if log is not None:
+            mine, total = zero.held(model)
+            log(f"mf-ds: zero: built partitioned (deepspeed.zero.Init): this rank holds {mine:,} of {total:,} "
+                "parameter elements")
+        return model
+    if zero.zero3(plan) and log is not None:
+        why = full_reason or zero.full_build_reason(plan)
+        log(f"mf-ds: zero: ZeRO-3 builds the whole model on every rank first: {why}")
     if not load_checkpoint:
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = Path(load_checkpoint)
@@ -59,6 +78,62 @@ def build_model(plan: dict, load_checkpoint: str | None = None) -> torch.nn.Modu
         if not torch.isfinite(param).all():
             raise RunError(f"{files.get(name, path)}: weight {name} holds inf/NaN (a damaged file?)")
     return model
+
+
+def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
+    """Weights into a partitioned model, one tensor at a time (mf_ds.zero.Writer); the same checks as the whole
+    build's loaders. Every rank reads every tensor (memory: one tensor), rank 0's values are kept."""
+    from mf_ds import zero
+
+    if is_mindformers_checkpoint(path):
+        from mf_ds.ckpt import load_into
+        from mf_ds.weights import layout_of
+        from translators.names import table_key
+
+        load_into(model, path, table_key(plan["run"]["family"], plan["run"].get("layer_style")),
+                  layout=layout_of(plan))  # load_into sees the partitioned model and writes through zero.Writer
+        return
+    files = weight_files(path)
+    writer = zero.Writer(model)
+    filled: dict[str, int] = {}
+    for shard in sorted(set(files.values())):
+        try:
+            with safe_open(str(shard), framework="pt") as f:
+                for name in f.keys():
+                    tensor = f.get_tensor(name)
+                    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                        raise RunError(f"{shard}: weight {name} holds inf/NaN (a damaged file?)")
+                    _check_shape(writer, name, tensor, shard)
+                    if writer(name, tensor):  # names no weight of the model: ignored, as from_pretrained does
+                        slot = name if name in writer.shapes else _slot_name(name, writer.shapes)
+                        filled[slot] = filled.get(slot, 0) + tensor.numel()
+        except (OSError, SafetensorError) as exc:
+            raise RunError(f"{shard}: cannot load the weights: {str(exc).splitlines()[0]}") from None
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    params = {name for name, _ in model.named_parameters()}
+    missing = sorted(n for n in params - tied if filled.get(n, 0) < writer.shapes[n].numel())
+    if missing:
+        raise RunError(f"{path}: {len(missing)} weights of the model are not in the checkpoint (first: "
+                       f"{missing[0]}); is it a checkpoint of another model?")
+
+
+def _slot_name(name: str, shapes: dict) -> str:
+    from mf_ds.weights import model_slot
+
+    return model_slot(name, shapes)[0]
+
+
+def _check_shape(writer, name: str, tensor: torch.Tensor, shard: Path) -> None:
+    from mf_ds.weights import model_slot
+
+    slot = model_slot(name, writer.shapes)
+    if slot is None:
+        return
+    param, index = slot
+    want = writer.shapes[param][index] if index else writer.shapes[param]
+    if tuple(want.shape) != tuple(tensor.shape):
+        raise RunError(f"{shard}: cannot load the weights: {name} has the shape {list(tensor.shape)}, the model "
+                       f"{list(want.shape)}")
 
 
 def is_mindformers_checkpoint(path: Path) -> bool:

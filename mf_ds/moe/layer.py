@@ -126,7 +126,7 @@ class MFExperts(nn.Module):
 
     @property
     def num_experts(self) -> int:
-        return self.gate_up_proj.shape[0]
+        return getattr(self.gate_up_proj, "ds_shape", self.gate_up_proj.shape)[0]  # ZeRO-3: the whole shape
 
     def forward(self, x_MH: torch.Tensor, tokens_per_expert_E: torch.Tensor, exact_rows: bool = False
                 ) -> torch.Tensor:

@@ -31,6 +31,7 @@ from mf_ds.moe.layer import MFExperts, MFMoE, MoESpec
 from mf_ds.moe.router import MFRouter
 from mf_ds.patch import PatchError, PatchFn
 from mf_ds.patch.core import Recorder
+from mf_ds.zero import full_numel, full_shape
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,9 @@ def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: in
         -> tuple[MFMoE, list[str]]:
     notes = []
     experts = block.experts
-    if experts.gate_up_proj.shape[0] != moe["num_experts"]:
-        raise PatchError(f"{path}.experts holds {experts.gate_up_proj.shape[0]} experts, the plan "
+    held = full_shape(experts.gate_up_proj)[0]  # a ZeRO-3 shard's whole shape (mf_ds/zero.py)
+    if held != moe["num_experts"]:
+        raise PatchError(f"{path}.experts holds {held} experts, the plan "
                          f"{moe['num_experts']}")
     if getattr(experts, "has_bias", False) or not getattr(experts, "has_gate", True) or \
             getattr(experts, "is_transposed", False):
@@ -135,7 +137,7 @@ def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: in
             notes.append(f"{path}.{family.shared_gate}: kept, not applied (use_shared_expert_gating is off)")
         if moe["shared_experts"]:
             names = (family.shared, use_gate)
-        elif any(p.numel() for p in shared[family.shared].parameters()):
+        elif any(full_numel(p) for p in shared[family.shared].parameters()):
             raise PatchError(f"{path}.{family.shared} has weights, but the plan has no shared experts")
     elif moe["shared_experts"]:
         raise PatchError(f"{path} ({family.block}) has no shared expert, but the plan asks for "
