@@ -29,10 +29,13 @@ def test_suite_family_patched_equals_unpatched(family):
     torch.manual_seed(0)
     model = build_model(plan)
     reference = copy.deepcopy(model)
-    patch.apply(model, plan)
-    ids = torch.randint(0, model.config.vocab_size, (2, 24))
-    with torch.no_grad():
-        got, want = model(ids, labels=ids), reference(ids, labels=ids)
+    patch.apply(model, plan)  # module-level functions too (RoPE): reverted below, or later tests see them patched
+    try:
+        ids = torch.randint(0, model.config.vocab_size, (2, 24))
+        with torch.no_grad():
+            got, want = model(ids, labels=ids), reference(ids, labels=ids)
+    finally:
+        patch.revert(model)
     torch.testing.assert_close(got.logits, want.logits, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(got.loss, want.loss, atol=2e-6, rtol=1e-6)
 
