@@ -298,16 +298,14 @@ def index_maps_case(tokens: int, shape: str) -> list[dict]:
     rows = []
     for capacity in (None, tokens * top_k // experts):
         M = permute_mod._num_rows(tokens, top_k, experts, capacity, 1)
-        ours = permute_mod._route_triton(ids, experts, capacity, "kdrop", M)
-        counts, row_of_pair, _, pair_of_row = permute_mod._route(ids, experts, capacity, "kdrop", M)
-        equal = (torch.equal(ours[0], counts) and torch.equal(ours[1].long(), row_of_pair)
-                 and torch.equal(ours[2].long(), torch.where(pair_of_row >= 0, pair_of_row // top_k, -1)))
+        args = (ids, experts, capacity, "kdrop", M)
+        equal = all(torch.equal(a.long(), b) for a, b in zip(permute_mod._route_triton(*args),
+                                                              permute_mod._route(*args), strict=True))
         row = {"bench": "index_maps", "shape": shape, "tokens": tokens, "impl": "mf_ds_triton",
                "capacity": capacity, "equal_to_torch": equal}
         if not equal:
             rows.append({**row, "ms": None, "note": "wrong result: maps differ from the torch ops'"})
             continue
-        args = (ids, experts, capacity, "kdrop", M)
         ms = _time(lambda args=args: permute_mod._route_triton(*args))
         torch_ms = _time(lambda args=args: permute_mod._route(*args))
         rows.append({**row, "ms": ms, "torch_ms": torch_ms, "mf_ds_speedup": torch_ms / ms})

@@ -40,7 +40,7 @@ def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
     if plan.get("parallel", {}).get("context_parallel", 1) > 1:  # (a Plan reduced to hf_config + run has none)
         config._attn_implementation = "sdpa"  # Ulysses wraps SDPA; eager's 4-D masks do not shard
     if zero.partitioned(plan) and full_reason is None:
-        with zero.construction(plan["deepspeed"]):
+        with zero.construction(plan["deepspeed"], config):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         if load_checkpoint:
             _load_partitioned(model, plan, Path(load_checkpoint))
@@ -84,6 +84,7 @@ def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
     """Weights into a partitioned model, one tensor at a time (mf_ds.zero.Writer); the same checks as the whole
     build's loaders. Every rank reads every tensor (memory: one tensor), rank 0's values are kept."""
     from mf_ds import zero
+    from mf_ds.weights import model_slot
 
     if is_mindformers_checkpoint(path):
         from mf_ds.ckpt import load_into
@@ -103,10 +104,16 @@ def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
                     tensor = f.get_tensor(name)
                     if tensor.is_floating_point() and not torch.isfinite(tensor).all():
                         raise RunError(f"{shard}: weight {name} holds inf/NaN (a damaged file?)")
-                    _check_shape(writer, name, tensor, shard)
-                    if writer(name, tensor):  # names no weight of the model: ignored, as from_pretrained does
-                        slot = name if name in writer.shapes else _slot_name(name, writer.shapes)
-                        filled[slot] = filled.get(slot, 0) + tensor.numel()
+                    slot = model_slot(name, writer.shapes)
+                    if slot is None:  # no weight of the model: ignored, as from_pretrained does
+                        continue
+                    param, index = slot
+                    want = writer.shapes[param][index] if index else writer.shapes[param]
+                    if tuple(want.shape) != tuple(tensor.shape):
+                        raise RunError(f"{shard}: cannot load the weights: {name} has the shape "
+                                       f"{list(tensor.shape)}, the model {list(want.shape)}")
+                    writer.put(slot, tensor)
+                    filled[param] = filled.get(param, 0) + tensor.numel()
         except (OSError, SafetensorError) as exc:
             raise RunError(f"{shard}: cannot load the weights: {str(exc).splitlines()[0]}") from None
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
@@ -115,25 +122,6 @@ def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
     if missing:
         raise RunError(f"{path}: {len(missing)} weights of the model are not in the checkpoint (first: "
                        f"{missing[0]}); is it a checkpoint of another model?")
-
-
-def _slot_name(name: str, shapes: dict) -> str:
-    from mf_ds.weights import model_slot
-
-    return model_slot(name, shapes)[0]
-
-
-def _check_shape(writer, name: str, tensor: torch.Tensor, shard: Path) -> None:
-    from mf_ds.weights import model_slot
-
-    slot = model_slot(name, writer.shapes)
-    if slot is None:
-        return
-    param, index = slot
-    want = writer.shapes[param][index] if index else writer.shapes[param]
-    if tuple(want.shape) != tuple(tensor.shape):
-        raise RunError(f"{shard}: cannot load the weights: {name} has the shape {list(tensor.shape)}, the model "
-                       f"{list(want.shape)}")
 
 
 def is_mindformers_checkpoint(path: Path) -> bool:

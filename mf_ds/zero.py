@@ -105,12 +105,22 @@ def _initialize_gathered(model) -> None:
 
 
 @contextlib.contextmanager
-def construction(ds_config: dict) -> Iterator[None]:
-    """Build models partitioned inside this block: `with construction(plan["deepspeed"]): from_config(...)`."""
+def construction(ds_config: dict, config) -> Iterator[None]:
+    """Build a model of HF `config` partitioned inside this block:
+    `with construction(plan["deepspeed"], config): from_config(config)`.
+
+    The model's modeling module is imported first. A torch.nn.Module class defined inside zero.Init gets its
+    `__init__` recorded by DeepSpeed's `__init_subclass__` hook at class creation, before transformers' class
+    decorators wrap it (`use_experts_implementation`, which sets `self.config` on the experts), and zero.Init's exit
+    puts that recorded `__init__` back (deepspeed 0.19.8 partition_parameters.py `_disable_class`): the class loses its
+    decorator for the rest of the process, and every Qwen3-MoE built after it fails in forward ("'Qwen3MoeExperts'
+    object has no attribute 'config'")."""
     import deepspeed
     from transformers import PreTrainedModel
     from transformers.integrations.deepspeed import prevent_arange_dtype_change
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # imports the modeling module outside zero.Init (see above)
     original = PreTrainedModel.initialize_weights
     PreTrainedModel.initialize_weights = _initialize_gathered
     try:
@@ -149,10 +159,15 @@ class Writer:
         slot = model_slot(hf_name, self.shapes)
         if slot is None:
             return False
+        self.put(slot, tensor)
+        return True
+
+    def put(self, slot: tuple[str, tuple], tensor: torch.Tensor) -> None:
+        """`tensor` into `slot` (weights.model_slot's (parameter, index))."""
         name, index = slot
         if not index:
             self._commit(name, tensor)
-            return True
+            return
         shape = self.shapes[name].shape
         buffer, done = self.pending.get(name) or (torch.empty(shape) if self.rank0 else None, 0)
         if buffer is not None:
@@ -163,7 +178,6 @@ class Writer:
             self._commit(name, buffer)
         else:
             self.pending[name] = (buffer, done)
-        return True
 
     def _commit(self, name: str, value: torch.Tensor | None) -> None:
         import deepspeed

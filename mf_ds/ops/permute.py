@@ -263,7 +263,7 @@ def unpermute_reference(y_MH: Tensor, perm: Permuted, gates_TK: Tensor) -> Tenso
 # Index maps, on the device (no host sync)
 # ----------------------------------------------------------------------------------------------------------------
 def _route(expert_ids_TK: Tensor, num_experts: int, capacity: int | None, drop_policy: str, M: int):
-    """-> (tokens_per_expert_E, row_of_pair_TK, kept_TK, pair_of_row_M); pair index = t * K + k, -1 = none."""
+    """-> (tokens_per_expert_E, row_of_pair_TK, token_of_row_M), int64, -1 = none: the maps _route_triton gives."""
     T, K = expert_ids_TK.shape
     P, E, dev = T * K, num_experts, expert_ids_TK.device
     pair_P = torch.arange(P, device=dev)
@@ -285,8 +285,8 @@ def _route(expert_ids_TK: Tensor, num_experts: int, capacity: int | None, drop_p
     row_of_pair = torch.empty(P, dtype=torch.int64, device=dev).scatter_(0, pair_sorted, row_sorted)
     pair_of_row = torch.full((M + 1,), -1, dtype=torch.int64, device=dev)
     pair_of_row.scatter_(0, torch.where(kept_sorted, row_sorted, M), torch.where(kept_sorted, pair_sorted, -1))
-    row_of_pair_TK = row_of_pair.view(T, K)
-    return tokens_per_expert_E, row_of_pair_TK, row_of_pair_TK >= 0, pair_of_row[:M]
+    pair_of_row = pair_of_row[:M]
+    return tokens_per_expert_E, row_of_pair.view(T, K), torch.where(pair_of_row >= 0, pair_of_row // K, -1)
 
 
 ROUTE_BLOCK_P = 64  # pairs ranked at once in _route_place_kernel ([BLOCK_P, BLOCK_P] comparisons)
@@ -473,14 +473,9 @@ def permute(x_TH: Tensor, expert_ids_TK: Tensor, num_experts: int, capacity: int
     T, K = expert_ids_TK.shape
     assert x_TH.dim() == 2 and x_TH.shape[0] == T, (x_TH.shape, expert_ids_TK.shape)
     M = _num_rows(T, K, num_experts, capacity, pad_to_multiple)
-    if use_triton(expert_ids_TK) and max(T * K, M) < 2**31:  # the maps in int32
-        tokens_per_expert_E, row_of_pair_TK, token_of_row_M = _route_triton(
-            expert_ids_TK, num_experts, capacity, drop_policy, M)
-        kept_TK = row_of_pair_TK >= 0
-    else:
-        tokens_per_expert_E, row_of_pair_TK, kept_TK, pair_of_row_M = _route(
-            expert_ids_TK, num_experts, capacity, drop_policy, M)
-        token_of_row_M = torch.where(pair_of_row_M >= 0, pair_of_row_M // K, -1)
+    route = _route_triton if use_triton(expert_ids_TK) and max(T * K, M) < 2**31 else _route  # int32 maps : int64
+    tokens_per_expert_E, row_of_pair_TK, token_of_row_M = route(expert_ids_TK, num_experts, capacity, drop_policy, M)
+    kept_TK = row_of_pair_TK >= 0
     if not materialize:
         x_MH = None
     elif use_triton(x_TH):

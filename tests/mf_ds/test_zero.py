@@ -132,3 +132,27 @@ def test_two_ranks_partitioned_equal_the_whole_build(tmp_path, monkeypatch):
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)
+
+
+def test_partitioned_build_leaves_transformers_classes_whole():
+    """In a fresh process (the modeling module not yet imported), a partitioned build must not strip transformers'
+    class decorators: a Qwen3-MoE model built afterwards still runs (zero.construction's docstring)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import os, torch, deepspeed
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+deepspeed.init_distributed(dist_backend="gloo")
+from transformers import AutoModelForCausalLM
+from mf_ds.model import build_model, hf_config
+from translators.plan import translate_file
+plan = translate_file({str(QWEN3_MOE)!r}, ["mf_ds.zero_stage=3"], world_size=1).plan
+build_model(plan)
+later = AutoModelForCausalLM.from_config(hf_config(plan))
+ids = torch.randint(0, later.config.vocab_size, (1, 8))
+print("loss", later(input_ids=ids, labels=ids).loss.item())
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "loss" in done.stdout, done.stderr[-2000:]

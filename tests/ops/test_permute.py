@@ -181,11 +181,10 @@ def test_route_kernels_match_torch_maps(tokens, top_k, experts, capacity, drop_p
     M = permute_mod._num_rows(tokens, top_k, experts, capacity, pad)
     monkeypatch.setattr(permute_mod, "_empty", _poisoned_empty)
     got = permute_mod._route_triton(ids.to(DEVICE), experts, capacity, drop_policy, M, chunk)
-    tokens_per_expert, row_of_pair, kept, pair_of_row = permute_mod._route(ids, experts, capacity, drop_policy, M)
+    want = permute_mod._route(ids, experts, capacity, drop_policy, M)
     assert got[1].dtype == got[2].dtype == torch.int32 and got[0].dtype == torch.int64
-    assert torch.equal(got[0].cpu(), tokens_per_expert)
-    assert torch.equal(got[1].cpu().long(), row_of_pair)
-    assert torch.equal(got[2].cpu().long(), torch.where(pair_of_row >= 0, pair_of_row // top_k, -1))
+    for label, a, b in zip(("tokens_per_expert", "row_of_pair", "token_of_row"), got, want, strict=True):
+        assert torch.equal(a.cpu().long(), b), label
     if not sentinels:
         want_rows, want_kept = _naive_mindformers(ids, experts, capacity, drop_policy)
         assert torch.equal(got[1].cpu().long(), want_rows) and torch.equal(got[0].cpu(), want_kept)
