@@ -22,6 +22,7 @@ import torch
 
 from mf_ds.lr import schedule
 from translators.lr import resolve
+from translators.plan_types import Optimizer
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -108,26 +109,26 @@ class AdamWeightDecayX(_Fp32StateAdam):
         p.copy_(weight)
 
 
-def build_optimizer(model: torch.nn.Module, spec: dict) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, spec: Optimizer) -> torch.optim.Optimizer:
     """The optimizer plan.run.optimizer describes, over MindFormers' parameter groups."""
-    groups = param_groups(model, spec["weight_decay"])
-    kind = spec["type"]
+    groups = param_groups(model, spec.weight_decay)
+    kind = spec.type
     if kind == "SGD":
-        return torch.optim.SGD(groups, lr=spec["lr"])
-    betas = tuple(spec["betas"])
+        return torch.optim.SGD(groups, lr=spec.lr)
+    betas = tuple(spec.betas)
     if kind == "AdamWeightDecayX":  # its own weight_decay on every parameter, as MindSpore runs the class
         for group in groups:
-            group["weight_decay"] = spec["weight_decay"]
-        return AdamWeightDecayX(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
-    if not spec["bias_correction"]:
-        return AdamWeightDecay(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
+            group["weight_decay"] = spec.weight_decay
+        return AdamWeightDecayX(groups, lr=spec.lr, betas=betas, eps=spec.eps)
+    if not spec.bias_correction:
+        return AdamWeightDecay(groups, lr=spec.lr, betas=betas, eps=spec.eps)
     if kind == "Adam":
         # torch Adam adds weight decay to the gradient (L2), which is what adam_w_mode false means in DeepSpeed.
-        return torch.optim.Adam(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
+        return torch.optim.Adam(groups, lr=spec.lr, betas=betas, eps=spec.eps)
     if kind == "Lamb":
         raise ValueError("optimizer.type Lamb needs DeepSpeed's FusedLamb on a GPU; this runtime builds it only "
                          "through the DeepSpeed config")
-    return torch.optim.AdamW(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=betas, eps=spec.eps)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict, data_size: int | None = None, *,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from translators import names
+from translators.plan_types import Plan
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,21 @@ class Layout:
 DEFAULT_LAYOUT = Layout()
 
 
-def layout_of(plan: dict) -> Layout:
+def layout_of(plan: Plan) -> Layout:
     """The Layout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout), with the family's
     own defaults where the YAML is silent."""
     from mf_ds.errors import RunError
 
-    given = plan["run"].get("checkpoint_layout") or {}
-    glm = names.style(names.table_key(plan["run"]["family"], plan["run"].get("layer_style"))) == "glm"
-    if glm and given.get("use_rearrange_rope"):
+    given = plan.run.checkpoint_layout
+    glm = names.style(plan.weights_family) == "glm"
+    if glm and given.use_rearrange_rope:
         raise RunError("model.model_config.use_rearrange_rope: True: MindFormers' q/k rows are rearranged "
                        "(glm2/convert_weight.py rearrange_w); mf-ds reads checkpoints without it only")
-    qkv_concat = given.get("qkv_concat")
-    return Layout(gmm=bool(given.get("use_gmm", False)), qkv_concat=glm if qkv_concat is None else bool(qkv_concat),
-                  mlp_concat=given.get("mlp_concat") is not False,
-                  qkv_contiguous=bool(given.get("use_contiguous_weight_layout_attention", False)),
-                  ffn_interleaved=bool(given.get("use_interleaved_weight_layout_mlp", True)))
+    qkv_concat = given.qkv_concat
+    return Layout(gmm=given.use_gmm, qkv_concat=glm if qkv_concat is None else qkv_concat,
+                  mlp_concat=given.mlp_concat is not False,
+                  qkv_contiguous=given.use_contiguous_weight_layout_attention,
+                  ffn_interleaved=given.use_interleaved_weight_layout_mlp)
 
 
 def _dims(config) -> tuple[int, int, int]:

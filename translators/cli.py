@@ -65,7 +65,7 @@ def run(argv: list[str] | None = None) -> int:
         lines = result.ledger.explain() if args.explain else [note.line() for note in result.warnings]
         for line in lines:
             print(line, file=sys.stderr)
-        plan = result.plan
+        plan = result.json
         if args.hf_config:
             if plan["hf_config"] is None:
                 print(f"mf-translate: no HF config written to {args.hf_config}: see the note on 'model'",

@@ -25,7 +25,7 @@ measured with the torch memory profiler on CPU: tests/translators/test_memory_ac
   loss             (12 + e)V      log_softmax output (fp32), the logits (e), two fp32 gradients at the loss
   MLA (DeepSeek)   q_a / kv_a norms and up-projection inputs, q and k at (nope + rope), v and the SDPA output at v
   MoE layer        router scores 3 x 4E (fp32), top_k routed rows of e(2h + 4I_moe), shared experts as an MLP
-A fully recomputed layer keeps its input (e h); select recompute drops what mf_ds/recompute.py drops (act+mul:
+A fully recomputed layer keeps its input (e h); select recompute drops what mf_ds/patch/recompute.py drops (act+mul:
 2eI; an RMSNorm: 4h). Peak = max(loss peak, backward of each layer: the kept sets below it + its whole set +
 the backward working set (12 + e)h + the logits eV).
 """

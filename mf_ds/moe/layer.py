@@ -18,7 +18,7 @@ zero row at the head of every expert's group so no grouped matmul sees an empty 
 outputs and zero weight gradients, so the numbers are unchanged. With expert parallelism (parallel.py) the experts
 here are this rank's shard and the permuted rows travel to their owners by all-to-all.
 
-`use_gmm` and `use_fused_ops_permute` (the Plan's kernels.gmm / fused_permute) select no code path here: the block
+`use_gmm` and `use_fused_ops_permute` select no code path here (the Plan carries neither switch): the block
 always runs mf_ds.ops' grouped matmul, permute and SwiGLU, which take their Triton kernels on CUDA tensors and torch
 on CPU. use_gmm's one effect, dropless by default as MoEV3, is already in the Plan's `dropless`.
 
@@ -48,6 +48,7 @@ from mf_ds.moe.router import MFRouter, RouterSpec, Routing, aux_losses, aux_top_
 from mf_ds.ops.gmm import gather_supported, grouped_mm, grouped_mm_gather, swiglu_experts, swiglu_experts_supported
 from mf_ds.ops.permute import Permuted, permute, unpermute
 from mf_ds.ops.swiglu import fused_swiglu_packed
+from translators.plan_types import Plan
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class MoESpec:
     capacity_factor: float
     """cf of C = roundup(min(ceil(k N cf / E), N), capacity_multiple)."""
     dropless: bool
-    """Keep every pair (capacity_factor <= 0, or use_gmm without mf_ds.gmm_capacity)."""
+    """Keep every pair (the Plan's moe.dropless: capacity_factor <= 0, use_gmm without mf_ds.gmm_capacity, mcore)."""
     capacity_multiple: int = 1
     """C is rounded up to a multiple of this: model_parallel x comp_comm_parallel_degree (moe.md §3)."""
     drop_policy: str = "kdrop"
@@ -68,22 +69,15 @@ class MoESpec:
     shared_gating: bool = False
     """use_shared_expert_gating: shared output times sigmoid(shared_gate(x))."""
     estimate_capacity_factor: float | None = None
-    """cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E) (MoEDropRateCallback's argument, else
-    capacity_factor); None where MindFormers has no estimate: no fi_parameter (MoEV3, mcore) or no expert aux
-    loss to write it (moe.md §5)."""
+    """cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E); None: no estimate (Plan.estimate_capacity_factor)."""
 
     @classmethod
-    def from_plan(cls, moe: dict, drop_rate_callback: dict | None = None) -> MoESpec:
-        router = RouterSpec.from_plan(moe)
-        cf = (drop_rate_callback or {}).get("capacity_factor")
-        cf = moe["capacity_factor"] if cf is None else cf
-        # TopkRouterV2._expert_load_balancing writes fi whenever the YAML sets an expert loss, added or not
-        has_fi = router.path == "moev2" and router.configured[0] > 0
-        return cls(router=router, capacity_factor=moe["capacity_factor"],
-                   capacity_multiple=moe["capacity_multiple"],
-                   dropless=moe["dropless"] or moe["capacity_factor"] <= 0, drop_policy=moe["drop_policy"],
-                   safe_tokens=moe["safe_tokens"], shared_gating=moe["shared_expert_gating"],
-                   estimate_capacity_factor=cf if has_fi else None)
+    def from_plan(cls, plan: Plan) -> MoESpec:
+        moe = plan.moe
+        return cls(router=RouterSpec.from_plan(moe), capacity_factor=moe.capacity_factor,
+                   capacity_multiple=moe.capacity_multiple, dropless=moe.dropless, drop_policy=moe.drop_policy,
+                   safe_tokens=moe.safe_tokens, shared_gating=moe.shared_expert_gating,
+                   estimate_capacity_factor=plan.estimate_capacity_factor)
 
     def capacity(self, tokens: int) -> int | None:
         """Pairs each expert keeps out of one group of `tokens` tokens; None when dropless (moe.py

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from translators.plan_types import MoE
+
 SCORES = ("softmax", "sigmoid")
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 PATHS = ("moev2", "moev3", "mcore")
@@ -114,17 +116,17 @@ class RouterSpec:
             raise ValueError(f"token_groups {self.token_groups} must be >= 1")
 
     @classmethod
-    def from_plan(cls, moe: dict) -> RouterSpec:
-        router, aux = moe["router"], moe["aux_loss"]
-        return cls(num_experts=moe["num_experts"], top_k=moe["top_k"], score=router["score"],
-                   topk_method=router["topk_method"], n_group=router["n_group"], topk_group=router["topk_group"],
-                   norm_topk_prob=router["norm_topk_prob"] and moe["top_k"] > 1,
-                   routed_scaling_factor=router["routed_scaling_factor"], bias_balance=router["bias_balance"],
-                   aux_expert=aux["expert"], aux_device=aux["device"], aux_comm=aux["comm"], z_loss=moe["z_loss"],
-                   device_groups=moe["aux_groups"]["device"], comm_groups=moe["aux_groups"]["comm"],
-                   token_groups=moe["token_groups"], path=moe["path"],
-                   configured_balance=tuple(moe["aux_loss_configured"][name] for name in ("expert", "device", "comm")),
-                   global_batch_f=moe["aux_f"] == "global_batch")
+    def from_plan(cls, moe: MoE) -> RouterSpec:
+        """The router of the Plan's typed `moe` section, flat (the routing functions' argument)."""
+        router, aux, configured = moe.router, moe.aux_loss, moe.aux_loss_configured
+        return cls(num_experts=moe.num_experts, top_k=moe.top_k, score=router.score,
+                   topk_method=router.topk_method, n_group=router.n_group, topk_group=router.topk_group,
+                   norm_topk_prob=router.norm_topk_prob, routed_scaling_factor=router.routed_scaling_factor,
+                   bias_balance=router.bias_balance, aux_expert=aux.expert, aux_device=aux.device, aux_comm=aux.comm,
+                   z_loss=moe.z_loss, device_groups=moe.aux_groups.device, comm_groups=moe.aux_groups.comm,
+                   token_groups=moe.token_groups, path=moe.path,
+                   configured_balance=(configured.expert, configured.device, configured.comm),
+                   global_batch_f=moe.aux_f == "global_batch")
 
     @property
     def grouped(self) -> bool:

@@ -15,7 +15,7 @@ ZeRO-3's included, unchanged), with `act_fn(gate) * up` replaced by `mf_ds.ops.s
 not kept either: `down_proj(swiglu(gate, up))` runs under torch's non-reentrant checkpoint, whose early stop rebuilds
 the product in backward and ends before down_proj's matmul. What is kept is gate and up (2 T I fewer elements than
 HF's MLP: silu(gate) and the product). That is MindFormers' select_recompute of `feed_forward.w1.activation.silu` +
-`feed_forward.mul`, the same mechanism as mf_ds.recompute's SwiGLU region. MoE experts' SwiGLU is the MoE layer's
+`feed_forward.mul`, the same mechanism as mf_ds.patch.recompute's SwiGLU region. MoE experts' SwiGLU is the MoE layer's
 (mf_ds/moe/layer.py calls mf_ds.ops.swiglu.fused_swiglu_packed); here it is a report line. So a model whose every
 MLP is an MoE block (Mixtral, Qwen3-MoE without mlp_only_layers) has no MLP for this patch and a report that says
 where the SwiGLU is fused: MindFormers too fuses it inside the experts there (use_fused_swiglu reaches the MoE
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers.activations import SiLUActivation
 
 from mf_ds.ops.rope import fused_rope
 from mf_ds.ops.swiglu import fused_swiglu, fused_swiglu_packed
 from mf_ds.patch import PatchError, PatchFn
-from mf_ds.patch.core import Recorder
+from mf_ds.patch.core import Recorder, is_silu, swiglu_graph
+from translators.plan_types import Plan
 
 # --- RoPE adapters: HF's signatures, mf_ds.ops.rope inside ------------------------------------------------------------
 
@@ -139,7 +139,7 @@ def _probe(model_type: str, where: str, original: Callable, adapter: Callable) -
                          f"{adapter.__name__} does; not patched")
 
 
-def _patch_rope(model_type: str, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
+def _patch_rope(model_type: str, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
     family = FAMILIES[model_type]
     modeling = importlib.import_module(family.module)
     name, adapter = family.rope(model)
@@ -155,10 +155,6 @@ def _patch_rope(model_type: str, model: nn.Module, plan: dict, recorder: Recorde
 
 
 # --- SwiGLU -----------------------------------------------------------------------------------------------------------
-
-def _is_silu(module: nn.Module | None) -> bool:
-    return isinstance(module, (nn.SiLU, SiLUActivation))
-
 
 @dataclass
 class FusedSwiGLUForward:
@@ -183,19 +179,17 @@ class FusedSwiGLUForward:
 
 def _swiglu_mlp(module: nn.Module) -> tuple[bool, str | None]:
     """(packed, why not) for a dense MLP class of the table: None when it is a SiLU-gated MLP this patch can fuse."""
-    children = module._modules
-    if {"gate_up_proj", "down_proj", "activation_fn"} <= children.keys():
-        packed, act = True, children["activation_fn"]
-    elif {"gate_proj", "up_proj", "down_proj", "act_fn"} <= children.keys():
-        packed, act = False, children["act_fn"]
-    else:
+    graph = swiglu_graph(module)
+    if graph is None:
         return False, f"{type(module).__name__} has neither gate_proj/up_proj/act_fn nor gate_up_proj/activation_fn"
-    if not _is_silu(act):
+    packed = any(op.kind == "view" for op in graph)  # gate and up are the halves of one projection
+    act = module._modules[next(op.name for op in graph if op.kind == "act")]
+    if not is_silu(act):
         return packed, f"its activation is {type(act).__name__}, not SiLU (hidden_act), so it is no SwiGLU"
     return packed, None
 
 
-def _patch_swiglu(model_type: str, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
+def _patch_swiglu(model_type: str, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
     from mf_ds.moe.layer import MFExperts
 
     family = FAMILIES[model_type]
@@ -210,7 +204,7 @@ def _patch_swiglu(model_type: str, model: nn.Module, plan: dict, recorder: Recor
             continue
         if "forward" in module.__dict__:  # recompute.py's regions wrap this forward, never the other way round
             raise PatchError(f"fused_swiglu: {name} already has an instance forward (apply mf_ds.patch before "
-                             "mf_ds.recompute)")
+                             "mf_ds.patch.recompute)")
         packed, why = _swiglu_mlp(module)
         if why is not None:
             report.append(f"{name}: {kind} not fused: {why}")

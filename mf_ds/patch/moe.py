@@ -30,8 +30,9 @@ from torch import nn
 from mf_ds.moe.layer import MFExperts, MFMoE, MoESpec
 from mf_ds.moe.router import MFRouter
 from mf_ds.patch import PatchError, PatchFn
-from mf_ds.patch.core import Recorder
+from mf_ds.patch.core import Recorder, decoder_layers
 from mf_ds.zero import full_numel, full_shape
+from translators.plan_types import MoE, Plan
 
 
 @dataclass(frozen=True)
@@ -57,23 +58,16 @@ FAMILIES = {
 }
 
 
-def _decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    base_name = model.base_model_prefix if hasattr(model, model.base_model_prefix) else ""
-    base = getattr(model, base_name) if base_name else model
-    return (f"{base_name}.layers" if base_name else "layers"), base.layers
-
-
-def _patch(family: Family, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
-    moe = plan["moe"]
-    spec = MoESpec.from_plan(moe, plan["run"]["callbacks"]["moe_drop_rate"])
-    prefix, layers = _decoder_layers(model)
-    wanted = set(moe["layers"])
+def _patch(family: Family, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
+    moe = plan.moe
+    spec = MoESpec.from_plan(plan)
+    prefix, layers = decoder_layers(model)
+    wanted = set(moe.layers)
     report, ep = [], None
-    if moe["expert_parallel"] > 1:
+    if moe.expert_parallel > 1:
         from mf_ds.moe.parallel import ExpertParallel
 
-        tp = (plan.get("parallel") or {}).get("tensor_parallel", 1)  # MoE unit tests' plans carry no layout
-        ep = ExpertParallel(moe["expert_parallel"], moe["num_experts"], tp)
+        ep = ExpertParallel(moe.expert_parallel, moe.num_experts, plan.parallel.tensor_parallel)
     for index, layer in enumerate(layers):
         block = layer.mlp
         sparse = type(block).__name__ == family.block
@@ -85,7 +79,7 @@ def _patch(family: Family, model: nn.Module, plan: dict, recorder: Recorder) -> 
             recorder.set(layer, "mlp", new)
             if ep is not None:
                 recorder.on_success.append(lambda experts=block.experts: _release_full_experts(experts))
-                recorder.irreversible = (f"expert parallelism {moe['expert_parallel']}: this rank holds only its "
+                recorder.irreversible = (f"expert parallelism {moe.expert_parallel}: this rank holds only its "
                                          "own experts (the full ones are released; the checkpoint saves them all)")
             report.append(f"{prefix}.{index}.mlp: {type(block).__name__} -> MFMoE ({new.extra_repr()})")
             report += notes
@@ -99,14 +93,13 @@ def _patch(family: Family, model: nn.Module, plan: dict, recorder: Recorder) -> 
     return report
 
 
-def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: int, ep, path: str) \
+def _build(family: Family, block: nn.Module, spec: MoESpec, moe: MoE, index: int, ep, path: str) \
         -> tuple[MFMoE, list[str]]:
     notes = []
     experts = block.experts
     held = full_shape(experts.gate_up_proj)[0]  # a ZeRO-3 shard's whole shape (mf_ds/zero.py)
-    if held != moe["num_experts"]:
-        raise PatchError(f"{path}.experts holds {held} experts, the plan "
-                         f"{moe['num_experts']}")
+    if held != moe.num_experts:
+        raise PatchError(f"{path}.experts holds {held} experts, the plan {moe.num_experts}")
     if getattr(experts, "has_bias", False) or not getattr(experts, "has_gate", True) or \
             getattr(experts, "is_transposed", False):
         raise PatchError(f"{path}.experts: only gated, bias-free [E, 2I, H] experts are supported")
@@ -120,12 +113,12 @@ def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: in
 
     bias = getattr(block.gate, "e_score_correction_bias", None) if family.native_bias else None
     if bias is None and spec.router.bias_balance:
-        bias = torch.zeros(moe["num_experts"], dtype=torch.float32, device=block.gate.weight.device)
+        bias = torch.zeros(moe.num_experts, dtype=torch.float32, device=block.gate.weight.device)
         notes.append(f"{path}.gate.e_score_correction_bias: new fp32 buffer for balance_via_topk_bias")
     if bias is not None and not spec.router.bias_balance and bool(bias.any()):
         notes.append(f"{path}.gate.e_score_correction_bias: kept but not used for selection "
                      f"(balance_via_topk_bias is off)")
-    gate = MFRouter(block.gate.weight, bias, dtype=moe["router"]["dtype"])
+    gate = MFRouter(block.gate.weight, bias, dtype=moe.router.dtype)
 
     shared, names = {}, ("", None)
     if family.shared:
@@ -135,13 +128,13 @@ def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: in
         use_gate = family.shared_gate if spec.shared_gating else None
         if family.shared_gate and not spec.shared_gating:
             notes.append(f"{path}.{family.shared_gate}: kept, not applied (use_shared_expert_gating is off)")
-        if moe["shared_experts"]:
+        if moe.shared_experts:
             names = (family.shared, use_gate)
         elif any(full_numel(p) for p in shared[family.shared].parameters()):
             raise PatchError(f"{path}.{family.shared} has weights, but the plan has no shared experts")
-    elif moe["shared_experts"]:
+    elif moe.shared_experts:
         raise PatchError(f"{path} ({family.block}) has no shared expert, but the plan asks for "
-                         f"{moe['shared_experts']}")
+                         f"{moe.shared_experts}")
     if getattr(block, "jitter_noise", 0):
         notes.append(f"{path}: router_jitter_noise {block.jitter_noise} not applied (MindFormers has none)")
 
@@ -164,12 +157,12 @@ def _release_full_experts(experts: nn.Module) -> None:
         setattr(experts, name, nn.Parameter(full.new_empty((0,) + tuple(full.shape[1:])), requires_grad=False))
 
 
-def build_block(model_type: str, block: nn.Module, plan: dict, layer_index: int = 0) -> MFMoE:
+def build_block(model_type: str, block: nn.Module, plan: Plan, layer_index: int = 0) -> MFMoE:
     """The MFMoE for one HF sparse block of `model_type` (sharing its tensors) without touching a model: benches
     and tests of a single layer. Single-rank (the Plan's expert_parallel must be 1)."""
-    if plan["moe"]["expert_parallel"] != 1:
+    if plan.moe.expert_parallel != 1:
         raise PatchError("build_block makes single-rank blocks; patch a whole model for expert parallelism")
-    new, _ = _build(FAMILIES[model_type], block, MoESpec.from_plan(plan["moe"]), plan["moe"], layer_index, None,
+    new, _ = _build(FAMILIES[model_type], block, MoESpec.from_plan(plan), plan.moe, layer_index, None,
                     type(block).__name__)
     return new
 

@@ -39,7 +39,7 @@ def weights_of(family: str) -> dict:
 def hf_model(family: str) -> torch.nn.Module:
     """The HF model for a fixture: llama through the translator (the tiny finetune YAML), qwen2 by hand."""
     if family == "llama":
-        kwargs = dict(translate_file(str(TINY)).plan["hf_config"])
+        kwargs = dict(translate_file(str(TINY)).plan.hf_config)
         config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     else:
         c = golden(family)[0]["config"]
@@ -239,13 +239,13 @@ def test_pretrained_model_dir_gives_the_weights(tmp_path):
     hf_dir = tmp_path / "hf"
     source.config.save_pretrained(str(hf_dir))
     tree["pretrained_model_dir"] = str(hf_dir)
-    assert translate(tree).plan["run"]["load_checkpoint"] is None  # config.json alone: no weights
+    assert translate(tree).plan.run.load_checkpoint is None  # config.json alone: no weights
     source.save_pretrained(str(hf_dir))
     translation = translate(tree)
-    assert translation.plan["run"]["load_checkpoint"] == str(hf_dir)
+    assert translation.plan.run.load_checkpoint == str(hf_dir)
     assert any(n.key == "pretrained_model_dir" and n.kind == "runtime" for n in translation.ledger.finish())
-    model = build_model(translation.plan, translation.plan["run"]["load_checkpoint"])
+    model = build_model(translation.plan, translation.plan.run.load_checkpoint)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values(),
                                                   strict=True))
     tree["load_checkpoint"] = str(MF / "llama" / "model.ckpt")  # load_checkpoint, when given, wins
-    assert translate(tree).plan["run"]["load_checkpoint"] == str(MF / "llama" / "model.ckpt")
+    assert translate(tree).plan.run.load_checkpoint == str(MF / "llama" / "model.ckpt")

@@ -25,7 +25,7 @@ FP32 = [s for s in COMMON if not s.startswith("model.model_config.compute_dtype"
 def test_suite_family_patched_equals_unpatched(family):
     yaml_path, overrides = FAMILIES[family]
     plan = translate_file(yaml_path, [*FP32, *overrides]).plan
-    assert plan["hf_config"]["model_type"] == family
+    assert plan.hf_config["model_type"] == family
     torch.manual_seed(0)
     model = build_model(plan)
     reference = copy.deepcopy(model)

@@ -80,7 +80,7 @@ def yamls() -> list[Path]:
 @cache
 def runtime_notes(path: Path) -> list[tuple[str, str]]:
     sets = ["train_dataset.data_loader.config.data_path=['1', 'x']"] if path == PACKED else []
-    plan = translate_file(str(path), sets).plan
+    plan = translate_file(str(path), sets).json
     return [(n["key"], n["message"]) for n in plan["notes"] if n["kind"] == "runtime" and n["key"]]
 
 

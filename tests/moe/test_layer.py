@@ -341,9 +341,8 @@ def test_aux_loss_not_added_means_no_aux_gradient():
 
 
 # ---- bias balance and callbacks --------------------------------------------------------------------------------------
-BIAS_CALLBACK = {"balance_via_topk_bias": True, "topk_bias_update_rate": None, "num_layers": 2, "mtp_depth": 0,
-                 "expert_num": 8, "micro_batch_num": 1, "gradient_accumulation_steps": 1}
-DROP_CALLBACK = {"expert_num": 8, "capacity_factor": None, "num_layers": 2, "mtp_depth": 0}
+BIAS_CALLBACK = {"balance_via_topk_bias": True, "topk_bias_update_rate": None, "expert_num": 8}  # as the Plan has it
+DROP_CALLBACK = {"expert_num": 8, "capacity_factor": None}
 
 
 @pytest.mark.parametrize("callback_rate, rate", [(None, 0.01), (0.05, 0.05)])
@@ -402,7 +401,7 @@ def test_hf_trainer_callbacks(capsys):
     callbacks = mf_ds.moe.trainer_callbacks(plan)
     assert [type(c).__name__ for c in callbacks] == ["MoEDropRateCallback", "TopkBiasBalanceCallback"]
     assert mf_ds.moe.trainer_callbacks(family_plan("deepseek_v3", drop_rate_callback=True)) == []  # no entries
-    assert not mf_ds.moe.logs_drop_rate(family_plan("deepseek_v3", callbacks={"moe_drop_rate": DROP_CALLBACK}))
+    assert not family_plan("deepseek_v3", callbacks={"moe_drop_rate": DROP_CALLBACK}).logs_drop_rate
     mf_ds.patch.apply(model, plan)
     model.train()
     model(_batch()).logits.sum().backward()

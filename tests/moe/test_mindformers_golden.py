@@ -184,7 +184,7 @@ def test_MoEV3_construct_routing_and_loss(case):
     tree["parallel_config"] = {**tree["parallel_config"], **case["parallel"]}
     tree["use_parallel"] = True
     tree["callbacks"] = [c for c in tree["callbacks"] if "expert_num" not in c]
-    moe = translate(tree).plan["moe"]  # the YAML's own world (its model_parallel runs as TP)
+    moe = translate(tree).plan.moe  # the YAML's own world (its model_parallel runs as TP)
     router = RouterSpec.from_plan(moe)
     assert (router.path, router.topk_method, router.token_groups) == ("moev3", "greedy", case["groups"])
     logits = torch.tensor(case["logits"])

@@ -113,10 +113,11 @@ def test_sigmoid_aux_loss_uses_renormalised_scores():
     (5, 0.5, 1),
 ])
 def test_capacity_formula(tokens, cf, expected):
-    spec = MoESpec.from_plan(moe_plan(num_experts=8, top_k=2, capacity_factor=cf, dropless=False)["moe"])
+    spec = MoESpec.from_plan(moe_plan(num_experts=8, top_k=2, capacity_factor=cf, dropless=False))
     assert spec.capacity(tokens) == expected == min(math.ceil(2 * tokens * cf / 8), tokens)
-    assert MoESpec.from_plan(moe_plan(capacity_factor=cf, dropless=True)["moe"]).capacity(tokens) is None
-    assert MoESpec.from_plan(moe_plan(capacity_factor=-1.0, dropless=False)["moe"]).capacity(tokens) is None
+    assert MoESpec.from_plan(moe_plan(capacity_factor=cf, dropless=True)).capacity(tokens) is None
+    with pytest.raises(ValueError, match="dropless must be True"):  # cf <= 0 is dropless, decided by translators/
+        moe_plan(capacity_factor=-1.0, dropless=False)
 
 
 def test_bad_specs_are_refused():

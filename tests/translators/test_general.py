@@ -22,7 +22,7 @@ def test_load_ckpt_format_without_a_checkpoint(fmt, planned):
     """The r1.5.0 DeepSeek-V3 finetune YAML has load_ckpt_format: '' and no load_checkpoint: MindFormers runs it."""
     tree = copy.deepcopy(BASE)
     tree.update(load_checkpoint="", load_ckpt_format=fmt)
-    assert translate(tree).plan["run"]["load_ckpt_format"] == planned
+    assert translate(tree).json["run"]["load_ckpt_format"] == planned
 
 
 def test_load_ckpt_format_with_a_checkpoint_must_be_ckpt_or_safetensors():
