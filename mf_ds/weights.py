@@ -193,7 +193,7 @@ def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Layou
 
 def _expert_entries(family: str, layout: Layout):
     """The stacked-expert entries that apply to this layout (DeepSeek names its experts by use_gmm)."""
-    for part, (kind, hf_parts) in names.EXPERTS.get(family, {}).items():
+    for part, (kind, hf_parts) in names.experts(family).items():
         if (kind.startswith("gmm_") and not layout.gmm) or (kind == "stack_bmm" and layout.gmm):
             continue
         yield part, kind, hf_parts
@@ -211,7 +211,7 @@ def mindformers_names(hf_names: list[str], family: str, layout: Layout = DEFAULT
     fused = {hf: part for part, (_, hf_parts) in names.fused_parts(family).items() for hf in hf_parts
              if names.is_mcore(family) or layout.qkv_concat}
     experts = [(_expert_pattern(hf), part) for part, _, hf_parts in _expert_entries(family, layout) for hf in hf_parts]
-    splits = {hf: v for hf, v in names.SPLIT.get(family, {}).items() if v[0] != "halves" or not layout.mlp_concat}
+    splits = {hf: v for hf, v in names.splits(family).items() if v[0] != "halves" or not layout.mlp_concat}
     for name in hf_names:
         for pattern, part in experts:
             m = pattern.search(name)

@@ -37,6 +37,8 @@ from mf_ds.ops.rope import fused_rope
 from mf_ds.ops.swiglu import fused_swiglu, fused_swiglu_packed
 from mf_ds.patch import PatchError, PatchFn
 from mf_ds.patch.core import Recorder, is_silu, swiglu_graph
+from translators.families import registry
+from translators.families.record import PatchTargets
 from translators.plan_types import Plan
 
 # --- RoPE adapters: HF's signatures, mf_ds.ops.rope inside ------------------------------------------------------------
@@ -74,17 +76,7 @@ def rope_deepseek_v2(xq, xk, freqs_cis):
     return fused_rope(xq, xk, cos, sin, 1, "interleaved", xq.dtype)
 
 
-# --- the families -----------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Family:
-    """Where a model type's RoPE function and SwiGLU MLPs are."""
-
-    module: str  # the transformers modeling module
-    rope: Callable[[nn.Module], tuple[str, Callable]]  # model -> (function name in `module`, adapter)
-    mlps: tuple[str, ...]  # dense SwiGLU MLP classes (shared experts included)
-    experts: str | None = None  # the MoE experts class, whose SwiGLU the MoE layer fuses
-
+# --- the families (their records' patch targets, translators/families/record.py) -----------------------------------
 
 def _fixed(name: str, adapter: Callable) -> Callable[[nn.Module], tuple[str, Callable]]:
     return lambda model: (name, adapter)
@@ -97,26 +89,16 @@ def _deepseek_v3_rope(model: nn.Module) -> tuple[str, Callable]:
     return "apply_rotary_pos_emb", rope_split_half
 
 
-_SPLIT = _fixed("apply_rotary_pos_emb", rope_split_half)
-_MODELS = "transformers.models"
-FAMILIES: dict[str, Family] = {
-    "llama": Family(f"{_MODELS}.llama.modeling_llama", _SPLIT, ("LlamaMLP",)),
-    "qwen2": Family(f"{_MODELS}.qwen2.modeling_qwen2", _SPLIT, ("Qwen2MLP",)),
-    "qwen3": Family(f"{_MODELS}.qwen3.modeling_qwen3", _SPLIT, ("Qwen3MLP",)),
-    "mixtral": Family(f"{_MODELS}.mixtral.modeling_mixtral", _SPLIT, (), "MixtralExperts"),
-    "qwen2_moe": Family(f"{_MODELS}.qwen2_moe.modeling_qwen2_moe", _SPLIT, ("Qwen2MoeMLP",), "Qwen2MoeExperts"),
-    "qwen3_moe": Family(f"{_MODELS}.qwen3_moe.modeling_qwen3_moe", _SPLIT, ("Qwen3MoeMLP",), "Qwen3MoeExperts"),
-    "deepseek_v2": Family(f"{_MODELS}.deepseek_v2.modeling_deepseek_v2", _fixed("apply_rotary_emb", rope_deepseek_v2),
-                          ("DeepseekV2MLP",), "DeepseekV2Experts"),
-    "deepseek_v3": Family(f"{_MODELS}.deepseek_v3.modeling_deepseek_v3", _deepseek_v3_rope, ("DeepseekV3MLP",),
-                          "DeepseekV3Experts"),
-    "glm": Family(f"{_MODELS}.glm.modeling_glm", _fixed("apply_rotary_pos_emb", rope_glm), ("GlmMLP",)),
+# PatchTargets.rope -> model -> (the function's name in the modeling module, its adapter)
+ROPES: dict[str, Callable[[nn.Module], tuple[str, Callable]]] = {
+    "split_half": _fixed("apply_rotary_pos_emb", rope_split_half),
+    "glm": _fixed("apply_rotary_pos_emb", rope_glm),
+    "deepseek_v2": _fixed("apply_rotary_emb", rope_deepseek_v2),
+    "deepseek_v3": _deepseek_v3_rope,
 }
+FAMILIES: dict[str, PatchTargets] = {t: r for t, r in registry.runtimes().items() if not r.not_applicable}
 # known families where a kernel has nothing to replace: a report line, not an error
-NOT_APPLICABLE = {
-    "gpt2": {"fused_rope": "GPT-2 has learned absolute position embeddings (wpe), no rotary embedding",
-             "fused_swiglu": "GPT-2's MLP is c_fc -> GELU -> c_proj, no gated unit"},
-}
+NOT_APPLICABLE = {t: r.not_applicable for t, r in registry.runtimes().items() if r.not_applicable}
 
 
 # --- RoPE -------------------------------------------------------------------------------------------------------------
@@ -142,7 +124,7 @@ def _probe(model_type: str, where: str, original: Callable, adapter: Callable) -
 def _patch_rope(model_type: str, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
     family = FAMILIES[model_type]
     modeling = importlib.import_module(family.module)
-    name, adapter = family.rope(model)
+    name, adapter = ROPES[family.rope](model)
     original = getattr(modeling, name, None)
     if original is None:
         raise PatchError(f"fused_rope: {family.module} has no {name} in this transformers version")

@@ -6,7 +6,8 @@ expert modules themselves), so state-dict keys and checkpoints are unchanged. Th
 the routing (MindFormers' semantics: it may differ from the HF block's, e.g. greedy top-k on DeepSeek-V3 YAMLs);
 translators/ builds the HF config from the same YAML, so the shapes agree, and a disagreement is an error here.
 
-Per family (transformers 5.23 `models/<type>/modeling_<type>.py`):
+Per family (transformers 5.23 `models/<type>/modeling_<type>.py`; the classes are named in each family's record,
+translators/families/record.py `PatchTargets`):
   qwen3_moe    Qwen3MoeSparseMoeBlock   no shared expert
   qwen2_moe    Qwen2MoeSparseMoeBlock   shared_expert, scaled by sigmoid(shared_expert_gate(x)) when the Plan's
                                         shared_expert_gating is on (MindFormers' use_shared_expert_gating)
@@ -22,7 +23,6 @@ no module in transformers' models and are reported as such.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -32,33 +32,16 @@ from mf_ds.moe.router import MFRouter
 from mf_ds.patch import PatchError, PatchFn
 from mf_ds.patch.core import Recorder, decoder_layers
 from mf_ds.zero import full_numel, full_shape
+from translators.families import registry
+from translators.families.record import PatchTargets
 from translators.plan_types import MoE, Plan
 
 
-@dataclass(frozen=True)
-class Family:
-    """Where a model type keeps its MoE block's parts."""
-
-    block: str
-    """Class name of the HF sparse MoE block."""
-    shared: str | None = None
-    """Attribute of the shared-expert MLP."""
-    shared_gate: str | None = None
-    """Attribute of the shared expert's sigmoid gate (Linear H -> 1)."""
-    native_bias: bool = False
-    """The HF router has `e_score_correction_bias`."""
+# model_type -> where its MoE block's parts are (the family records' patch targets, translators/families/record.py)
+FAMILIES: dict[str, PatchTargets] = {t: r for t, r in registry.runtimes().items() if r.moe_block is not None}
 
 
-FAMILIES = {
-    "qwen3_moe": Family("Qwen3MoeSparseMoeBlock"),
-    "qwen2_moe": Family("Qwen2MoeSparseMoeBlock", shared="shared_expert", shared_gate="shared_expert_gate"),
-    "mixtral": Family("MixtralSparseMoeBlock"),
-    "deepseek_v2": Family("DeepseekV2Moe", shared="shared_experts"),
-    "deepseek_v3": Family("DeepseekV3MoE", shared="shared_experts", native_bias=True),
-}
-
-
-def _patch(family: Family, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
+def _patch(family: PatchTargets, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
     moe = plan.moe
     spec = MoESpec.from_plan(plan)
     prefix, layers = decoder_layers(model)
@@ -70,7 +53,7 @@ def _patch(family: Family, model: nn.Module, plan: Plan, recorder: Recorder) -> 
         ep = ExpertParallel(moe.expert_parallel, moe.num_experts, plan.parallel.tensor_parallel)
     for index, layer in enumerate(layers):
         block = layer.mlp
-        sparse = type(block).__name__ == family.block
+        sparse = type(block).__name__ == family.moe_block
         if sparse != (index in wanted):
             raise PatchError(f"{prefix}.{index}.mlp is {type(block).__name__}, but the plan makes layer {index} "
                              f"{'a MoE' if index in wanted else 'a dense'} layer")
@@ -93,7 +76,7 @@ def _patch(family: Family, model: nn.Module, plan: Plan, recorder: Recorder) -> 
     return report
 
 
-def _build(family: Family, block: nn.Module, spec: MoESpec, moe: MoE, index: int, ep, path: str) \
+def _build(family: PatchTargets, block: nn.Module, spec: MoESpec, moe: MoE, index: int, ep, path: str) \
         -> tuple[MFMoE, list[str]]:
     notes = []
     experts = block.experts
@@ -133,7 +116,7 @@ def _build(family: Family, block: nn.Module, spec: MoESpec, moe: MoE, index: int
         elif any(full_numel(p) for p in shared[family.shared].parameters()):
             raise PatchError(f"{path}.{family.shared} has weights, but the plan has no shared experts")
     elif moe.shared_experts:
-        raise PatchError(f"{path} ({family.block}) has no shared expert, but the plan asks for "
+        raise PatchError(f"{path} ({family.moe_block}) has no shared expert, but the plan asks for "
                          f"{moe.shared_experts}")
     if getattr(block, "jitter_noise", 0):
         notes.append(f"{path}: router_jitter_noise {block.jitter_noise} not applied (MindFormers has none)")

@@ -7,7 +7,8 @@ import pytest
 
 from tests.conftest import CONFIGS, ROOT
 from translators.errors import ConfigError
-from translators.parallel import PARTITION_SPECS, Dims, partition_config, resolve
+from translators.families import registry
+from translators.parallel import Dims, partition_config, resolve
 from translators.plan import translate_file
 from translators.sections import ParallelConfig
 
@@ -146,7 +147,8 @@ _SHARDED = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", 
             "kv_b_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_up_proj.weight")
 
 
-@pytest.mark.parametrize("model_type", sorted(PARTITION_SPECS))
+@pytest.mark.parametrize("model_type", sorted({r.hf_model_type for r in registry.records()
+                                                 if r.tp not in (None, "hf_tp_plan")}))
 def test_partition_config_shards_attention_and_dense_mlps_not_experts(model_type):
     from deepspeed.module_inject.autotp_config import AutoTPConfig, PartitionType
     from transformers import AutoConfig, AutoModelForCausalLM

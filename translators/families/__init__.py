@@ -42,7 +42,6 @@ from translators.families.base import (
     _ARCH_FAMILY,
     _CONFIG_CLASSES,
     _CONFIG_FAMILY,
-    _FAMILY,
     _GLM_LIKE,
     _LLAMA_LIKE,
     _MCORE_ARCHS,
@@ -51,7 +50,6 @@ from translators.families.base import (
     MODEL_CONFIG,
     MOE_CONFIG,
     NO_MODEL,
-    Family,
     ModelShape,
 )
 from translators.families.engine import (
@@ -66,6 +64,8 @@ from translators.families.engine import (
     _Spec,
     _Values,
 )
+from translators.families.record import FamilyRecord
+from translators.families.registry import record
 from translators.families.rules import _TYPES
 from translators.notes import Ledger
 
@@ -119,7 +119,7 @@ def _lookup(table: dict, value: Any) -> str | None:
     return table.get(value) if isinstance(value, str) else None
 
 
-def _detect_legacy(tree: dict, config: dict) -> Family:
+def _detect_legacy(tree: dict, config: dict) -> FamilyRecord:
     arch = tree["model"].get("arch") or {}
     name = _model_name(tree)
     kind = (_lookup(_ARCH_FAMILY, arch.get("type")) or _lookup(_CONFIG_FAMILY, config.get("type"))
@@ -130,10 +130,10 @@ def _detect_legacy(tree: dict, config: dict) -> Family:
                                    f"{show((tree.get('trainer') or {}).get('model_name'))} are none this "
                                    "translator knows",
                           f"known config classes: {', '.join(_CONFIG_CLASSES)}")
-    return _FAMILY[(_variant(kind, config, tree) if kind in _VARIANTS else kind, False)]
+    return record(_variant(kind, config, tree) if kind in _VARIANTS else kind, False)
 
 
-def _detect_mcore(tree: dict, config: dict) -> Family:
+def _detect_mcore(tree: dict, config: dict) -> FamilyRecord:
     seed, seed_path = _seed(tree)
     merged = {**seed, **config}
     model_type = merged.get("model_type")
@@ -142,22 +142,22 @@ def _detect_mcore(tree: dict, config: dict) -> Family:
             where = join(MODEL_CONFIG, "model_type") if "model_type" in config else f"{seed_path}: model_type"
             raise ConfigError(where, f"not an mcore model this translator knows: {show(model_type)}",
                               f"known: {', '.join(_MCORE_TYPES)}")
-        return _FAMILY[(_MCORE_TYPES[model_type], True)]
+        return record(_MCORE_TYPES[model_type], True)
     archs = merged.get("architectures")
     for arch in archs if isinstance(archs, list) else [archs]:
         if _lookup(_MCORE_ARCHS, arch):
-            return _FAMILY[(_MCORE_ARCHS[arch], True)]
+            return record(_MCORE_ARCHS[arch], True)
     variant = _variant("mcore", merged, tree)
     if variant is None:
         raise ConfigError("model", "cannot tell which mcore model this is (use_legacy: False)",
                           f"set model.model_config.model_type to one of {', '.join(_MCORE_TYPES)}")
-    return _FAMILY[(variant, True)]
+    return record(variant, True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Public API.
 
-def detect_family(tree: dict) -> Family:
+def detect_family(tree: dict) -> FamilyRecord:
     """The architecture a MindFormers YAML describes; NO_MODEL (hf_model_type None) when it has no model section."""
     if tree.get("model") is None:
         return NO_MODEL
@@ -165,7 +165,7 @@ def detect_family(tree: dict) -> Family:
     return _detect_mcore(tree, config) if tree.get("use_legacy") is False else _detect_legacy(tree, config)
 
 
-def model_shape(tree: dict, family: Family, ledger: Ledger) -> ModelShape:
+def model_shape(tree: dict, family: FamilyRecord, ledger: Ledger) -> ModelShape:
     """The model numbers the rest of the translator needs; notes the keys carried into the Plan as `runtime`."""
     spec, m, _ = _load(tree, family)
     _check_heads(spec, m)
@@ -199,7 +199,7 @@ _SHAPE_NOTES: dict[str, Callable[[Any], str]] = {
 }
 
 
-def hf_config(tree: dict, family: Family, ledger: Ledger) -> dict | None:
+def hf_config(tree: dict, family: FamilyRecord, ledger: Ledger) -> dict | None:
     """`AutoConfig.for_model(**d)` keyword arguments for the YAML's model, or None (with a note on `model`) when
     transformers has no architecture for the family. Every key under model.model_config and model.arch is noted."""
     if family.hf_model_type is None:

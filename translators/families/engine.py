@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from translators.errors import ConfigError, did_you_mean, join, show
-from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL, Family
+from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL
+from translators.families.record import FamilyRecord
 from translators.families.deepseek import (
     DEEPSEEK_V2,
     DEEPSEEK_V2_MOE,
@@ -177,7 +178,7 @@ class _Values:
 
 @dataclass
 class _Ctx:
-    family: Family
+    family: FamilyRecord
     ledger: Ledger
     out: dict
     fed: dict[tuple[str, str], dict] = field(default_factory=dict)  # (section, name) -> the HF values it fed
@@ -254,7 +255,7 @@ def _seed(tree: dict) -> tuple[dict, str]:
     return seed, path
 
 
-def _load(tree: dict, family: Family) -> tuple[_Spec, _Values, _Values]:
+def _load(tree: dict, family: FamilyRecord) -> tuple[_Spec, _Values, _Values]:
     """The family's spec, its model_config values, and the MoE values (moe_config, or model_config under mcore)."""
     if family is NO_MODEL:
         raise ConfigError("model", "no model section: a run config needs model.model_config")
