@@ -51,23 +51,24 @@ def linear_with_warm_up_lr(r: dict[str, Any], s: int) -> float:
     return r["learning_rate"] * max(0.0, (r["total_steps"] - s) / r["linear_steps"])
 
 
+def _decayed_or_warming(r: dict[str, Any], s: int) -> float | None:
+    """The two cosine-with-warm-up classes test `s >= decay_steps` (-> lr_end) before the warm-up."""
+    return r["lr_end"] if s >= r["decay_steps"] else _warmup(r, s)
+
+
 def cosine_with_warm_up_lr(r: dict[str, Any], s: int) -> float:
-    if s >= r["decay_steps"]:
-        return r["lr_end"]
-    warm = _warmup(r, s)
-    if warm is not None:
-        return warm
+    early = _decayed_or_warming(r, s)
+    if early is not None:
+        return early
     progress = (s - r["warmup_steps"]) / r["cosine_steps"]
     percent = max(0.0, 0.5 * (1.0 + math.cos(math.pi * r["num_cycles"] * 2.0 * progress)))
     return r["lr_end"] + (r["learning_rate"] - r["lr_end"]) * percent
 
 
 def cosine_with_restarts_and_warm_up_lr(r: dict[str, Any], s: int) -> float:
-    if s >= r["decay_steps"]:
-        return r["lr_end"]
-    warm = _warmup(r, s)
-    if warm is not None:
-        return warm
+    early = _decayed_or_warming(r, s)
+    if early is not None:
+        return early
     progress = (s - r["warmup_steps"]) / r["cosine_steps"]
     progress_32 = _f32(_f32(s - r["warmup_steps"]) / _f32(r["cosine_steps"]))
     if not progress_32 < 1.0:

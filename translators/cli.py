@@ -54,7 +54,7 @@ def run(argv: list[str] | None = None) -> int:
         gpu_memory = None
         if args.layout:  # imported here: plain translation stays as fast to start as before
             from translators.memory import parse_size
-            from translators.planner import layout, render
+            from translators.planner import layout_report, render
 
             gpu_memory = parse_size(args.gpu_memory) if args.gpu_memory is not None else None
         tree = apply_overrides(load_yaml(args.config), list(args.set))
@@ -77,7 +77,7 @@ def run(argv: list[str] | None = None) -> int:
         if args.layout:
             # what the YAML asked for (shown beside the degrees); MindFormers resets it without use_parallel
             raw_pc = tree.get("parallel_config") if tree.get("use_parallel") is True else None
-            report = layout(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory)
+            report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory)
     except ConfigError as exc:
         print(f"mf-translate: error: {exc}", file=sys.stderr)
         return 2

@@ -62,7 +62,7 @@ class Dims:
 
 
 @dataclass(frozen=True)
-class Layout:
+class ParallelLayout:
     """The degrees DeepSpeed runs, and what became of each axis it does not."""
 
     world_size: int
@@ -83,7 +83,7 @@ class Layout:
         return rank // (self.tensor_parallel * self.context_parallel)
 
 
-def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: int | None) -> Layout:
+def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: int | None) -> ParallelLayout:
     """The degrees for `world_size` ranks (None: the YAML's dp x tp x cp) from the parsed parallel_config `pc`
     (data_parallel, model_parallel, context_parallel, expert_parallel, pipeline_stage), the family's HF model type
     (None: no transformers architecture) and the model's dims (None: no model section). Raises ConfigError, one
@@ -124,7 +124,7 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
                               f"the world size {world}")
     dp = world // (tp * cp)
     ep = _expert_parallel(pc.expert_parallel, dims, dp, world_size is not None, folded)
-    return Layout(world, dp, tp, cp, ep, ("hf_tp_plan" if _tp_rule(hf_model_type) == "hf_tp_plan"
+    return ParallelLayout(world, dp, tp, cp, ep, ("hf_tp_plan" if _tp_rule(hf_model_type) == "hf_tp_plan"
                                           else "partition_config") if tp > 1 else None, folded)
 
 

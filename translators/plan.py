@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, layout, names, recompute
+from translators import families, layout, names, recompute, recompute_ops
 from translators.attention import attention_plan
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
@@ -304,7 +304,7 @@ def _layers(rc: RecomputeConfig, pc: ParallelConfig, pipe: PipelineConfig, shape
                        if swap else "recompute lists read as per-stage layer counts (LayerSetting.set)")
     for key, note in result.notes:
         ledger.runtime(key, note)
-    layers, unmapped = recompute.layer_plan(result, n_total, family.layer_style,
+    layers, unmapped = recompute_ops.layer_plan(result, n_total, family.layer_style,
                                             first_mtp_layer=shape.num_layers if shape.mtp_depth else None)
     for pattern, note in unmapped:
         ledger.differs("recompute_config", f"{pattern}: {note}")

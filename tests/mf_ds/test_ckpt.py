@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from mf_ds.ckpt import MindSporeCheckpoint, load_into
 from mf_ds.errors import RunError
-from mf_ds.weights import Layout, to_hf
+from mf_ds.weights import WeightLayout, to_hf
 from tests.conftest import CPU_ENV, ROOT
 from translators import names
 from translators.plan import translate_file
@@ -145,14 +145,14 @@ def test_fused_qkv_and_gate_up_are_split_back():
     fused = np.concatenate((q.reshape(kv, hidden // kv, -1), k.reshape(kv, hidden // heads, -1),
                             v.reshape(kv, hidden // heads, -1)), axis=1).reshape(w, h)
     parts = {p.name: p.tensor for p in to_hf("model.layers.0.attention.w_qkv.weight", torch.from_numpy(fused),
-                                             "llama", config, Layout())}
+                                             "llama", config, WeightLayout())}
     assert all(torch.equal(parts[attn + p + "_proj.weight"], sd[attn + p + "_proj.weight"]) for p in "qkv")
     mlp = "model.layers.0.mlp."
     gate, up = sd[mlp + "gate_proj.weight"].numpy(), sd[mlp + "up_proj.weight"].numpy()
     ffn = config.intermediate_size
     fused = np.concatenate((gate.reshape(ffn, 1, -1), up.reshape(ffn, 1, -1)), axis=1).reshape(2 * ffn, -1)
     parts = {p.name: p.tensor for p in to_hf("model.layers.0.feed_forward.w_gate_hidden.weight",
-                                             torch.from_numpy(fused), "llama", config, Layout())}
+                                             torch.from_numpy(fused), "llama", config, WeightLayout())}
     assert torch.equal(parts[mlp + "gate_proj.weight"], sd[mlp + "gate_proj.weight"])
     assert torch.equal(parts[mlp + "up_proj.weight"], sd[mlp + "up_proj.weight"])
 

@@ -10,16 +10,8 @@ import yaml
 from tests.conftest import DATA
 from translators.errors import ConfigError
 from translators.layout import build_layout
-from translators.recompute import (
-    _TABLES,
-    RESHAPE_NOTE,
-    STYLES,
-    gpt2_full_layers,
-    hf_targets,
-    layer_plan,
-    normalise,
-    swap_mode,
-)
+from translators.recompute import gpt2_full_layers, normalise, swap_mode
+from translators.recompute_ops import _TABLES, RESHAPE_NOTE, STYLES, hf_targets, layer_plan
 
 SEED = build_layout(48, 5, 2, [[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
 # 10 layers, pp 2, vpp 2: layer_list [[2, 3], [3, 2]]; mini-stages hold 0-1 | 2-4 || 5-7 | 8-9

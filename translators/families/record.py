@@ -9,9 +9,9 @@ translators/families/registry.py. It holds:
   weights               its MindFormers <-> HF weight names (translators/names.py holds the shared tables)
   tp                    the AutoTP rule: "hf_tp_plan", or DeepSpeed partition specs, or None (no rule: TP refused)
   memory_defaults       HF config defaults the memory formulas read when a translated hf_config leaves them out
-  runtime               PatchTargets: what mf_ds patches in the transformers model, named by string (translators/ never imports
-                        transformers): the modeling module, the RoPE function, the SwiGLU MLP, experts and MoE block
-                        classes
+  runtime               PatchTargets: what mf_ds patches in the transformers model, named by string (translators/
+                        never imports transformers): the modeling module, the RoPE function, the SwiGLU MLP,
+                        experts and MoE block classes
 mf_ds reads the runtime part through `registry.runtime(model_type)`; the translator reads the rest through
 `registry.record(name, mcore)` and `registry.by_hf_type(model_type)`.
 """

@@ -398,7 +398,6 @@ FP32_SOFTMAX = ("float32 softmax, as in HF", "HF attention keeps the softmax in 
 NO_CACHE = (False, "inference KV-cache switch, off", "inference KV cache; ignored in training")
 IGNORE_100 = (-100, "label value the loss ignores; HF ignores -100 too",
               "HF's loss ignores only label -100: the data pipeline must write -100 for ignored labels")
-MOE_RUNTIME = "MoE router setting (moe_config.{legacy}); read by the MoE runtime from model_config"
 
 ARCH_RULES: dict[str, Rule | str] = {"type": Ident(_ARCH_CLASSES), "auto_register": DROP(REGISTER)}
 
