@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import random
 import sys
 import threading
 import time
@@ -31,7 +30,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm

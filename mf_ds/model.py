@@ -147,7 +147,8 @@ def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:
         from mf_ds.ckpt import load_into
         from mf_ds.weights import layout_of
 
-        load_into(model, path, plan.weights_family, layout=layout_of(plan))  # load_into sees the partitioned model and writes through zero.Writer
+        # load_into sees the partitioned model and writes through zero.Writer
+        load_into(model, path, plan.weights_family, layout=layout_of(plan))
         return
     files = weight_files(path)
     writer = zero.Writer(model)

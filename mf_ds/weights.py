@@ -39,8 +39,8 @@ DEFAULT_LAYOUT = WeightLayout()
 
 
 def layout_of(plan: Plan) -> WeightLayout:
-    """The WeightLayout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout), with the family's
-    own defaults where the YAML is silent."""
+    """The WeightLayout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout), with the
+    family's own defaults where the YAML is silent."""
     from mf_ds.errors import RunError
 
     given = plan.run.checkpoint_layout

@@ -91,8 +91,10 @@ DEEPSEEK = (
     (".feed_forward.routed_experts.topk_bias", ".mlp.gate.e_score_correction_bias"),
 )
 # Without use_grouped_gemm the router has other names (mlp_name_replace's bmm_key): (gmm name, bmm name).
-DEEPSEEK_BMM = ((".feed_forward.routed_experts.router_dense.weight", ".feed_forward.routed_experts.router.dense.weight"),
-                (".feed_forward.routed_experts.topk_bias", ".feed_forward.routed_experts.router.router.topk_bias"))
+DEEPSEEK_BMM = (
+    (".feed_forward.routed_experts.router_dense.weight", ".feed_forward.routed_experts.router.dense.weight"),
+    (".feed_forward.routed_experts.topk_bias", ".feed_forward.routed_experts.router.router.topk_bias"),
+)
 # mindformers/models/glm2/convert_weight.py + convert_reversed.py (1.7.0) and ChatGLM2ForConditionalGeneration's
 # own names, to transformers' `glm` (THUDM/glm-4-9b-hf): the same weights, renamed; both fuse gate/up, gate first.
 GLM = (

@@ -7,8 +7,9 @@ stay mappings, because their keys are another program's names: `deepspeed` (Deep
 translators.lr) and the small name tables `run.data.columns`, `parallel.folded`.
 
 Derived values live here once, as properties beside the fields they come from (`MoE.has_drop_estimate`,
-`Plan.estimate_capacity_factor`, `Plan.topk_bias_update_rate`, `Plan.logs_drop_rate`), not re-derived by each reader. `Plan.from_json(d)` reads a Plan back (a `--plan` file, a test's
-hand-written section with `partial=True`); an unknown key is an error naming its path.
+`Plan.estimate_capacity_factor`, `Plan.topk_bias_update_rate`, `Plan.logs_drop_rate`, `Plan.zero_stage`,
+`Plan.weights_family`), not re-derived by each reader. `Plan.from_json(d)` reads a Plan back (a `--plan` file, a
+test's hand-written section with `partial=True`); an unknown key is an error naming its path.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`mf-translate x.yaml --world-size N --layout [--gpu-memory 80GiB]`: the layout of a DeepSpeed run on N ranks.
 
-`layout_report(plan, raw_pc, gpu_memory)` returns a JSON-serialisable report; `render(report)` the aligned text. Both read
-only the Plan (degrees from `plan.parallel`, translators/parallel.py) plus the YAML's own pipeline_stage and
+`layout_report(plan, raw_pc, gpu_memory)` returns a JSON-serialisable report; `render(report)` the aligned text.
+Both read only the Plan (degrees from `plan.parallel`, translators/parallel.py) plus the YAML's own pipeline_stage and
 micro_batch_num, which exist in the Plan only as what they became. Memory: translators/memory.py.
 
 Rank order and groups are DeepSpeed's (mf_ds builds them through it):

@@ -69,7 +69,8 @@ class MoESpec:
     shared_gating: bool = False
     """use_shared_expert_gating: shared output times sigmoid(shared_gate(x))."""
     estimate_capacity_factor: float | None = None
-    """cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E); None: no estimate (Plan.estimate_capacity_factor)."""
+    """cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E); None: no estimate
+    (Plan.estimate_capacity_factor)."""
 
     @classmethod
     def from_plan(cls, plan: Plan) -> MoESpec:

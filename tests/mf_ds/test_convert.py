@@ -96,8 +96,8 @@ def test_moe_grouped_matmul_layout(tmp_path, family, w1):
 
 
 def mcore_plan(family: str, **layout) -> Plan:
-    return Plan.from_json({"hf_config": golden(family)[0]["hf_config"],
-                           "run": {"family": family, "layer_style": "mcore", "checkpoint_layout": layout}}, partial=True)
+    run = {"family": family, "layer_style": "mcore", "checkpoint_layout": layout}
+    return Plan.from_json({"hf_config": golden(family)[0]["hf_config"], "run": run}, partial=True)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
@@ -186,8 +186,8 @@ def glm_plan(**layout) -> Plan:
           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0 * c["rope_ratio"],
                               "partial_rotary_factor": 0.5},
           "max_position_embeddings": c["seq_length"], "pad_token_id": 0, "tie_word_embeddings": False}
-    return Plan.from_json({"hf_config": hf, "run": {"family": "glm4", "layer_style": "glm", "checkpoint_layout": layout}},
-                          partial=True)
+    run = {"family": "glm4", "layer_style": "glm", "checkpoint_layout": layout}
+    return Plan.from_json({"hf_config": hf, "run": run}, partial=True)
 
 
 @pytest.mark.parametrize("file,concat", [("model.ckpt", True), ("model_split.ckpt", False)])

@@ -101,13 +101,13 @@ DS2_DEFAULTS = {
 
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
 DEEPSEEK_V2_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v2.modeling_deepseek_v2", rope="deepseek_v2",
-                              mlps=("DeepseekV2MLP",), experts="DeepseekV2Experts", moe_block="DeepseekV2Moe",
-                              shared="shared_experts")
+                                   mlps=("DeepseekV2MLP",), experts="DeepseekV2Experts", moe_block="DeepseekV2Moe",
+                                   shared="shared_experts")
 # layers < first_k_dense_replace stay dense (HF builds them so); gate.e_score_correction_bias is the selection bias
 # TopkBiasBalanceCallback moves
 DEEPSEEK_V3_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v3.modeling_deepseek_v3", rope="deepseek_v3",
-                              mlps=("DeepseekV3MLP",), experts="DeepseekV3Experts", moe_block="DeepseekV3MoE",
-                              shared="shared_experts", native_bias=True)
+                                   mlps=("DeepseekV3MLP",), experts="DeepseekV3Experts", moe_block="DeepseekV3MoE",
+                                   shared="shared_experts", native_bias=True)
 DEEPSEEK_V3_MEMORY = {**parts.MLA_DEFAULTS, "n_shared_experts": 1, "num_experts_per_tok": 8,
                       "first_k_dense_replace": 3, "n_routed_experts": 256, "moe_intermediate_size": 2048}
 RECORDS = (

@@ -151,14 +151,15 @@ RECORDS = (
     FamilyRecord("mixtral", "mixtral", "llama", False, weights=Weights(names.MIXTRAL, experts=names.MIXTRAL_EXPERTS),
                  tp=parts.ATTENTION,
                  # router_jitter_noise is not applied: MindFormers has none
-                 runtime=PatchTargets(f"{MODELS}.mixtral.modeling_mixtral", rope="split_half", experts="MixtralExperts",
-                                 moe_block="MixtralSparseMoeBlock")),
+                 runtime=PatchTargets(f"{MODELS}.mixtral.modeling_mixtral", rope="split_half",
+                                      experts="MixtralExperts", moe_block="MixtralSparseMoeBlock")),
     FamilyRecord("qwen2_moe", "qwen2_moe", "llama", False,
                  weights=Weights(names.QWEN2_MOE, experts=names.QWEN2_MOE_EXPERTS), tp=parts.ATTENTION + parts.MLP,
                  # the shared expert, scaled by sigmoid(shared_expert_gate(x)) under use_shared_expert_gating
-                 runtime=PatchTargets(f"{MODELS}.qwen2_moe.modeling_qwen2_moe", rope="split_half", mlps=("Qwen2MoeMLP",),
-                                 experts="Qwen2MoeExperts", moe_block="Qwen2MoeSparseMoeBlock", shared="shared_expert",
-                                 shared_gate="shared_expert_gate")),
+                 runtime=PatchTargets(f"{MODELS}.qwen2_moe.modeling_qwen2_moe", rope="split_half",
+                                      mlps=("Qwen2MoeMLP",), experts="Qwen2MoeExperts",
+                                      moe_block="Qwen2MoeSparseMoeBlock", shared="shared_expert",
+                                      shared_gate="shared_expert_gate")),
     FamilyRecord("telechat", None, "llama", False,  # Telechat names its ops as Llama does
                  reason="Telechat has no transformers architecture (it ships as trust_remote_code)"),
     FamilyRecord("baichuan2", None, "llama", False,
