@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, patch
+from mf_ds import checkpoint
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
