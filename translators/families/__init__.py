@@ -44,8 +44,6 @@ from translators.families.base import (
     _CONFIG_FAMILY,
     _GLM_LIKE,
     _LLAMA_LIKE,
-    _MCORE_ARCHS,
-    _MCORE_TYPES,
     ARCH,
     MODEL_CONFIG,
     MOE_CONFIG,
@@ -65,7 +63,7 @@ from translators.families.engine import (
     _Values,
 )
 from translators.families.record import FamilyRecord
-from translators.families.registry import record
+from translators.families.registry import mcore_architectures, mcore_model_types, record
 from translators.families.rules import _TYPES
 from translators.notes import Ledger
 
@@ -138,19 +136,19 @@ def _detect_mcore(tree: dict, config: dict) -> FamilyRecord:
     merged = {**seed, **config}
     model_type = merged.get("model_type")
     if model_type is not None:
-        if _lookup(_MCORE_TYPES, model_type) is None:
+        if _lookup(mcore_model_types(), model_type) is None:
             where = join(MODEL_CONFIG, "model_type") if "model_type" in config else f"{seed_path}: model_type"
             raise ConfigError(where, f"not an mcore model this translator knows: {show(model_type)}",
-                              f"known: {', '.join(_MCORE_TYPES)}")
-        return record(_MCORE_TYPES[model_type], True)
+                              f"known: {', '.join(mcore_model_types())}")
+        return record(mcore_model_types()[model_type], True)
     archs = merged.get("architectures")
     for arch in archs if isinstance(archs, list) else [archs]:
-        if _lookup(_MCORE_ARCHS, arch):
-            return record(_MCORE_ARCHS[arch], True)
+        if _lookup(mcore_architectures(), arch):
+            return record(mcore_architectures()[arch], True)
     variant = _variant("mcore", merged, tree)
     if variant is None:
         raise ConfigError("model", "cannot tell which mcore model this is (use_legacy: False)",
-                          f"set model.model_config.model_type to one of {', '.join(_MCORE_TYPES)}")
+                          f"set model.model_config.model_type to one of {', '.join(mcore_model_types())}")
     return record(variant, True)
 
 

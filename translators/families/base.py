@@ -50,7 +50,4 @@ _ARCH_FAMILY = {
     "GPT2LMHeadModel": "gpt2", "Baichuan7BV2ForCausalLM": "baichuan2", "Baichuan13BV2ForCausalLM": "baichuan2",
     "YiZhaoForCausalLM": "yizhao",
 }
-_MCORE_TYPES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "telechat3": "telechat3"}
-_MCORE_ARCHS = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
-                "DeepseekV3ForCausalLM": "deepseek_v3", "TeleChat3ForCausalLM": "telechat3"}
 _CONFIG_CLASSES, _ARCH_CLASSES = tuple(_CONFIG_FAMILY), tuple(_ARCH_FAMILY)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from translators import names
-from translators.families import parts
-from translators.families.base import _MCORE_ARCHS, _MCORE_TYPES
+from translators.families import parts, registry
 from translators.families.deepseek import (
     DEEPSEEK,
     DEEPSEEK_MOE,
@@ -105,8 +104,8 @@ MCORE_MOE_RULES: dict[str, Rule | str] = {
 assert set(MCORE_MOE_RULES) <= set(MCORE_MOE), set(MCORE_MOE_RULES) - set(MCORE_MOE)
 
 MCORE: dict[str, Rule | str] = {
-    "model_type": Ident(tuple(_MCORE_TYPES)),
-    "architectures": Ident(tuple(_MCORE_ARCHS)),
+    "model_type": Ident(registry.mcore_model_types),
+    "architectures": Ident(registry.mcore_architectures),
     "batch_size": DROP(PREDICT_BATCH),
     "seq_length": Shape(),
     "num_layers": "num_hidden_layers",
@@ -217,15 +216,18 @@ assert set(MCORE_MOE) <= _ACCOUNTED, set(MCORE_MOE) - _ACCOUNTED
 
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
 RECORDS = (
-    FamilyRecord("qwen3", "qwen3", "mcore", True, weights=Weights(names.MCORE), tp="hf_tp_plan",
+    FamilyRecord("qwen3", "qwen3", "mcore", True, model_types=("qwen3",), architectures=("Qwen3ForCausalLM",),
+                 weights=Weights(names.MCORE), tp="hf_tp_plan",
                  runtime=PatchTargets(f"{MODELS}.qwen3.modeling_qwen3", rope="split_half", mlps=("Qwen3MLP",))),
-    FamilyRecord("qwen3_moe", "qwen3_moe", "mcore", True, weights=Weights(names.MCORE, experts=names.MCORE_EXPERTS),
+    FamilyRecord("qwen3_moe", "qwen3_moe", "mcore", True, model_types=("qwen3_moe",),
+                 architectures=("Qwen3MoeForCausalLM",), weights=Weights(names.MCORE, experts=names.MCORE_EXPERTS),
                  tp=parts.ATTENTION + parts.QK_NORM + parts.MLP,
                  runtime=PatchTargets(f"{MODELS}.qwen3_moe.modeling_qwen3_moe", rope="split_half",
                                       mlps=("Qwen3MoeMLP",), experts="Qwen3MoeExperts",
                                       moe_block="Qwen3MoeSparseMoeBlock")),
-    FamilyRecord("deepseek_v3", "deepseek_v3", "mcore", True, tp=parts.MLA + parts.MLP,
+    FamilyRecord("deepseek_v3", "deepseek_v3", "mcore", True, model_types=("deepseek_v3",),
+                 architectures=("DeepseekV3ForCausalLM",), tp=parts.MLA + parts.MLP,
                  memory_defaults=DEEPSEEK_V3_MEMORY, runtime=DEEPSEEK_V3_RUNTIME),
-    FamilyRecord("telechat3", None, "mcore", True,
+    FamilyRecord("telechat3", None, "mcore", True, model_types=("telechat3",), architectures=("TeleChat3ForCausalLM",),
                  reason="TeleChat3 has no transformers architecture (it ships as trust_remote_code)"),
 )

@@ -4,6 +4,7 @@ A record is declared in the module of the family's MindFormers config class (tra
 deepseek.py, glm.py, gpt2.py, mcore.py: the config rules of `model.model_config` live beside it) and listed in
 translators/families/registry.py. It holds:
   name, mcore           the family as the Plan names it (`run.family`), and which schema its YAML uses
+  model_types, architectures   the names an mcore YAML (or its pretrained_model_dir) gives the family
   hf_model_type         the transformers architecture (None: none, with the `reason`)
   layer_style           the MindFormers op names of its decoder layer (recompute tables, translators/recompute_ops.py)
   weights               its MindFormers <-> HF weight names (translators/names.py holds the shared tables)
@@ -74,6 +75,10 @@ class FamilyRecord:
     """The YAML uses the mcore model_config (use_legacy: False)."""
     reason: str = ""
     """Why hf_model_type is None."""
+    model_types: tuple[str, ...] = ()
+    """mcore: the `model_type` values (model_config or pretrained_model_dir's config.json) that name this family."""
+    architectures: tuple[str, ...] = ()
+    """mcore: the `architectures` class names that name this family."""
     weights: Weights | None = None
     tp: str | tuple[Mapping[str, Any], ...] | None = None
     memory_defaults: Mapping[str, Any] = field(default_factory=dict)

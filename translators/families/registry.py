@@ -52,6 +52,16 @@ def runtimes() -> dict[str, PatchTargets]:
     return out
 
 
+def mcore_model_types() -> dict[str, str]:
+    """mcore `model_type` -> family name."""
+    return {t: r.name for r in records() if r.mcore for t in r.model_types}
+
+
+def mcore_architectures() -> dict[str, str]:
+    """mcore `architectures` class name -> family name."""
+    return {a: r.name for r in records() if r.mcore for a in r.architectures}
+
+
 def weights(key: str) -> Weights | None:
     """The weight tables of a record's weights_key (`llama`, `qwen3/mcore`), None where it has none."""
     return next((r.weights for r in records() if r.weights_key == key and r.weights is not None), None)

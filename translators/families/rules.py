@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -344,14 +344,16 @@ class Runtime:
 
 @dataclass(frozen=True)
 class Ident:
-    """Names the family: a config class, arch class or model_type among `known`."""
+    """Names the family: a config class, arch class or model_type among `known` (or what `known()` returns, for
+    names the family records hold: translators/families/registry.py)."""
 
-    known: tuple[str, ...]
+    known: tuple[str, ...] | Callable[[], Iterable[str]]
     untyped = True
 
     def account(self, s: _Values, key: str, name: str, ctx: _Ctx) -> None:
         value = s.raw[key]
-        if any(v in self.known for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)):
+        known = self.known() if callable(self.known) else self.known
+        if any(v in known for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)):
             ctx.note(s, key, "mapped", f"family {ctx.family.name} (hf model_type {ctx.family.hf_model_type})")
         else:
             ctx.note(s, key, "unknown", f"not a class this translator knows; the family is {ctx.family.name}")
