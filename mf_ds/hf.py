@@ -36,6 +36,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from mf_ds.errors import RunError
+from translators.lr import Schedule
 from translators.plan_types import Plan, Run
 
 
@@ -206,18 +207,18 @@ class MFSetup:
                          train_dataset=self.train_dataset, plan=self.plan, data_size=self.data_size, **kwargs)
 
 
-def _scheduler_args(r: dict) -> tuple[str, dict]:
+def _scheduler_args(r: Schedule) -> tuple[str, dict]:
     """The nearest HF scheduler type to the resolved schedule `r`, for a plain `Trainer` (MFTrainer applies
     MindFormers' formula itself); constant_with_warmup where no HF type has MindFormers' shape."""
-    plain = not r.get("warmup_lr_init") and r.get("decay_steps") in (r["total_steps"], None)
-    if r["type"] == "CosineWithWarmUpLR" and plain:
-        return "cosine_with_min_lr", {"min_lr": r["lr_end"], "num_cycles": r["num_cycles"]}
-    if r["type"] == "CosineWithRestartsAndWarmUpLR" and plain and r["lr_end"] == 0:
-        return "cosine_with_restarts", {"num_cycles": r["num_cycles"]}
-    if r["type"] == "PolynomialWithWarmUpLR" and not r["warmup_lr_init"] \
-            and r["decay_steps"] == max(1, r["total_steps"] - r["warmup_steps"]):
-        return "polynomial", {"lr_end": r["lr_end"], "power": r["power"]}
-    if r["type"] == "LinearWithWarmUpLR" and plain:
+    plain = not r.warmup_lr_init and r.decay_steps in (r.total_steps, None)
+    if r.type == "CosineWithWarmUpLR" and plain:
+        return "cosine_with_min_lr", {"min_lr": r.lr_end, "num_cycles": r.num_cycles}
+    if r.type == "CosineWithRestartsAndWarmUpLR" and plain and r.lr_end == 0:
+        return "cosine_with_restarts", {"num_cycles": r.num_cycles}
+    if r.type == "PolynomialWithWarmUpLR" and not r.warmup_lr_init \
+            and r.decay_steps == max(1, r.total_steps - r.warmup_steps):
+        return "polynomial", {"lr_end": r.lr_end, "power": r.power}
+    if r.type == "LinearWithWarmUpLR" and plain:
         return "linear", {}
     return "constant_with_warmup", {}
 
@@ -225,7 +226,7 @@ def _scheduler_args(r: dict) -> tuple[str, dict]:
 def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     """Translate `path` (dotted YAML overrides as keyword names; also output_dir= and max_steps=) for the Trainer."""
     from mf_ds.model import prepare
-    from translators.lr import resolve
+    from translators.lr import schedule_for
     from translators.plan import translate_file
 
     output_dir = overrides.pop("output_dir", None)
@@ -256,7 +257,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     if "tensor_parallel" in ds_config:
         # accelerate gathers AutoTP shards for save_model only when this is set (Accelerator.get_state_dict)
         ds_config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
-    resolved = resolve(run.lr_schedule, prepared.data_size, run_steps=steps)
+    resolved = schedule_for(run.lr_schedule, prepared.data_size, run_steps=steps)
     sched_type, sched_kwargs = _scheduler_args(resolved)
     ckpt = run.callbacks.checkpoint
     saving = bool(ckpt and ckpt.save_checkpoint_steps)  # MindSpore's save_checkpoint_steps 0: no step saves
@@ -270,10 +271,10 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
         bf16=run.compute_dtype == "bfloat16",
         use_cpu=not torch.cuda.is_available(),
         seed=run.seed,
-        learning_rate=resolved["peak"],
+        learning_rate=resolved.peak,
         lr_scheduler_type=sched_type,
         lr_scheduler_kwargs=sched_kwargs,
-        warmup_steps=resolved.get("warmup_steps", 0),
+        warmup_steps=resolved.warmup_steps or 0,
         weight_decay=optimizer.weight_decay,
         adam_beta1=betas[0],
         adam_beta2=betas[1],

@@ -16,12 +16,13 @@ LambdaLR factor of the peak learning rate, stepped once per optimizer step by th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
 from mf_ds.lr import schedule
-from translators.lr import resolve
+from translators.lr import schedule_for
 from translators.plan_types import Optimizer
 
 
@@ -131,7 +132,7 @@ def build_optimizer(model: torch.nn.Module, spec: Optimizer) -> torch.optim.Opti
     return torch.optim.AdamW(groups, lr=spec.lr, betas=betas, eps=spec.eps)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict, data_size: int | None = None, *,
+def build_scheduler(optimizer: torch.optim.Optimizer, spec: Mapping[str, Any], data_size: int | None = None, *,
                     run_steps: int | None = None,
                     log: Callable[[str], None] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
     """MindFormers' schedule (plan.run.lr_schedule) as a LambdaLR stepped once per optimizer step.
@@ -140,12 +141,12 @@ def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict, data_size: int
     translators.lr refuse a schedule that is NaN within the run; `log` gets MindFormers' lines (warm-up ratio,
     warmup_lr_init default) as MindFormers prints them when it builds the schedule.
     """
-    resolved = resolve(spec, data_size, run_steps)
+    resolved = schedule_for(spec, data_size, run_steps)
     if log is not None:
-        for line in resolved["log"]:
+        for line in resolved.log:
             log(line.split(": ", 1)[1])
     rate = schedule(resolved)
-    peak = resolved["peak"] or 1.0  # the factor is relative to the optimizer's base rate
+    peak = resolved.peak or 1.0  # the factor is relative to the optimizer's base rate
     for group in optimizer.param_groups:
         group["lr"] = peak
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step) / peak)
