@@ -14,6 +14,7 @@ test's hand-written section with `partial=True`); an unknown key is an error nam
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -80,9 +81,14 @@ class AuxGroups:
     """Groups of the comm loss: the YAML's expert_parallel."""
 
 
+SCORES = ("softmax", "sigmoid")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+PATHS = ("moev2", "moev3", "mcore")
+
+
 @dataclass(frozen=True)
 class MoE:
-    """The MoE blocks: router, capacity and drop policy, losses (translators/moe.py)."""
+    """The MoE blocks: router, capacity and drop policy, losses (translators/moe.py); mf_ds/moe routes with it."""
 
     num_experts: int = 8
     top_k: int = 2
@@ -99,9 +105,11 @@ class MoE:
     aux_loss: AuxFactors = field(default_factory=AuxFactors)
     """The factors this path computes."""
     aux_loss_configured: AuxFactors = field(default_factory=AuxFactors)
-    """The factors as the YAML sets them: they choose the aux top-k and the drop-rate estimate."""
+    """The factors as the YAML sets them, before the path dropped any (the legacy Llama path computes the losses
+    and discards them): they still decide the aux top-k and MindFormers' drop-rate estimate."""
     aux_groups: AuxGroups = field(default_factory=AuxGroups)
     z_loss: float = 0.0
+    """Factor of the router z-loss."""
     capacity_factor: float = -1.0
     capacity_multiple: int = 1
     """C rounds up to a multiple of this."""
@@ -120,6 +128,64 @@ class MoE:
     def __post_init__(self):
         if self.capacity_factor <= 0 and not self.dropless:
             raise ValueError(f"moe.capacity_factor {self.capacity_factor} keeps no capacity: dropless must be True")
+        router = self.router
+        if router.score not in SCORES:
+            raise ValueError(f"router score {router.score!r}: expected one of {SCORES}")
+        if router.topk_method not in TOPK_METHODS:
+            raise ValueError(f"topk_method {router.topk_method!r}: expected one of {TOPK_METHODS}")
+        if self.path not in PATHS:
+            raise ValueError(f"router path {self.path!r}: expected one of {PATHS}")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k {self.top_k} must be in [1, num_experts {self.num_experts}]")
+        if self.grouped and (not (router.n_group and router.topk_group) or self.num_experts % router.n_group):
+            raise ValueError(f"{router.topk_method} needs n_group dividing {self.num_experts} experts and "
+                             f"topk_group (got {router.n_group}, {router.topk_group})")
+        device = self.aux_groups.device
+        if self.aux_loss.device and (not device or self.num_experts % device):
+            raise ValueError(f"the device loss needs expert_group_size dividing {self.num_experts} experts "
+                             f"(got {device})")
+        if self.aux_loss.comm and self.num_experts % self.aux_groups.comm:
+            raise ValueError(f"{self.num_experts} experts do not split into {self.aux_groups.comm} comm-loss groups")
+        if self.token_groups < 1:
+            raise ValueError(f"token_groups {self.token_groups} must be >= 1")
+
+    def capacity(self, tokens: int) -> int | None:
+        """Pairs each expert keeps out of one group of `tokens` tokens; None when dropless (MindFormers' moe.py
+        calculate_expert_capacity_v2: C = roundup(min(ceil(k N cf / E), N), capacity_multiple), the same float
+        expression so the ceiling agrees with MindFormers')."""
+        if self.dropless:
+            return None
+        raw = min(math.ceil(self.top_k * tokens * self.capacity_factor / self.num_experts), tokens)
+        return -(-raw // self.capacity_multiple) * self.capacity_multiple
+
+    @property
+    def grouped(self) -> bool:
+        """Group-limited selection (MoEV3 has none)."""
+        return self.router.topk_method != "greedy" and self.path != "moev3"
+
+    @property
+    def has_balance(self) -> bool:
+        return bool(self.aux_loss.expert or self.aux_loss.device or self.aux_loss.comm)
+
+    @property
+    def has_aux(self) -> bool:
+        return self.has_balance or bool(self.z_loss)
+
+    @property
+    def plain_aux_topk(self) -> bool:
+        """f of the balance losses (and MoEDropRateCallback's estimate) from a separate plain top-k of p, not from
+        the routing (moe.py TopkRouterV2.construct; moev3.py MoEV3.construct; mcore uses the routing)."""
+        configured = self.aux_loss_configured
+        if self.path == "moev2":
+            return self.router.bias_balance and any(f > 0 for f in (configured.expert, configured.device,
+                                                                    configured.comm))
+        return self.router.bias_balance and self.path == "moev3"
+
+    @property
+    def global_batch_f(self) -> bool:
+        """mcore gbs_aux_loss: f of the balance loss is the mean over every rank and the step's micro-batches so far
+        (MFMoE keeps it), not the group's own."""
+        return self.aux_f == "global_batch"
 
     @property
     def has_drop_estimate(self) -> bool:

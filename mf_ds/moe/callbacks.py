@@ -53,7 +53,7 @@ def step_metrics(model: nn.Module) -> dict[int, dict]:
     rows, estimates = [], []
     for layer in layers:
         layer.reset_step()
-        experts = layer.spec.router.num_experts
+        experts = layer.spec.num_experts
         stats = layer.stats
         if stats is None:
             rows.append(torch.zeros(2 + experts, dtype=torch.float64, device=_device(layers)))
@@ -99,7 +99,7 @@ def update_topk_bias(model: nn.Module, plan: Plan) -> None:
     loads = []
     for layer in layers:
         stats = layer.stats
-        experts = layer.spec.router.num_experts
+        experts = layer.spec.num_experts
         if stats is None:
             loads.append(torch.zeros(experts, dtype=torch.float64, device=_device(layers)))
         else:

@@ -27,7 +27,7 @@ import functools
 import torch
 from torch import nn
 
-from mf_ds.moe.layer import MFExperts, MFMoE, MoESpec
+from mf_ds.moe.layer import MFExperts, MFMoE
 from mf_ds.moe.router import MFRouter
 from mf_ds.patch import PatchError, PatchFn
 from mf_ds.patch.core import Recorder, decoder_layers
@@ -43,7 +43,6 @@ FAMILIES: dict[str, PatchTargets] = {t: r for t, r in registry.runtimes().items(
 
 def _patch(family: PatchTargets, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
     moe = plan.moe
-    spec = MoESpec.from_plan(plan)
     prefix, layers = decoder_layers(model)
     wanted = set(moe.layers)
     report, ep = [], None
@@ -58,7 +57,8 @@ def _patch(family: PatchTargets, model: nn.Module, plan: Plan, recorder: Recorde
             raise PatchError(f"{prefix}.{index}.mlp is {type(block).__name__}, but the plan makes layer {index} "
                              f"{'a MoE' if index in wanted else 'a dense'} layer")
         if sparse:
-            new, notes = _build(family, block, spec, moe, index, ep, f"{prefix}.{index}.mlp")
+            new, notes = _build(family, block, moe, plan.estimate_capacity_factor, index, ep,
+                                f"{prefix}.{index}.mlp")
             recorder.set(layer, "mlp", new)
             if ep is not None:
                 recorder.on_success.append(lambda experts=block.experts: _release_full_experts(experts))
@@ -76,8 +76,8 @@ def _patch(family: PatchTargets, model: nn.Module, plan: Plan, recorder: Recorde
     return report
 
 
-def _build(family: PatchTargets, block: nn.Module, spec: MoESpec, moe: MoE, index: int, ep, path: str) \
-        -> tuple[MFMoE, list[str]]:
+def _build(family: PatchTargets, block: nn.Module, moe: MoE, estimate_cf: float | None, index: int, ep,
+           path: str) -> tuple[MFMoE, list[str]]:
     notes = []
     experts = block.experts
     held = full_shape(experts.gate_up_proj)[0]  # a ZeRO-3 shard's whole shape (mf_ds/zero.py)
@@ -92,13 +92,13 @@ def _build(family: PatchTargets, block: nn.Module, spec: MoESpec, moe: MoE, inde
         gate_up, down = experts.gate_up_proj, experts.down_proj
     else:
         gate_up, down = ep.shard(experts.gate_up_proj), ep.shard(experts.down_proj)
-    mf_experts = MFExperts(gate_up, down, act_fn, safe_tokens=spec.safe_tokens)
+    mf_experts = MFExperts(gate_up, down, act_fn, safe_tokens=moe.safe_tokens)
 
     bias = getattr(block.gate, "e_score_correction_bias", None) if family.native_bias else None
-    if bias is None and spec.router.bias_balance:
+    if bias is None and moe.router.bias_balance:
         bias = torch.zeros(moe.num_experts, dtype=torch.float32, device=block.gate.weight.device)
         notes.append(f"{path}.gate.e_score_correction_bias: new fp32 buffer for balance_via_topk_bias")
-    if bias is not None and not spec.router.bias_balance and bool(bias.any()):
+    if bias is not None and not moe.router.bias_balance and bool(bias.any()):
         notes.append(f"{path}.gate.e_score_correction_bias: kept but not used for selection "
                      f"(balance_via_topk_bias is off)")
     gate = MFRouter(block.gate.weight, bias, dtype=moe.router.dtype)
@@ -108,8 +108,8 @@ def _build(family: PatchTargets, block: nn.Module, spec: MoESpec, moe: MoE, inde
         shared[family.shared] = getattr(block, family.shared)
         if family.shared_gate:
             shared[family.shared_gate] = getattr(block, family.shared_gate)
-        use_gate = family.shared_gate if spec.shared_gating else None
-        if family.shared_gate and not spec.shared_gating:
+        use_gate = family.shared_gate if moe.shared_expert_gating else None
+        if family.shared_gate and not moe.shared_expert_gating:
             notes.append(f"{path}.{family.shared_gate}: kept, not applied (use_shared_expert_gating is off)")
         if moe.shared_experts:
             names = (family.shared, use_gate)
@@ -121,7 +121,8 @@ def _build(family: PatchTargets, block: nn.Module, spec: MoESpec, moe: MoE, inde
     if getattr(block, "jitter_noise", 0):
         notes.append(f"{path}: router_jitter_noise {block.jitter_noise} not applied (MindFormers has none)")
 
-    new = MFMoE(spec, gate, mf_experts, index, shared=shared, shared_names=names, expert_parallel=ep)
+    new = MFMoE(moe, gate, mf_experts, index, shared=shared, shared_names=names, expert_parallel=ep,
+                estimate_capacity_factor=estimate_cf)
     # HF's child order, so parameters (and ZeRO's flat groups) come in the unpatched model's order
     new._modules = {name: new._modules[name] for name in block._modules if name in new._modules}
     if ep is not None:
@@ -145,7 +146,7 @@ def build_block(model_type: str, block: nn.Module, plan: Plan, layer_index: int 
     and tests of a single layer. Single-rank (the Plan's expert_parallel must be 1)."""
     if plan.moe.expert_parallel != 1:
         raise PatchError("build_block makes single-rank blocks; patch a whole model for expert parallelism")
-    new, _ = _build(FAMILIES[model_type], block, MoESpec.from_plan(plan), plan.moe, layer_index, None,
+    new, _ = _build(FAMILIES[model_type], block, plan.moe, plan.estimate_capacity_factor, layer_index, None,
                     type(block).__name__)
     return new
 

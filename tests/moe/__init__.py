@@ -7,7 +7,7 @@ import copy
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from translators.plan_types import Plan
+from translators.plan_types import AuxFactors, AuxGroups, MoE, Plan, Router
 
 KERNELS_OFF = {"fused_rope": False, "fused_swiglu": False}
 
@@ -64,6 +64,21 @@ def moe_plan(num_experts: int = 8, top_k: int = 2, router: dict | None = None, c
     section["aux_loss_configured"] = {**section["aux_loss"], **section["aux_loss_configured"]}
     run = {"callbacks": {"topk_bias_balance": None, "moe_drop_rate": None, **(callbacks or {})}}
     return Plan.from_json({"moe": section, "kernels": dict(KERNELS_OFF), "run": run}, partial=True)
+
+
+def moe_spec(num_experts: int, top_k: int, *, aux_expert: float = 0.0, aux_device: float = 0.0,
+             aux_comm: float = 0.0, configured: tuple[float, float, float] | None = None, z_loss: float = 0.0,
+             device_groups: int | None = None, comm_groups: int = 1, token_groups: int = 1, path: str = "moev2",
+             aux_f: str = "group", capacity_factor: float = -1.0, dropless: bool = True, capacity_multiple: int = 1,
+             drop_policy: str = "kdrop", **router) -> MoE:
+    """The Plan's `moe` section for the router and layer tests, from flat arguments (`router`: Router fields;
+    `configured`: the YAML's (expert, device, comm) factors, by default the ones computed)."""
+    aux = AuxFactors(aux_expert, aux_device, aux_comm)
+    return MoE(num_experts=num_experts, top_k=top_k, router=Router(**router), aux_loss=aux,
+               aux_loss_configured=AuxFactors(*configured) if configured else aux,
+               aux_groups=AuxGroups(device_groups, comm_groups), z_loss=z_loss, token_groups=token_groups,
+               path=path, aux_f=aux_f, capacity_factor=capacity_factor, dropless=dropless,
+               capacity_multiple=capacity_multiple, drop_policy=drop_policy)
 
 
 def family_plan(family: str, **moe) -> Plan:

@@ -108,7 +108,7 @@ def _capture_permute(monkeypatch) -> list:
 
 def _naive_block(block, x_TH, kept_TK):
     """The MoE block by hand: per token, the kept choices' gate * SwiGLU expert, gates not renormalised."""
-    routing = mf_ds.moe.route(block.gate(x_TH), block.spec.router)
+    routing = mf_ds.moe.route(block.gate(x_TH), block.spec)
     out = torch.zeros_like(x_TH)
     w1, w2 = block.experts.gate_up_proj, block.experts.down_proj
     for t in range(x_TH.shape[0]):
@@ -203,7 +203,7 @@ def test_capacity_per_token_group_with_rounding(monkeypatch):
     c = math.ceil(2 * 8 * 0.5 / 8)
     c += c % 2
     assert c == 2 and capacity == 3 * c
-    routing = mf_ds.moe.route(block.gate(x.view(-1, 32)), block.spec.router)
+    routing = mf_ds.moe.route(block.gate(x.view(-1, 32)), block.spec)
     expected = torch.cat([_mindformers_within_capacity(part, 8, c, sdrop=False)
                           for part in routing.expert_ids_TK.split(8)])
     assert torch.equal(kept, expected) and (~expected).any()
@@ -466,7 +466,7 @@ def test_gbs_aux_loss_uses_the_running_f_of_the_step():
                                          aux_loss={"expert": 0.1}))
     model.train()
     block = model.model.layers[0].mlp
-    spec = block.spec.router
+    spec = block.spec
     xs = [torch.randn(10, 32, generator=torch.Generator().manual_seed(seed)) for seed in range(3)]
     fs, got = [], []
     for x in xs[:2]:
