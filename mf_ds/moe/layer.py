@@ -37,7 +37,6 @@ Legend: T tokens, H hidden, E experts (E_local on this rank), K top-k, I expert 
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
