@@ -102,3 +102,19 @@ def test_moe_trainer_train_step_by_step(tmp_path, stem):
             saved = weights[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"].numpy()
             np.testing.assert_array_equal(saved, np.array(bias, dtype=np.float32))
             assert np.abs(saved).max() > 0
+
+
+def test_moe_kdrop_under_the_hf_trainer(tmp_path):
+    """The HF Trainer path (mf_ds.hf.MFTrainer) gets the same pad masks per sample: MindFormers' first 4 steps of the
+    k-drop run (the step-3 divergence of the unmasked pads included), with the same drops."""
+    proc = subprocess.run([sys.executable, "examples/hf_trainer.py", str(RUN / "moe_kdrop_tiny.yaml"),
+                           "--max_steps", "4", "--output_dir", str(tmp_path)], cwd=ROOT, env=CPU_ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = golden("moe_kdrop_tiny")["steps"][:4]
+    np.testing.assert_allclose([row["loss"] for row in ours], [s["loss"] for s in steps], rtol=RTOL, atol=0)
+    np.testing.assert_allclose([row["grad_norm"] for row in ours], [s["global_norm"] for s in steps], rtol=RTOL,
+                               atol=0)
+    assert [[round(row["moe"][layer]["drop_rate"] * PAIRS) for layer in sorted(row["moe"])] for row in ours] == \
+        [[len(pairs) for pairs in s["drops"]] for s in steps]
