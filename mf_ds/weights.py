@@ -350,4 +350,3 @@ def attach_router_bias(model: torch.nn.Module, hf_name: str, tensor: torch.Tenso
         router.register_buffer("e_score_correction_bias", torch.zeros(tensor.numel(), dtype=torch.float32,
                                                                        device=weight.device))
     return f"{path}.e_score_correction_bias"
-

@@ -17,8 +17,7 @@ Per family (transformers 5.23 `models/<type>/modeling_<type>.py`):
 Other families with balance_via_topk_bias get that bias as a new buffer, `mlp.gate.e_score_correction_bias` (one
 state-dict key more per MoE layer: it is training state, and HF ignores it on load), unless loading a MindFormers
 checkpoint (its `topk_bias`) or an HF directory has already put it on the router (mf_ds/weights.py
-attach_router_bias). MTP layers in the Plan have
-no module in transformers' models and are reported as such.
+attach_router_bias). MTP layers in the Plan have no module in transformers' models and are reported as such.
 """
 
 from __future__ import annotations
