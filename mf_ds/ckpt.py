@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from mf_ds.errors import RunError
-from mf_ds.weights import DEFAULT_LAYOUT, Layout, model_slot, to_hf
+from mf_ds.weights import DEFAULT_LAYOUT, Layout, attach_router_bias, model_slot, to_hf
 from translators import names
 
 DTYPES = {"Float32": torch.float32, "Float16": torch.float16, "BFloat16": torch.bfloat16, "Float64": torch.float64,
@@ -303,6 +303,11 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
         tensor = load()
         for piece in to_hf(mf_name, tensor, family, model.config, layout):
             slot = model_slot(piece.name, state)
+            if slot is None and (bias := attach_router_bias(model, piece.name, piece.tensor)) is not None:
+                state[bias] = model.get_buffer(bias)  # a router bias the HF class lacks: now a buffer of the model
+                if writer is not None:
+                    writer.tensors[bias] = state[bias]
+                slot = (bias, ())
             if slot is None:
                 if piece.name in tied:
                     continue

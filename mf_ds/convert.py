@@ -23,7 +23,7 @@ import torch
 
 from mf_ds.ckpt import load_into, write_ckpt
 from mf_ds.errors import RunError
-from mf_ds.weights import from_hf, layout_of, mindformers_names, model_slot
+from mf_ds.weights import attach_router_bias, from_hf, layout_of, mindformers_names, model_slot
 from translators import names
 
 
@@ -40,6 +40,13 @@ def _meta_model(plan: dict):
 def _family(plan: dict) -> str:
     run = plan["run"]
     return names.table_key(run["family"], run.get("layer_style"))
+
+
+def _shape(file: Path, name: str) -> list[int]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        return f.get_slice(name).get_shape()
 
 
 def _progress(total: int, what: str):
@@ -87,7 +94,10 @@ def to_mindformers(plan: dict, src: str, dst: str) -> int:
     owners = weight_files(Path(src))  # checks the files (index, shards, checksums) first
     for name in sorted(owners):
         slot = model_slot(name, state)
-        if slot is None:
+        shape = _shape(owners[name], name) if slot is None else None
+        if slot is None and (bias := attach_router_bias(model, name, torch.empty(shape, device="meta"))) is not None:
+            state[bias] = model.get_buffer(bias)  # balance_via_topk_bias on a family whose HF router has no bias
+        elif slot is None:
             raise RunError(f"{owners[name]}: {name} is not a weight of the YAML's {family} model")
     layout = layout_of(plan)
 
@@ -107,6 +117,9 @@ def to_mindformers(plan: dict, src: str, dst: str) -> int:
                 tensor = from_hf(mf_name, groups[mf_name], read, family, model.config, layout)
                 bar.update(tensor.numel() * tensor.element_size())
                 yield mf_name, tensor
+                for bias, load in names.EXPERT_LOAD.items():  # the router's load counter (names.NOT_WEIGHTS)
+                    if mf_name.endswith(bias):
+                        yield mf_name[: -len(bias)] + load, torch.zeros_like(tensor)
 
     if dst.endswith(".ckpt"):
         return write_ckpt(dst, tensors())

@@ -167,6 +167,16 @@ class MFTrainer(Trainer):
         loss = loss * self.interleave
         return (loss, result[1]) if return_outputs else loss
 
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Under AutoTP, accelerate's get_state_dict is DeepSpeed's TP gather
+        (engine._replace_module_consolidated_state_dict), which walks parameters only: the persistent buffers, e.g.
+        DeepSeek-V3's trained router bias `mlp.gate.e_score_correction_bias`, would be missing from the saved
+        weights. AutoTP leaves buffers whole on every rank: rank 0 adds its own (as mf_ds/checkpoint.py does)."""
+        if state_dict and self.plan["parallel"]["tensor_parallel"] > 1:
+            model = self.accelerator.unwrap_model(self.model)
+            state_dict.update({k: v.detach().cpu() for k, v in model.state_dict().items() if k not in state_dict})
+        super()._save(output_dir, state_dict=state_dict)
+
     def create_optimizer(self, model=None):
         from mf_ds.optim import build_optimizer
 

@@ -74,6 +74,7 @@ def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
         missing = sorted(info["missing_keys"])
         raise RunError(f"{path}: {len(missing)} weights of the model are not in the checkpoint (first: "
                        f"{missing[0]}); is it a checkpoint of another model?")
+    _router_biases(model, files)
     for name, param in model.named_parameters():
         if not torch.isfinite(param).all():
             raise RunError(f"{files.get(name, path)}: weight {name} holds inf/NaN (a damaged file?)")
@@ -84,7 +85,7 @@ def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
     """Weights into a partitioned model, one tensor at a time (mf_ds.zero.Writer); the same checks as the whole
     build's loaders. Every rank reads every tensor (memory: one tensor), rank 0's values are kept."""
     from mf_ds import zero
-    from mf_ds.weights import model_slot
+    from mf_ds.weights import attach_router_bias, model_slot
 
     if is_mindformers_checkpoint(path):
         from mf_ds.ckpt import load_into
@@ -105,6 +106,9 @@ def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
                     if tensor.is_floating_point() and not torch.isfinite(tensor).all():
                         raise RunError(f"{shard}: weight {name} holds inf/NaN (a damaged file?)")
                     slot = model_slot(name, writer.shapes)
+                    if slot is None and (bias := attach_router_bias(model, name, tensor)) is not None:
+                        writer.shapes[bias] = writer.tensors[bias] = model.get_buffer(bias)
+                        slot = (bias, ())
                     if slot is None:  # no weight of the model: ignored, as from_pretrained does
                         continue
                     param, index = slot
@@ -122,6 +126,22 @@ def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
     if missing:
         raise RunError(f"{path}: {len(missing)} weights of the model are not in the checkpoint (first: "
                        f"{missing[0]}); is it a checkpoint of another model?")
+
+
+def _router_biases(model: torch.nn.Module, files: dict[str, Path]) -> None:
+    """The routers' e_score_correction_bias of an HF directory saved by mf-ds for a family whose HF router has none
+    (balance_via_topk_bias on Mixtral, Qwen2-MoE): from_pretrained leaves it out as unexpected; put it back."""
+    from mf_ds.weights import ROUTER_BIAS, attach_router_bias, model_slot
+
+    state = model.state_dict()
+    for name, file in files.items():
+        if name.endswith(ROUTER_BIAS) and model_slot(name, state) is None:
+            with safe_open(str(file), framework="pt") as f:
+                tensor = f.get_tensor(name)
+            bias = attach_router_bias(model, name, tensor)
+            if bias is not None:
+                with torch.no_grad():
+                    model.get_buffer(bias).copy_(tensor)
 
 
 def is_mindformers_checkpoint(path: Path) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 from translators import deepspeed as ds
 from translators import families, layout, names, recompute
-from translators.attention import attention_plan
+from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
 from translators.errors import ConfigError, show
@@ -247,6 +247,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         **attention,  # pad_attention_mask, pad_token_id
         "checkpoint_layout": names.checkpoint_layout(tree),
     }
+    run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
     notes = ledger.finish()
     plan = {"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe, "kernels": kernels,
             "run": run, "parallel": lay.as_plan(), "notes": Ledger.as_json(notes)}
