@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from mf_ds.ckpt import load_into, write_ckpt
+from mf_ds.mindspore_ckpt import load_into, write_ckpt
 from mf_ds.errors import RunError
 from mf_ds.weights import from_hf, layout_of, mindformers_names, model_slot
 from translators import names
@@ -54,7 +54,7 @@ def to_hf(plan: dict, src: str, dst: str) -> dict[str, int]:
     Holds the output and one MindFormers tensor at a time."""
     from safetensors.torch import save_file
 
-    from mf_ds.ckpt import _checkpoint_files
+    from mf_ds.mindspore_ckpt import _checkpoint_files
 
     model = _meta_model(plan)
     out: dict[str, torch.Tensor] = {}

@@ -1,5 +1,5 @@
 """Build the HF model the Plan describes: `from_config`, weights from an HF-layout safetensors directory, or a
-MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/ckpt.py).
+MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/mindspore_ckpt.py).
 
 The runtime reads only the Plan (DESIGN.md): `plan.hf_config` is `AutoConfig.for_model` kwargs. Kernel and MoE
 settings the runtime cannot honour yet are reported, never silently ignored.
@@ -56,7 +56,7 @@ def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = Path(load_checkpoint)
     if is_mindformers_checkpoint(path):
-        from mf_ds.ckpt import load_into
+        from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
         from translators.names import table_key
 
@@ -87,7 +87,7 @@ def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
     from mf_ds.weights import model_slot
 
     if is_mindformers_checkpoint(path):
-        from mf_ds.ckpt import load_into
+        from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
         from translators.names import table_key
 
