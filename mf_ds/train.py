@@ -41,6 +41,9 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     p.add_argument("--load_checkpoint", help="weights: a MindSpore .ckpt, MindFormers safetensors, an HF "
                    "safetensors directory or an mf-ds checkpoint")
     p.add_argument("--resume_training", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--trust_checkpoint", action="store_true",
+                   help="resume from a checkpoint that has no checksums.json (one copied without it, or from an "
+                        "older mf-ds); its files still load as data only, never as code")
     p.add_argument("--train_dataset_dir", help="Megatron .bin/.idx prefix or directory, or JSON-lines data")
     p.add_argument("--gradient_accumulation_steps", type=int, help="override the gradient accumulation")
     p.add_argument("--dist_timeout", type=float, metavar="SECONDS",

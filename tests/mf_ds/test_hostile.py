@@ -1,0 +1,168 @@
+"""A checkpoint directory written by someone else (issue 23): nothing in it runs code, and a resume that cannot be
+trusted says why in one line.
+
+Every case starts from a copy of one real run (2 steps, a checkpoint each) and runs `mf_ds.train.main` in one
+subprocess, as tests/mf_ds/test_damaged.py does. A payload is a pickle whose `__reduce__` creates a marker file
+when it is unpickled; it is planted in the checkpoint's RNG state (an older mf-ds' rng.pt), in DeepSpeed's model
+states and in its optimizer state, and checksums.json is rewritten to match (anyone who can plant a file can), or
+removed and the directory trusted. The marker must never appear. The payload is live: the test unpickles a copy
+the unsafe way and sees its marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from tests.mf_ds.test_damaged import ENV, LLAMA, SMALL
+
+
+class Payload:
+    """Unpickled, it creates `marker` (open(marker, "w")): code of the file's choosing."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _plant(pt: Path, marker: Path) -> None:
+    """Rewrite DeepSpeed's `.pt` file with the payload beside its real content (so only the payload is wrong)."""
+    state = torch.load(pt, weights_only=False)  # our own file, written by the run above
+    state["ds_version"] = Payload(marker)
+    torch.save(state, pt)
+
+
+def _rechecksum(ckpt: Path) -> None:
+    from mf_ds.checkpoint import write_checksums
+
+    write_checksums(ckpt)
+
+
+def _cases(base: Path, run: Path) -> list[dict]:
+    cases = []
+
+    def add(name, argv, names, phrase, output, expect=2):
+        cases.append({"id": name, "argv": [LLAMA, "--output_dir", str(output), "--max_steps", "3", *SMALL, *argv],
+                      "names": str(names), "phrase": phrase, "expect": expect,
+                      "marker": str(base / name / "MARKER")})
+
+    def resumed(name):
+        out = base / name / "out"
+        shutil.copytree(run, out)
+        return out, out / "checkpoint" / "t-step2", base / name / "MARKER"
+
+    out, ckpt, marker = resumed("payload-rng")
+    (ckpt / "rng.json").unlink()
+    (ckpt / "rng.pt").write_bytes(pickle.dumps({"python": Payload(marker)}))
+    _rechecksum(ckpt)
+    add("payload-rng", ["--resume_training"], ckpt / "rng.pt", "refused", out)
+
+    for name, pattern in (("payload-model-states", "mp_rank_00_model_states.pt"),
+                          ("payload-optimizer", "*optim_states.pt")):
+        out, ckpt, marker = resumed(name)
+        pt = next((ckpt / "engine" / "state").glob(pattern))
+        _plant(pt, marker)
+        _rechecksum(ckpt)
+        add(name, ["--resume_training"], pt, "refused: it asks the unpickler for io.open", out)
+
+    out, ckpt, marker = resumed("payload-trusted")  # no checksums.json, and the user trusts the directory
+    pt = ckpt / "engine" / "state" / "mp_rank_00_model_states.pt"
+    _plant(pt, marker)
+    (ckpt / "checksums.json").unlink()
+    add("payload-trusted", ["--resume_training", "--trust_checkpoint"], pt, "refused", out)
+
+    out, ckpt, _ = resumed("no-checksums")
+    (ckpt / "checksums.json").unlink()
+    add("no-checksums", ["--resume_training"], ckpt / "checksums.json", "--trust_checkpoint", out)
+
+    out, ckpt, _ = resumed("no-checksums-trusted")
+    (ckpt / "checksums.json").unlink()
+    add("no-checksums-trusted", ["--resume_training", "--trust_checkpoint"], "", "", out, expect=0)
+
+    out, ckpt, _ = resumed("file-added")
+    shutil.copy(ckpt / "rng.json", ckpt / "engine" / "state" / "extra.pt")
+    add("file-added", ["--resume_training"], ckpt / "engine" / "state" / "extra.pt", "not listed", out)
+
+    out, ckpt, _ = resumed("state-step-changed")
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    (ckpt / "trainer_state.json").write_text(json.dumps({**state, "step": 3}, indent=2))  # same size
+    add("state-step-changed", ["--resume_training"], ckpt / "trainer_state.json", "sha256 mismatch", out)
+
+    elsewhere = base / "elsewhere"
+    shutil.copytree(run / "checkpoint", elsewhere)
+    for name, target in (("latest-absolute", str(elsewhere / "t-step2")), ("latest-dotdot", "../../../elsewhere/t-step2")):
+        out, _, _ = resumed(name)
+        (out / "checkpoint" / "latest").write_text(target + "\n")
+        add(name, ["--resume_training"], out / "checkpoint" / "latest", "not a checkpoint of", out)
+
+    (base / "a-file").write_text("x")
+    add("output-dir-is-a-file", [], base / "a-file", "output_dir is a file", base / "a-file")
+    out = base / "checkpoint-is-a-file" / "out"
+    out.mkdir(parents=True)
+    (out / "checkpoint").write_text("x")
+    add("checkpoint-is-a-file", [], out / "checkpoint", "checkpoint directory is a file", out)
+    add("load-checkpoint-missing", ["--load_checkpoint", str(base / "nonexistent")], base / "nonexistent",
+        "does not exist", base / "load-checkpoint-missing" / "out")
+    return cases
+
+
+def _runner(spec: str, results: str) -> None:
+    from tests.mf_ds.test_damaged import _runner as run_cases
+
+    run_cases(spec, results)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    base = tmp_path_factory.mktemp("hostile")
+    run = base / "run"
+    proc = subprocess.run([sys.executable, "-m", "mf_ds.cli", LLAMA, "--output_dir", str(run), "--max_steps", "2",
+                           *SMALL], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cases = _cases(base, run)
+    spec = base / "cases.json"
+    spec.write_text(json.dumps(cases))
+    code = f"from tests.mf_ds.test_hostile import _runner; _runner({str(spec)!r}, {str(base / 'results.json')!r})"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((base / "results.json").read_text())
+    return {case["id"]: (case, results[case["id"]]) for case in cases}
+
+
+CASE_IDS = ["payload-rng", "payload-model-states", "payload-optimizer", "payload-trusted", "no-checksums",
+            "no-checksums-trusted", "file-added", "state-step-changed", "latest-absolute", "latest-dotdot",
+            "output-dir-is-a-file", "checkpoint-is-a-file", "load-checkpoint-missing"]
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_hostile_checkpoint_is_refused_in_one_line_and_runs_nothing(outcomes, case_id):
+    case, result = outcomes[case_id]
+    err = result["stderr"]
+    assert result["code"] == case["expect"] and "Traceback" not in err, err[-3000:]
+    assert not os.path.exists(case["marker"]), "the payload ran"
+    if case["expect"] == 2:
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("mf-train: error: ") and case["names"] in last and case["phrase"] in last, last
+    else:
+        assert "resumed from" in err and "at step 2" in err, err[-2000:]
+
+
+def test_the_payload_is_live(tmp_path):
+    """What the refusals above prevent: the unsafe unpickler runs the payload."""
+    marker = tmp_path / "MARKER"
+    pt = tmp_path / "x.pt"
+    torch.save({"ds_version": Payload(marker)}, pt)
+    torch.load(pt, weights_only=False)
+    assert marker.exists()
