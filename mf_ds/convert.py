@@ -98,6 +98,11 @@ def to_mindformers(plan: dict, src: str, dst: str) -> int:
         want = tuple(state[param][index].shape) if index else tuple(state[param].shape)
         if tuple(tensor.shape) != want:
             raise RunError(f"{owners[name]}: {name} has shape {list(tensor.shape)}, the YAML's model {list(want)}")
+        if not tensor.is_floating_point():  # weight_files refuses .weight / .bias; this is any other tensor
+            raise RunError(f"{owners[name]}: weight {name} is {str(tensor.dtype).removeprefix('torch.')}, not "
+                           "floating point")
+        if not torch.isfinite(tensor).all():  # the other direction (load_into) refuses them too
+            raise RunError(f"{owners[name]}: weight {name} holds inf/NaN (a damaged file?)")
         return tensor
 
     def tensors():
@@ -111,7 +116,7 @@ def to_mindformers(plan: dict, src: str, dst: str) -> int:
     if dst.endswith(".ckpt"):
         return write_ckpt(dst, tensors())
     if dst.endswith(".safetensors"):
-        out = dict(tensors())
+        out = dict(tensors())  # every tensor checked before the file is opened
         save_file(out, dst, metadata={"format": "ms"})
         return len(out)
     raise RunError(f"{dst}: the MindFormers output must end in .ckpt or .safetensors")

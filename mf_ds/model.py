@@ -140,6 +140,10 @@ def weight_files(path: Path) -> dict[str, Path]:
     """
     from mf_ds.checkpoint import verify
 
+    if not path.exists():
+        raise RunError(f"{path}: load_checkpoint does not exist")
+    if not path.is_dir():
+        raise RunError(f"{path}: load_checkpoint must be a .ckpt or .safetensors file, or a directory")
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -162,6 +166,11 @@ def weight_files(path: Path) -> dict[str, Path]:
         try:
             with safe_open(str(path / shard), framework="pt") as f:
                 owners.update(dict.fromkeys(f.keys(), path / shard))
+                for name in f.keys():  # from_pretrained would cast an integer tensor into a float weight silently
+                    kind = f.get_slice(name).get_dtype()
+                    if name.endswith((".weight", ".bias")) and not kind.startswith(("F", "BF")):
+                        raise RunError(f"{path / shard}: weight {name} is {kind}, not floating point (a weight of "
+                                       "another kind of model, or a damaged conversion)")
         except (OSError, SafetensorError) as exc:
             raise RunError(f"{path / shard}: not a readable safetensors file ({exc}); truncated or damaged?") from None
     return owners
