@@ -97,9 +97,12 @@ def main(argv: list[str] | None = None, prog: str = "mf_ds/train.py", positional
 
     try:
         _single_process_env()
+        from mf_ds import build_lock
         from mf_ds.loop import Trainer
 
-        trainer = Trainer.from_args(args)
+        build_lock.check()  # a lock left by a killed build of DeepSpeed's ops would hold start-up forever
+        with build_lock.watch():
+            trainer = Trainer.from_args(args)
         trainer.fit(should_stop=lambda: stop["signal"] is not None)
         trainer.close()
     except (ConfigError, CheckpointError, RunError, DataError) as exc:
