@@ -129,6 +129,8 @@ class MindSporeCheckpoint:
                 # f == 3: a MapTensor (embedding hash tables), not an HF weight; skipped
             if tag is None:
                 raise ValueError(f"a value without a tag at byte {at}")
+            if not tag.isprintable():  # no parameter name has control characters; they would split our messages
+                raise ValueError(f"parameter name {tag[:100]!r} at byte {at} holds control characters")
             if tensor is None:
                 continue
             dims, dtype, content = [], None, None

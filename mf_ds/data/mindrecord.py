@@ -343,6 +343,9 @@ def _read_header(path: str) -> dict:
 
 
 def _columns(path: str, schema: dict, blob_fields: list[str]) -> dict[str, Column]:
+    unknown = [name for name in blob_fields if name not in schema]
+    if unknown:
+        raise DataError(path, f"blob_fields names {unknown[0][:100]!r}, which the schema does not have")
     columns = {}
     for name, spec in schema.items():
         kind = spec.get("type") if isinstance(spec, dict) else None
