@@ -166,3 +166,83 @@ def test_the_payload_is_live(tmp_path):
     torch.save({"ds_version": Payload(marker)}, pt)
     torch.load(pt, weights_only=False)
     assert marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The HF Trainer path (mf_ds.hf.MFTrainer): the same refusals, through transformers' resume_from_checkpoint.
+
+HF_SCRIPT = """
+import os, sys, json
+os.environ.update(DS_ACCELERATOR="cpu", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=sys.argv[1])
+from transformers import TrainerCallback
+from mf_ds.checkpoint import CheckpointError
+from mf_ds.hf import from_mf_yaml
+
+class Begin(TrainerCallback):
+    def on_train_begin(self, args, state, control, **kwargs):
+        print("BEGIN", state.global_step)
+yaml, steps, trust = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "trust"
+callbacks = [{"type": "MFLossMonitor"}, {"type": "CheckpointMonitor", "save_checkpoint_steps": 1,
+                                         "keep_checkpoint_max": 2}]
+for out in sys.argv[5:]:
+    setup = from_mf_yaml(yaml, output_dir=out, max_steps=steps, callbacks=callbacks,
+                         **{"runner_config.batch_size": 1, "model.model_config.seq_length": 32,
+                            "runner_config.gradient_accumulation_steps": 1, "recompute_config.recompute": False})
+    try:
+        trainer = setup.trainer(trust_checkpoint=trust)
+        trainer.add_callback(Begin())
+        trainer.train(resume_from_checkpoint=steps > 2)
+        print("RESULT", out, "trained")
+    except CheckpointError as exc:
+        print("RESULT", out, "error:", str(exc).splitlines()[0])
+"""
+
+
+def _hf(*argv: str, begins: list | None = None) -> dict[str, str]:
+    from tests.conftest import free_port
+
+    proc = subprocess.run([sys.executable, "-c", HF_SCRIPT, str(free_port()), LLAMA, *argv], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    results = [line.split(" ", 2)[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if begins is not None:
+        begins += [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("BEGIN ")]
+    return dict(results)
+
+
+def test_hf_trainer_resume_refuses_what_mf_train_refuses(tmp_path):
+    run = tmp_path / "run"
+    assert _hf("2", "-", str(run)) == {str(run): "trained"}
+    ckpt = run / "checkpoint-2"
+    assert (ckpt / "checksums.json").is_file() and "trainer_state.json" in (ckpt / "checksums.json").read_text()
+
+    def copy(name):
+        shutil.copytree(run, tmp_path / name)
+        return tmp_path / name / "checkpoint-2"
+
+    marker = tmp_path / "MARKER"
+    payload = copy("payload")
+    _plant(payload / "global_step2" / "mp_rank_00_model_states.pt", marker)
+    _rechecksum(payload)
+    (copy("no-checksums") / "checksums.json").unlink()
+    (copy("latest") / "latest").write_text(str(ckpt / "global_step2"))
+    (copy("added") / "extra.bin").write_bytes(b"x")
+    trusted = copy("trusted")
+    (trusted / "checksums.json").unlink()
+    names = ["latest", "no-checksums", "added", "payload"]
+    got = _hf("3", "-", *(str(tmp_path / n) for n in names))
+    assert not marker.exists(), "the payload ran"
+    expected = {"latest": f"{tmp_path / 'latest' / 'checkpoint-2' / 'latest'}: names",
+                "no-checksums": f"{tmp_path / 'no-checksums' / 'checkpoint-2' / 'checksums.json'}: missing",
+                "added": f"{tmp_path / 'added' / 'checkpoint-2' / 'extra.bin'}: not listed",
+                "payload": f"{payload / 'global_step2' / 'mp_rank_00_model_states.pt'}: refused: it asks the "
+                           "unpickler for io.open"}
+    for name in names:
+        assert got[str(tmp_path / name)].startswith(f"error: {expected[name]}"), got
+    # trusted without checksums: DeepSpeed's state still loads, through the weights-only unpickler
+    begins = []
+    assert _hf("3", "trust", str(tmp_path / "trusted"), begins=begins) == {str(tmp_path / "trusted"): "trained"}
+    assert begins == [2]  # it resumed at step 2, not from scratch
+    state = json.loads((tmp_path / "trusted" / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
