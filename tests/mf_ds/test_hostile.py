@@ -101,7 +101,8 @@ def _cases(base: Path, run: Path) -> list[dict]:
 
     elsewhere = base / "elsewhere"
     shutil.copytree(run / "checkpoint", elsewhere)
-    for name, target in (("latest-absolute", str(elsewhere / "t-step2")), ("latest-dotdot", "../../../elsewhere/t-step2")):
+    for name, target in (("latest-absolute", str(elsewhere / "t-step2")),
+                         ("latest-dotdot", "../../../elsewhere/t-step2")):
         out, _, _ = resumed(name)
         (out / "checkpoint" / "latest").write_text(target + "\n")
         add(name, ["--resume_training"], out / "checkpoint" / "latest", "not a checkpoint of", out)

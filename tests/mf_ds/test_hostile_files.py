@@ -126,9 +126,7 @@ DB_CASES = {
     "offset 1e300": ("UPDATE INDEXES SET PAGE_OFFSET_BLOB = 1e300 WHERE ROW_ID = 1",),
     "offset text": ("UPDATE INDEXES SET PAGE_OFFSET_BLOB = 'x' WHERE ROW_ID = 1",),
     "offset 2^62": (f"UPDATE INDEXES SET PAGE_OFFSET_BLOB_END = {2**62} WHERE ROW_ID = 1",),
-    "more rows than the header": ("INSERT INTO INDEXES SELECT ROW_ID + 100, ROW_GROUP_ID, PAGE_ID_RAW, PAGE_OFFSET_RAW, "
-                                  "PAGE_OFFSET_RAW_END, PAGE_ID_BLOB, PAGE_OFFSET_BLOB, PAGE_OFFSET_BLOB_END, "
-                                  "* FROM INDEXES",),
+    "more rows than the header": (),  # an INSERT of every row again, written by the test from the table's columns
 }
 
 

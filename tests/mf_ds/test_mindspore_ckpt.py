@@ -1,6 +1,7 @@
-"""mf_ds.mindspore_ckpt + translators/names.py: MindSpore .ckpt and MindFormers-named safetensors, written by MindSpore 2.7.2
-from MindFormers 1.7.0's legacy LlamaForCausalLM (tests/fixtures/make_mindformers_fixtures.py), read without
-MindSpore; the HF model they load into gives MindFormers' logits and loss; damage is one error naming the file."""
+"""mf_ds.mindspore_ckpt + translators/names.py: MindSpore .ckpt and MindFormers-named safetensors, written by
+MindSpore 2.7.2 from MindFormers 1.7.0's legacy LlamaForCausalLM (tests/fixtures/make_mindformers_fixtures.py), read
+without MindSpore; the HF model they load into gives MindFormers' logits and loss; damage is one error naming the
+file."""
 
 from __future__ import annotations
 
