@@ -221,7 +221,9 @@ def _files(directory: Path) -> list[str]:
 
 
 def write_checksums(directory: Path) -> None:
-    """checksums.json for every file under `directory`; the ranks hash a share each (collective)."""
+    """checksums.json for every file under `directory`; the ranks hash a share each (collective). The ranks list the
+    files after a barrier, so each sees the files every rank wrote before it came here."""
+    _barrier()
     names = [name for name in _files(directory) if name != CHECKSUMS]
     sums = _gather({name: _digest(directory / name) for name in names[_rank()::_world()]})
     if _rank() == 0:

@@ -247,3 +247,51 @@ def test_hf_trainer_resume_refuses_what_mf_train_refuses(tmp_path):
     assert begins == [2]  # it resumed at step 2, not from scratch
     state = json.loads((tmp_path / "trusted" / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The RNG state without pickle
+
+
+def _draws() -> list:
+    import random
+
+    import numpy as np
+
+    return [random.random(), random.gauss(0, 1), float(np.random.rand()), float(np.random.randn()),
+            float(torch.rand(1))]
+
+
+def test_rng_state_round_trips_through_json(tmp_path):
+    from mf_ds.checkpoint import RNG, _load_rng, rng_state
+
+    torch.manual_seed(3)
+    _draws()  # leave a cached gaussian in numpy's state
+    (tmp_path / RNG).write_text(json.dumps(rng_state()))
+    expected = _draws()
+    _draws()
+    _load_rng(tmp_path)
+    assert _draws() == expected
+
+
+def test_an_older_checkpoints_rng_pt_is_read_weights_only(tmp_path):
+    import random
+
+    import numpy as np
+
+    from mf_ds.checkpoint import _load_rng
+
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+               tmp_path / "rng.pt")  # what mf-ds wrote before
+    expected = _draws()
+    _load_rng(tmp_path)
+    assert _draws() == expected
+
+
+@pytest.mark.parametrize("text", ["/etc", "../x-step1", "a/t-step1", "..", "t-step1\x00"])
+def test_latest_outside_the_directory_is_refused(tmp_path, text):
+    from mf_ds.checkpoint import CheckpointError, latest
+
+    (tmp_path / "latest").write_text(text + "\n")
+    with pytest.raises(CheckpointError, match="a resume reads only checkpoints inside its checkpoint directory"):
+        latest(tmp_path)
