@@ -192,6 +192,9 @@ def install_safe_loading(engine: Any) -> None:
     if type(current) is not TorchCheckpointEngine:
         raise CheckpointError("deepspeed config", f"checkpoint engine {type(current).__name__}: resume reads "
                               "with DeepSpeed's torch checkpoint engine only (drop checkpoint.writer / datastates)")
+    if engine.load_universal_checkpoint():  # ZeRO-3 reads those files with torch.load(weights_only=False) itself
+        raise CheckpointError("deepspeed config", "checkpoint.load_universal: DeepSpeed unpickles a universal "
+                              "checkpoint with arbitrary classes; mf-ds does not resume from one")
     engine.checkpoint_engine = _safe_engine_class()(current)
 
 

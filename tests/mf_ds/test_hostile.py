@@ -295,3 +295,31 @@ def test_latest_outside_the_directory_is_refused(tmp_path, text):
     (tmp_path / "latest").write_text(text + "\n")
     with pytest.raises(CheckpointError, match="a resume reads only checkpoints inside its checkpoint directory"):
         latest(tmp_path)
+
+
+@pytest.mark.parametrize("universal", [False, True])
+def test_safe_loading_on_the_engine(tmp_path, universal):
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    from mf_ds.checkpoint import CheckpointError, install_safe_loading
+
+    class Engine:
+        checkpoint_engine = TorchCheckpointEngine()
+
+        def load_universal_checkpoint(self):
+            return universal
+
+    engine = Engine()
+    if universal:  # ZeRO-3 unpickles universal checkpoints itself, with weights_only=False
+        with pytest.raises(CheckpointError, match="load_universal"):
+            install_safe_loading(engine)
+        return
+    install_safe_loading(engine)
+    assert isinstance(engine.checkpoint_engine, TorchCheckpointEngine)
+    good, bad, marker = tmp_path / "good.pt", tmp_path / "bad.pt", tmp_path / "MARKER"
+    torch.save({"module": {"w": torch.ones(2)}, "ds_version": "0.19.8"}, good)
+    assert torch.equal(engine.checkpoint_engine.load(str(good))["module"]["w"], torch.ones(2))
+    torch.save({"module": {}, "ds_version": Payload(marker)}, bad)
+    with pytest.raises(CheckpointError, match=f"{bad}: refused: it asks the unpickler for io.open"):
+        engine.checkpoint_engine.load(str(bad))
+    assert not marker.exists()
