@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from mf_ds.ckpt import load_into, write_ckpt
+from mf_ds.mindspore_ckpt import load_into, write_ckpt
 from mf_ds.errors import RunError
 from mf_ds.weights import attach_router_bias, from_hf, layout_of, mindformers_names, model_slot
 from translators import names
@@ -61,7 +61,7 @@ def to_hf(plan: dict, src: str, dst: str) -> dict[str, int]:
     Holds the output and one MindFormers tensor at a time."""
     from safetensors.torch import save_file
 
-    from mf_ds.ckpt import _checkpoint_files
+    from mf_ds.mindspore_ckpt import _checkpoint_files
 
     model = _meta_model(plan)
     out: dict[str, torch.Tensor] = {}
@@ -108,6 +108,11 @@ def to_mindformers(plan: dict, src: str, dst: str) -> int:
         want = tuple(state[param][index].shape) if index else tuple(state[param].shape)
         if tuple(tensor.shape) != want:
             raise RunError(f"{owners[name]}: {name} has shape {list(tensor.shape)}, the YAML's model {list(want)}")
+        if not tensor.is_floating_point():  # weight_files refuses .weight / .bias; this is any other tensor
+            raise RunError(f"{owners[name]}: weight {name} is {str(tensor.dtype).removeprefix('torch.')}, not "
+                           "floating point")
+        if not torch.isfinite(tensor).all():  # the other direction (load_into) refuses them too
+            raise RunError(f"{owners[name]}: weight {name} holds inf/NaN (a damaged file?)")
         return tensor
 
     def tensors():
@@ -124,7 +129,7 @@ def to_mindformers(plan: dict, src: str, dst: str) -> int:
     if dst.endswith(".ckpt"):
         return write_ckpt(dst, tensors())
     if dst.endswith(".safetensors"):
-        out = dict(tensors())
+        out = dict(tensors())  # every tensor checked before the file is opened
         save_file(out, dst, metadata={"format": "ms"})
         return len(out)
     raise RunError(f"{dst}: the MindFormers output must end in .ckpt or .safetensors")

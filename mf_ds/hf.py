@@ -136,9 +136,11 @@ class SaveAtEnd(TrainerCallback):
 class MFTrainer(Trainer):
     """The HF Trainer with MindFormers' optimizer (parameter groups, bias correction) and exact LR schedule."""
 
-    def __init__(self, *args: Any, plan: dict, data_size: int | None = None, **kwargs: Any):
-        """`data_size`: the data set in global batches per epoch (x repeat), for lr_schedule.total_steps -1."""
-        self.plan, self.data_size = plan, data_size
+    def __init__(self, *args: Any, plan: dict, data_size: int | None = None, trust_checkpoint: bool = False,
+                 **kwargs: Any):
+        """`data_size`: the data set in global batches per epoch (x repeat), for lr_schedule.total_steps -1.
+        `trust_checkpoint`: resume from a checkpoint without checksums.json (mf_ds/checkpoint.py says why)."""
+        self.plan, self.data_size, self.trust_checkpoint = plan, data_size, trust_checkpoint
         super().__init__(*args, **kwargs)
         # micro_batch_interleave_num: each micro batch is one of the parts whose mean losses MindFormers'
         # MicroBatchInterleaved adds, so each part keeps its own mean (not a share of the window's token mean) and
@@ -146,6 +148,43 @@ class MFTrainer(Trainer):
         self.interleave = plan["run"]["micro_batch_interleave_num"]
         if self.interleave > 1:
             self.model_accepts_loss_kwargs = False
+
+    # Resume as mf_ds/train.py resumes (issue 23): DeepSpeed's state is read by the weights-only unpickler
+    # (checkpoint.install_safe_loading, on the engine as the Trainer stores it, before it loads a checkpoint), every
+    # file of the checkpoint must match the checksums.json written beside HF's files, and DeepSpeed's `latest`
+    # inside it must name a folder of the checkpoint. HF itself reads rng_state.pth and scheduler.pt weights-only.
+    @property
+    def model_wrapped(self):
+        return self.__dict__.get("_model_wrapped")
+
+    @model_wrapped.setter
+    def model_wrapped(self, model):
+        from mf_ds import checkpoint
+
+        self.__dict__["_model_wrapped"] = model
+        if hasattr(model, "checkpoint_engine"):  # the DeepSpeed engine accelerate made
+            checkpoint.install_safe_loading(model)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
+        from transformers.trainer_utils import get_last_checkpoint
+
+        from mf_ds import checkpoint
+
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        if resume_from_checkpoint:
+            checkpoint.check_hf_checkpoint(Path(resume_from_checkpoint), trust=self.trust_checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        from mf_ds import checkpoint
+
+        super()._save_checkpoint(model, trial)
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if folder.is_dir():
+            checkpoint.write_checksums(folder)  # collective, as the save
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         return super().training_step(model, inputs, num_items_in_batch) / self.interleave
@@ -211,6 +250,7 @@ class MFSetup:
     data_size: int | None = None  # global batches per epoch (x repeat): MindFormers' lr total_steps counts them
 
     def trainer(self, **kwargs: Any) -> MFTrainer:
+        """An MFTrainer for this set-up (`trust_checkpoint=True` among `kwargs`: see MFTrainer)."""
         return MFTrainer(model=self.model, args=self.args, callbacks=self.callbacks,
                          train_dataset=self.train_dataset, plan=self.plan, data_size=self.data_size, **kwargs)
 

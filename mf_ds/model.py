@@ -1,5 +1,5 @@
 """Build the HF model the Plan describes: `from_config`, weights from an HF-layout safetensors directory, or a
-MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/ckpt.py).
+MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/mindspore_ckpt.py).
 
 The runtime reads only the Plan (DESIGN.md): `plan.hf_config` is `AutoConfig.for_model` kwargs. Kernel and MoE
 settings the runtime cannot honour yet are reported, never silently ignored.
@@ -56,7 +56,7 @@ def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = Path(load_checkpoint)
     if is_mindformers_checkpoint(path):
-        from mf_ds.ckpt import load_into
+        from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
         from translators.names import table_key
 
@@ -88,7 +88,7 @@ def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
     from mf_ds.weights import attach_router_bias, model_slot
 
     if is_mindformers_checkpoint(path):
-        from mf_ds.ckpt import load_into
+        from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
         from translators.names import table_key
 
@@ -160,6 +160,10 @@ def weight_files(path: Path) -> dict[str, Path]:
     """
     from mf_ds.checkpoint import verify
 
+    if not path.exists():
+        raise RunError(f"{path}: load_checkpoint does not exist")
+    if not path.is_dir():
+        raise RunError(f"{path}: load_checkpoint must be a .ckpt or .safetensors file, or a directory")
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -182,6 +186,11 @@ def weight_files(path: Path) -> dict[str, Path]:
         try:
             with safe_open(str(path / shard), framework="pt") as f:
                 owners.update(dict.fromkeys(f.keys(), path / shard))
+                for name in f.keys():  # from_pretrained would cast an integer tensor into a float weight silently
+                    kind = f.get_slice(name).get_dtype()
+                    if name.endswith((".weight", ".bias")) and not kind.startswith(("F", "BF")):
+                        raise RunError(f"{path / shard}: weight {name} is {kind}, not floating point (a weight of "
+                                       "another kind of model, or a damaged conversion)")
         except (OSError, SafetensorError) as exc:
             raise RunError(f"{path / shard}: not a readable safetensors file ({exc}); truncated or damaged?") from None
     return owners

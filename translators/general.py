@@ -66,8 +66,8 @@ GENERAL_BECOMES = {
                             "expects load_checkpoint)"),
     "use_parallel": ("runtime", "False resets parallel_config to 1s, as MindFormers does"),
     "load_checkpoint": ("runtime", "run.load_checkpoint: a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named "
-                        "safetensors (mf_ds/ckpt.py), or an HF-layout safetensors directory"),
-    "load_ckpt_format": ("dropped", "the weights' own format is read from the file (mf_ds/ckpt.py)"),
+                        "safetensors (mf_ds/mindspore_ckpt.py), or an HF-layout safetensors directory"),
+    "load_ckpt_format": ("dropped", "the weights' own format is read from the file (mf_ds/mindspore_ckpt.py)"),
     "resume_training": ("runtime", "run.resume_training (DeepSpeed engine state: optimizer, step, data position)"),
     "ignore_data_skip": ("runtime", "run.ignore_data_skip: a resumed run starts the data from the beginning "
                                     "instead of after the batches already consumed"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 import sys
 from typing import Any
 
@@ -21,6 +22,12 @@ import yaml
 from translators.errors import ConfigError, join, show
 
 BASE_CONFIG = "base_config"
+# A YAML's size once its aliases are expanded, in nodes. The largest YAML of the MindFormers reference corpus has
+# 563; an alias of an alias of a mapping (the mapping form of "billion laughs") reaches 10^6 with a
+# 200-byte file, and walking that tree (notes for every key) took 29 s. 10^5 leaves room for any real run.
+MAX_NODES = 100_000
+# base_config files are read whole: a FIFO would block the read forever, /dev/zero would fill memory.
+MAX_YAML_BYTES = 16 * 2**20
 
 
 class _Loader(yaml.SafeLoader):
@@ -45,6 +52,25 @@ class _Loader(yaml.SafeLoader):
                     "keep the last one", key_node.start_mark)
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Refuse a document whose aliases expand past MAX_NODES before building it (PyYAML shares an aliased
+        object, but every walk of the result sees it once per alias)."""
+        sizes: dict[int, int] = {}
+
+        def size(n: yaml.Node) -> int:
+            if id(n) not in sizes:
+                sizes[id(n)] = 1  # a recursive alias counts once here; PyYAML builds it as a cycle
+                children = n.value if isinstance(n, yaml.SequenceNode) else \
+                    [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else []
+                sizes[id(n)] = min(MAX_NODES + 1, 1 + sum(size(c) for c in children))
+            return sizes[id(n)]
+
+        if size(node) > MAX_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"more than {MAX_NODES:,} nodes once its aliases are expanded (an alias bomb?)",
+                node.start_mark)
+        return super().construct_document(node)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         try:
@@ -99,8 +125,18 @@ def load_yaml(path: str, _chain: tuple[str, ...] = ()) -> dict:
     if real in _chain:
         raise ConfigError(path, f"{BASE_CONFIG} cycle: {' -> '.join(_chain + (real,))}")
     try:
+        info = os.stat(path)  # before open(): opening a FIFO blocks until someone writes to it
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(path, "not a regular file (a FIFO, a device or a socket); a YAML must be a file")
+        if info.st_size > MAX_YAML_BYTES:
+            raise ConfigError(path, f"{info.st_size:,} bytes; a MindFormers YAML is a few KiB (at most "
+                              f"{MAX_YAML_BYTES:,} bytes are read)")
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_YAML_BYTES + 1)
+        if len(text) > MAX_YAML_BYTES:
+            raise ConfigError(path, f"more than {MAX_YAML_BYTES:,} characters; a MindFormers YAML is a few KiB")
     except FileNotFoundError:
         raise ConfigError(path, "no such file") from None
     except IsADirectoryError:
