@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from mf_ds.mindspore_ckpt import load_into, write_ckpt
 from mf_ds.errors import RunError
+from mf_ds.mindspore_ckpt import load_into, write_ckpt
 from mf_ds.weights import attach_router_bias, from_hf, layout_of, mindformers_names, model_slot
 from translators import names
 

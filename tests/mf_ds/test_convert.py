@@ -13,9 +13,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from mf_ds.mindspore_ckpt import MindSporeCheckpoint
 from mf_ds.convert import cli, to_hf, to_mindformers
 from mf_ds.errors import RunError
+from mf_ds.mindspore_ckpt import MindSporeCheckpoint
 from tests.conftest import ROOT
 from tests.mf_ds.test_mindspore_ckpt import MF, TINY, golden, weights_of
 from translators import names
@@ -300,8 +300,8 @@ def test_cli_round_trip_on_an_mcore_yaml(tmp_path, capsys):
 def test_progress_counts_every_weight_byte(tmp_path):
     """load_into reports each MindFormers tensor's bytes as it goes (mf-convert's progress bar): the weights' total,
     nothing for the counters it skips."""
-    from mf_ds.mindspore_ckpt import load_into
     from mf_ds.convert import _meta_model
+    from mf_ds.mindspore_ckpt import load_into
 
     plan = plan_for("mixtral")
     seen = []
@@ -318,7 +318,7 @@ RUN_MOE = ROOT / "tests" / "fixtures" / "mindformers" / "run_moe"
 def _with_router_state(src, dst, bias_part: str, add: bool) -> dict[str, torch.Tensor]:
     """`src`'s tensors written to `dst` with every router's topk_bias random (added beside the router weight when
     `add`, with its expert_load, as MindFormers saves a balance_via_topk_bias network); returns the biases."""
-    from mf_ds.ckpt import write_ckpt
+    from mf_ds.mindspore_ckpt import write_ckpt
 
     source = MindSporeCheckpoint(src)
     tensors, biases = {}, {}

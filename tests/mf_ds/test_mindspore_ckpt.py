@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from mf_ds.mindspore_ckpt import MindSporeCheckpoint, load_into
 from mf_ds.errors import RunError
+from mf_ds.mindspore_ckpt import MindSporeCheckpoint, load_into
 from mf_ds.weights import Layout, to_hf
 from tests.conftest import CPU_ENV, ROOT
 from translators import names
