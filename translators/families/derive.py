@@ -43,6 +43,13 @@ def _kv_heads(m: _Values, moe: _Values) -> dict:
     return {"num_key_value_heads": kv_heads}
 
 
+def _mla_kv_heads(m: _Values, moe: _Values) -> dict:
+    """MLA gives every head its own k and v (MindFormers' MLA never reads num_key_value_heads, whose
+    DeepseekV3Config default stays 128 whatever num_attention_heads is); HF DeepseekV3 repeats k/v by
+    num_attention_heads // num_key_value_heads, so they must be equal."""
+    return {"num_key_value_heads": m.get("num_heads")}
+
+
 def _llama_positions(m: _Values, moe: _Values) -> dict:
     """FreqsMgr (llama_layer.py) builds the RoPE table for max(max_position_embedding or seq_length, seq_length)."""
     seq_length = m.get("seq_length")

@@ -1,0 +1,169 @@
+"""The sweep over the training YAMLs of the MindFormers 1.8.0, 1.9.0, 2.0.0 and 2.1.0 wheels (their `configs/`,
+copied under tests/fixtures/mindformers_wheels/): each translates to MindFormers' own model, or is refused in one line
+that names what is missing; never a traceback.
+
+MindFormers' model is the config its own code builds from the YAML (tests/fixtures/make_mf_wheel_configs.py, run in
+each version: mf_model_configs.json beside the YAMLs). The translated HF config must hold the same shape, and the
+parameter counts (total and active, translators/memory.py's inventory of what transformers builds) must equal those
+of MindFormers' config and, where the model is published, its published size."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from tests.conftest import ROOT
+from translators.cli import run
+from translators.memory import inventory
+
+WHEELS = ROOT / "tests" / "fixtures" / "mindformers_wheels"
+VERSIONS = ("1.8.0", "1.9.0", "2.0.0", "2.1.0")
+B = 1e9
+
+
+@dataclass(frozen=True)
+class Model:
+    family: str  # Plan run.family
+    total: float | None = None  # published parameters of the main model, None where none is published
+    active: float | None = None  # published activated parameters per token (MoE)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Refused:
+    line: str  # the start of the one error line, after "mf-translate: error: "
+
+
+PYNATIVE = Refused("training: a MindFormers 2.x PyNative-schema YAML (top-level training / parallelism); that "
+                   "schema is not supported yet")
+NO_TEMPLATE_DIR = Refused("pretrained_model_dir: path/to/model_dir/config.json does not exist: MindFormers builds "
+                          "the model from it")
+TELECHAT3 = Refused("model.model_config.model_type: telechat3")
+TELECHAT3_MOE = Refused("model.model_config.model_type: telechat3_moe")
+EXPECT = {
+    "deepseek3/pretrain_deepseek3_671b.yaml": Model(
+        "deepseek_v3", 671 * B, 37 * B, "deepseek-ai/DeepSeek-V3 card: 671B main model + 14B MTP = 685B, 37B "
+                                        "activated (DeepSeek-V3 technical report)"),
+    "deepseek3/finetune_deepseek3_671b.yaml": Refused(
+        "pretrained_model_dir: /path/to/DeepSeek-V3/config.json does not exist"),
+    "deepseek3/pretrain_deepseek3_12b_16p_pp16.yaml": Model("deepseek_v3"),
+    "deepseek3/finetune_deepseek3_12b_16p_pp16.yaml": Refused(
+        "pretrained_model_dir: /path/to/DeepSeek-V3/config.json does not exist"),
+    "deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml": PYNATIVE,
+    "deepseek4/pretrain_deepseek4_flash.yaml": PYNATIVE,
+    "deepseek4/pretrain_deepseek4_flash_reduction.yaml": PYNATIVE,
+    "deepseek4/pretrain_deepseek4_pro.yaml": PYNATIVE,
+    "deepseek4/pretrain_deepseek4_pro_reduction.yaml": PYNATIVE,
+    "general/llm_pretrain_dense_template.yaml": NO_TEMPLATE_DIR,
+    "general/llm_finetune_dense_template.yaml": NO_TEMPLATE_DIR,
+    "general/llm_pretrain_moe_template.yaml": NO_TEMPLATE_DIR,
+    "general/llm_finetune_moe_template.yaml": NO_TEMPLATE_DIR,
+    "general/run_general_task.yaml": Refused("model.arch: expected a mapping with the model class (type), got None"),
+    "glm4/finetune_glm4_9b.yaml": Model("glm4", 9.4 * B, None, "THUDM/glm-4-9b card: 9.4B"),
+    "qwen3/finetune_qwen3.yaml": Refused("pretrained_model_dir: /path/to/Qwen3-32B/config.json does not exist"),
+    "qwen3/pretrain_qwen3_32b_4k.yaml": Model("qwen3", 32.8 * B, None, "Qwen/Qwen3-32B card: 32.8B"),
+    "qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml": Model(
+        "qwen3_moe", 30.5 * B, 3.3 * B, "Qwen/Qwen3-30B-A3B card: 30.5B total, 3.3B activated"),
+    "telechat3/pretrain_telechat3_36b.yaml": TELECHAT3,
+    "telechat3_moe/pretrain_telechat3_105b_a4b_4k.yaml": TELECHAT3_MOE,
+}
+# The shape keys compared with MindFormers' own config (HF names, which the mcore config classes share).
+SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size", "head_dim",
+         "tie_word_embeddings", "n_routed_experts", "num_experts", "num_experts_per_tok", "first_k_dense_replace",
+         "moe_intermediate_size", "n_shared_experts", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+         "qk_nope_head_dim", "v_head_dim", "num_nextn_predict_layers", "n_group", "topk_group",
+         "routed_scaling_factor", "norm_topk_prob")
+
+
+def wheel_yamls() -> list:
+    return [pytest.param(v, p.relative_to(WHEELS / v).as_posix(), id=f"{v}/{p.relative_to(WHEELS / v).as_posix()}")
+            for v in VERSIONS for p in sorted((WHEELS / v).rglob("*.yaml"))]
+
+
+def mf_config(version: str, rel: str) -> dict:
+    return json.loads((WHEELS / version / "mf_model_configs.json").read_text())["yamls"][rel]
+
+
+def counts(hf: dict) -> tuple[int, int]:
+    """(total, activated) parameters of the HF model: a token runs top-k of the routed experts of each MoE layer."""
+    weights = inventory(hf)
+    total = sum(w.numel * w.count for w in weights)
+    k = hf.get("num_experts_per_tok") or 0
+    experts = next((hf[n] for n in ("n_routed_experts", "num_experts") if hf.get(n)), 0)
+    idle = sum(w.numel * w.count * (experts - k) // experts for w in weights if w.name.endswith(".experts"))
+    return total, total - idle
+
+
+def test_every_wheel_yaml_has_a_row():
+    assert {rel for _, rel in (p.values for p in wheel_yamls())} == set(EXPECT)
+    assert [len(list((WHEELS / v).rglob("*.yaml"))) for v in VERSIONS] == [9, 15, 16, 20]
+
+
+@pytest.mark.parametrize("version, rel", wheel_yamls())
+def test_wheel_yaml(version, rel, tmp_path, capsys):
+    expect = EXPECT[rel]
+    plan_path = tmp_path / "plan.json"
+    code = run([str(WHEELS / version / rel), "--plan", str(plan_path), "--mindformers-version", version])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    if isinstance(expect, Refused):
+        assert code == 2 and out == ""
+        errors = [line for line in err.splitlines() if line.startswith("mf-translate: error: ")]
+        assert errors == [err.strip().splitlines()[-1]], err
+        assert errors[0].startswith("mf-translate: error: " + expect.line), err
+        return
+    assert code == 0, err
+    plan = json.loads(plan_path.read_text())
+    assert plan["run"]["family"] == expect.family and plan["run"]["mindformers_version"] == version
+    hf = plan["hf_config"]
+    golden = mf_config(version, rel)
+    theirs = golden["config"]
+    if golden["class"] != "ChatGLM2Config":  # the mcore classes use HF's names: the same shape, key by key
+        assert {k: hf.get(k) for k in SHAPE if k in theirs and k in hf} == \
+               {k: theirs[k] for k in SHAPE if k in theirs and k in hf}
+        assert counts(hf) == counts({**theirs, "model_type": hf["model_type"],
+                                     "num_key_value_heads": hf["num_key_value_heads"]})
+    total, active = counts(hf)
+    if expect.total:
+        assert total == pytest.approx(expect.total, rel=0.01), expect.source
+    if expect.active:
+        assert active == pytest.approx(expect.active, rel=0.03), expect.source
+    if "moe" in expect.family or expect.family == "deepseek_v3":
+        assert plan["moe"] is not None and plan["moe"]["top_k"] == hf["num_experts_per_tok"]
+
+
+@pytest.mark.parametrize("version", VERSIONS[1:])
+def test_deepseek_v3_671b_is_mindformers_model(version):
+    """DeepSeek-V3 671B mcore leaves the experts, top-k, dense layers and heads to DeepseekV3Config (256, 8, 3, 128);
+    the main model is 671B (37B activated) and the MTP layer makes the card's 685B with its own embedding and head."""
+    from translators.plan import translate_file
+
+    plan = translate_file(str(WHEELS / version / "deepseek3/pretrain_deepseek3_671b.yaml"),
+                          mindformers_version=version).plan
+    hf = plan["hf_config"]
+    assert (hf["n_routed_experts"], hf["num_experts_per_tok"], hf["first_k_dense_replace"],
+            hf["num_attention_heads"]) == (256, 8, 3, 128)
+    assert plan["moe"]["num_experts"] == 256 and plan["moe"]["top_k"] == 8 and plan["moe"]["layers"][:2] == [3, 4]
+    assert hf["num_nextn_predict_layers"] == 1
+    total, active = counts(hf)
+    h, v = hf["hidden_size"], hf["vocab_size"]
+    moe_layer = counts({**hf, "num_hidden_layers": 4, "first_k_dense_replace": 3})[0] \
+        - counts({**hf, "num_hidden_layers": 3, "first_k_dense_replace": 3})[0]
+    mtp = moe_layer + 2 * h * h + 3 * h + 2 * v * h  # a MoE layer, eh_proj, enorm/hnorm/head norm, embedding, head
+    assert total == pytest.approx(671 * B, rel=0.005) and active == pytest.approx(37 * B, rel=0.03)
+    assert total + mtp == pytest.approx(685 * B, rel=0.005)
+
+
+def test_version_decides_and_is_recorded(tmp_path):
+    """TeleChat3Config does not exist before 1.9.0: an mcore telechat3 YAML said to come from 1.8.0 is refused."""
+    from translators.errors import ConfigError
+    from translators.plan import translate_file
+
+    with pytest.raises(ConfigError, match=r"TeleChat3Config does not exist in MindFormers 1\.8\.0"):
+        translate_file(str(WHEELS / "2.1.0/telechat3/pretrain_telechat3_36b.yaml"), mindformers_version="1.8.0")
+    with pytest.raises(ConfigError, match=r"^--mindformers-version: MindFormers 3\.0\.0: no config-class defaults"):
+        translate_file(str(WHEELS / "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml"), mindformers_version="3.0")
+    plan = translate_file(str(WHEELS / "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml")).plan
+    assert plan["run"]["mindformers_version"] == "2.1.0"
