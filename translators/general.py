@@ -90,8 +90,8 @@ GENERAL_BECOMES = {
     "src_strategy_path_or_dir": ("dropped", "MindSpore sharding strategies do not apply to DeepSpeed checkpoints"),
     "only_save_strategy": ("dropped", "there is no sharding strategy to save"),
     "transform_process_num": ("dropped", "no resharding step"),
-    "mindformers_version": ("runtime", "run.mindformers_version: whose config-class defaults fill what "
-                                       "model_config leaves out"),
+    "mindformers_version": ("mapped", "model_config leaves its other keys to this MindFormers version's config "
+                                      "class defaults (run.mindformers_version records it)"),
     "remove_redundancy": ("dropped", "DeepSpeed writes each shard once; HF weights are saved from rank 0"),
     "pretrained_model_dir": ("runtime", "mcore: its config.json seeds model_config (model_config keys win, as "
                                         "build_config.merge_model_config); with load_checkpoint empty and "

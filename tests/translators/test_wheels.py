@@ -40,8 +40,7 @@ PYNATIVE = Refused("training: a MindFormers 2.x PyNative-schema YAML (top-level 
                    "schema is not supported yet")
 NO_TEMPLATE_DIR = Refused("pretrained_model_dir: path/to/model_dir/config.json does not exist: MindFormers builds "
                           "the model from it")
-TELECHAT3 = Refused("model.model_config.model_type: telechat3")
-TELECHAT3_MOE = Refused("model.model_config.model_type: telechat3_moe")
+TELECHAT3_MOE = Refused("model.model_config.model_type: telechat3_moe: TeleChat3-MoE has no transformers architecture")
 EXPECT = {
     "deepseek3/pretrain_deepseek3_671b.yaml": Model(
         "deepseek_v3", 671 * B, 37 * B, "deepseek-ai/DeepSeek-V3 card: 671B main model + 14B MTP = 685B, 37B "
@@ -66,7 +65,8 @@ EXPECT = {
     "qwen3/pretrain_qwen3_32b_4k.yaml": Model("qwen3", 32.8 * B, None, "Qwen/Qwen3-32B card: 32.8B"),
     "qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml": Model(
         "qwen3_moe", 30.5 * B, 3.3 * B, "Qwen/Qwen3-30B-A3B card: 30.5B total, 3.3B activated"),
-    "telechat3/pretrain_telechat3_36b.yaml": TELECHAT3,
+    "telechat3/pretrain_telechat3_36b.yaml": Model(
+        "telechat3", 36 * B, None, "TeleChat3-36B (its name; HF Llama arithmetic: tests/mf_ds/test_telechat3.py)"),
     "telechat3_moe/pretrain_telechat3_105b_a4b_4k.yaml": TELECHAT3_MOE,
 }
 # The shape keys compared with MindFormers' own config (HF names, which the mcore config classes share).
@@ -157,7 +157,8 @@ def test_deepseek_v3_671b_is_mindformers_model(version):
 
 
 def test_version_decides_and_is_recorded(tmp_path):
-    """TeleChat3Config does not exist before 1.9.0: an mcore telechat3 YAML said to come from 1.8.0 is refused."""
+    """TeleChat3Config does not exist before 1.9.0: a telechat3 YAML said to come from 1.8.0 is refused; the newest
+    version is the default and the Plan says which it took."""
     from translators.errors import ConfigError
     from translators.plan import translate_file
 

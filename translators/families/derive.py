@@ -169,6 +169,17 @@ def _deepseek_v3_groups(m: _Values, moe: _Values) -> dict:
     return _groups(moe)
 
 
+def _shared_width(m: _Values, moe: _Values) -> dict:
+    """HF DeepseekV3's shared experts are one MLP of n_shared_experts x moe_intermediate_size; mcore may set the
+    width itself (moe_shared_expert_intermediate_size), which must then be that product."""
+    width = m.get("moe_intermediate_size") * (m.get("shared_expert_num") or 0)
+    given = m.get("moe_shared_expert_intermediate_size")
+    if given is not None and given != width:
+        raise ConfigError(m.path("moe_shared_expert_intermediate_size"), f"{given} is not n_shared_experts x "
+                          f"moe_intermediate_size = {width}: HF DeepseekV3 has no other shared-expert width")
+    return {"moe_intermediate_size": m.get("moe_intermediate_size")}
+
+
 def _mcore_groups(m: _Values, moe: _Values) -> dict:
     """mcore moe_router_num_groups 0 or null means no group limit: one group in HF's terms."""
     return {"n_group": moe.get("n_group") or 1, "topk_group": moe.get("topk_group") or 1}

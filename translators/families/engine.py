@@ -37,6 +37,7 @@ from translators.families.derive import (
     _qwen3_dense_layers,
     _rope,
     _seq_positions,
+    _shared_width,
 )
 from translators.families.glm import GLM, GLM_ALIASES, GLM_DEFAULTS
 from translators.families.gpt2 import GPT2, GPT2_DEFAULTS
@@ -44,8 +45,6 @@ from translators.families.llama import LLAMA, LLAMA_DEFAULTS, MIXTRAL, MOE_DEFAU
 from translators.families.mcore import (
     DEEPSEEK_MCORE,
     DEEPSEEK_MCORE_DEFAULTS,
-    MCORE,
-    MCORE_DEFAULTS,
     MCORE_SPELLINGS,
     QWEN3,
     QWEN3_DEFAULTS,
@@ -119,8 +118,8 @@ _SPECS: dict[tuple[str, bool], _Spec] = {
     ("qwen3_moe", True): _mcore_spec("Qwen3MoeConfig", QWEN3_MOE, QWEN3_MOE_DEFAULTS,
                                      (_kv_heads, _mcore_rope, _mcore_tie, _qwen3_dense_layers)),
     ("deepseek_v3", True): _mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
-                                       (_mla_kv_heads, _mcore_rope, _mcore_tie, _mcore_groups)),
-    **{(name, True): _mcore_spec(cls, MCORE, MCORE_DEFAULTS) for name, cls in telechat3.CONFIG_CLASSES.items()},
+                                       (_mla_kv_heads, _mcore_rope, _mcore_tie, _mcore_groups, _shared_width)),
+    **{(name, True): _mcore_spec(*spec) for name, spec in telechat3.specs().items()},
 }
 ARCH_SPEC = _Spec("model.arch", ARCH_RULES, {})
 

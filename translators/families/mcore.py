@@ -185,6 +185,7 @@ DEEPSEEK_MCORE: dict[str, Rule | str] = {
     "mtp_depth": DEEPSEEK_V3["mtp_depth"],
     "n_kv_heads": Feeds(unused="not read by MLA: every head has its own k and v (hf num_key_value_heads = "
                                "num_attention_heads)"),
+    "moe_shared_expert_intermediate_size": Feeds(),  # must be n_shared_experts x moe_intermediate_size (HF's width)
 }
 
 # What a YAML leaves out takes its config class's default in the run's MindFormers version (translators/mf_defaults,
