@@ -68,3 +68,20 @@ def test_resolve(given, resolved):
 def test_resolve_refuses(given, message):
     with pytest.raises(ConfigError, match=f"^mindformers_version: {message}"):
         mf_defaults.resolve(given, "mindformers_version")
+
+
+@pytest.mark.parametrize("version", mf_defaults.VERSIONS)
+def test_legacy_tables_equal_the_golden_file(version):
+    """The legacy families keep their defaults as tables beside them (llama.py LLAMA_DEFAULTS and MOE_DEFAULTS,
+    glm.py GLM_DEFAULTS): every value there is LlamaConfig's / MoEConfig's / ChatGLM2Config's own in each version.
+    (mtp_depth, pp_interleave_num and offset are the layout's, not the class's.)"""
+    from translators.families.glm import GLM_ALIASES, GLM_DEFAULTS
+    from translators.families.llama import LLAMA_DEFAULTS, MOE_DEFAULTS
+
+    classes = json.loads((GOLDEN / f"{version}.json").read_text())["classes"]
+    llama, glm = classes["LlamaConfig"]["defaults"], classes["ChatGLM2Config"]["defaults"]
+    assert {k: v for k, v in LLAMA_DEFAULTS.items() if k != "mtp_depth"} == {k: llama[k] for k in LLAMA_DEFAULTS
+                                                                              if k != "mtp_depth"}
+    assert MOE_DEFAULTS == {k: llama["moe_config"][k] for k in MOE_DEFAULTS}  # first_k_dense_replace True == 1
+    spelled = {name: key for key, name in GLM_ALIASES.items()}
+    assert GLM_DEFAULTS == {k: glm[spelled.get(k, k)] for k in GLM_DEFAULTS}
