@@ -168,3 +168,15 @@ def test_version_decides_and_is_recorded(tmp_path):
         translate_file(str(WHEELS / "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml"), mindformers_version="3.0")
     plan = translate_file(str(WHEELS / "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml")).plan
     assert plan["run"]["mindformers_version"] == "2.1.0"
+
+
+def test_glm4_moe_is_refused_as_mindformers_refuses_to_train_it():
+    """The wheels carry only a predict YAML for GLM-4-MoE: MindFormers' Glm4MoeForCausalLM raises in train mode."""
+    from translators.errors import ConfigError
+    from translators.plan import translate
+
+    tree = {"use_legacy": False, "runner_config": {"batch_size": 1},
+            "model": {"model_config": {"model_type": "glm4_moe", "num_hidden_layers": 2, "head_dim": 128}}}
+    with pytest.raises(ConfigError, match=r"^model\.model_config\.model_type: glm4_moe: MindFormers does not train "
+                                          r"Glm4Moe \(Glm4MoeForCausalLM raises \"Train mode is not supported"):
+        translate(tree)

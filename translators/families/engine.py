@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from translators.errors import ConfigError, did_you_mean, join, show
-from translators.families import telechat3
+from translators.families import glm4_moe, telechat3
 from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL, Family
 from translators.families.deepseek import (
     DEEPSEEK_V2,
@@ -119,7 +119,7 @@ _SPECS: dict[tuple[str, bool], _Spec] = {
                                      (_kv_heads, _mcore_rope, _mcore_tie, _qwen3_dense_layers)),
     ("deepseek_v3", True): _mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
                                        (_mla_kv_heads, _mcore_rope, _mcore_tie, _mcore_groups, _shared_width)),
-    **{(name, True): _mcore_spec(*spec) for name, spec in telechat3.specs().items()},
+    **{(name, True): _mcore_spec(*spec) for module in (telechat3, glm4_moe) for name, spec in module.specs().items()},
 }
 ARCH_SPEC = _Spec("model.arch", ARCH_RULES, {})
 
