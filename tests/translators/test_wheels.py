@@ -180,3 +180,34 @@ def test_glm4_moe_is_refused_as_mindformers_refuses_to_train_it():
     with pytest.raises(ConfigError, match=r"^model\.model_config\.model_type: glm4_moe: MindFormers does not train "
                                           r"Glm4Moe \(Glm4MoeForCausalLM raises \"Train mode is not supported"):
         translate(tree)
+
+
+# The published config.json of each model (the keys that shape it), for the finetune YAMLs' pretrained_model_dir.
+DEEPSEEK_V3_JSON = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_nextn_predict_layers": 1, "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+    "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8,
+    "topk_group": 4, "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3,
+    "norm_topk_prob": True, "scoring_func": "sigmoid", "rms_norm_eps": 1e-06, "tie_word_embeddings": False}
+QWEN3_32B_JSON = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 5120,
+    "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("rel, config_json, total, active", [
+    ("deepseek3/finetune_deepseek3_671b.yaml", DEEPSEEK_V3_JSON, 671 * B, 37 * B),
+    ("qwen3/finetune_qwen3.yaml", QWEN3_32B_JSON, 32.8 * B, None),
+    ("general/llm_finetune_dense_template.yaml", QWEN3_32B_JSON, 32.8 * B, None)])
+def test_finetune_yamls_with_their_model_dir(rel, config_json, total, active, tmp_path):
+    """The YAMLs refused for want of pretrained_model_dir/config.json translate to the published model with it."""
+    from translators.plan import translate_file
+
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    plan = translate_file(str(WHEELS / "2.1.0" / rel), [f"pretrained_model_dir={tmp_path}"]).plan
+    got_total, got_active = counts(plan["hf_config"])
+    assert got_total == pytest.approx(total, rel=0.01)
+    if active:
+        assert got_active == pytest.approx(active, rel=0.03)
