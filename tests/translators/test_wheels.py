@@ -190,7 +190,10 @@ DEEPSEEK_V3_JSON = {
     "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
     "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8,
     "topk_group": 4, "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3,
-    "norm_topk_prob": True, "scoring_func": "sigmoid", "rms_norm_eps": 1e-06, "tie_word_embeddings": False}
+    "norm_topk_prob": True, "scoring_func": "sigmoid", "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+    "max_position_embeddings": 163840, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"}}
 QWEN3_32B_JSON = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 5120,
     "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
@@ -211,3 +214,7 @@ def test_finetune_yamls_with_their_model_dir(rel, config_json, total, active, tm
     assert got_total == pytest.approx(total, rel=0.01)
     if active:
         assert got_active == pytest.approx(active, rel=0.03)
+    if "rope_scaling" in config_json:  # MindFormers' TransformerConfig flattens it: YaRN x40 over 4096 positions
+        assert plan["hf_config"]["rope_parameters"] == {
+            "rope_theta": 10000.0, "rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}

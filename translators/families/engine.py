@@ -253,7 +253,30 @@ def _seed(tree: dict) -> tuple[dict, str]:
         raise ConfigError(path, f"cannot read the Hugging Face config: {exc}") from None
     if not isinstance(seed, dict):
         raise ConfigError(path, f"expected a JSON object, got {type(seed).__name__}")
-    return seed, path
+    return _flat_rope_scaling(seed, path, tree), path
+
+
+def _flat_rope_scaling(seed: dict, path: str, tree: dict) -> dict:
+    """An HF `rope_scaling` dict becomes the flat mcore keys, as TransformerConfig.__post_init__ does
+    (parallel_core/transformer_config.py, 1.7.0 to 2.1.0): its type the position_embedding_type, factor the
+    rotary_scaling_factor, original_max_position_embeddings (else seq_length) the max_position_embeddings, the
+    other keys (beta_fast, mscale, ...) as they are."""
+    scaling = seed.get("rope_scaling")
+    if not isinstance(scaling, dict):
+        return seed
+    scaling = dict(scaling)
+    flat = {k: v for k, v in seed.items() if k != "rope_scaling"}
+    kind = scaling.pop("type", None) or scaling.pop("rope_type", None)
+    if "factor" not in scaling:
+        raise ConfigError(f"{path}: rope_scaling", "has no factor (MindFormers' TransformerConfig needs one)")
+    flat["position_embedding_type"], flat["rotary_scaling_factor"] = kind, scaling.pop("factor")
+    config = (tree.get("model") or {}).get("model_config") or {}
+    original = scaling.pop("original_max_position_embeddings", None) or config.get("seq_length") \
+        or seed.get("seq_length")
+    if original is not None:
+        flat["max_position_embeddings"] = original
+    flat.update(scaling)
+    return flat
 
 
 _CLASS_DEFAULTS: dict[tuple[str, str], dict] = {}
