@@ -146,6 +146,11 @@ def test_deepseek_v3_671b_is_mindformers_model(version):
     assert (hf["n_routed_experts"], hf["num_experts_per_tok"], hf["first_k_dense_replace"],
             hf["num_attention_heads"]) == (256, 8, 3, 128)
     assert plan["moe"]["num_experts"] == 256 and plan["moe"]["top_k"] == 8 and plan["moe"]["layers"][:2] == [3, 4]
+    said = [n["message"] for n in plan["notes"] if n["key"] == "" and "leaves to DeepseekV3Config" in n["message"]]
+    assert said == [f"model.model_config leaves to DeepseekV3Config of MindFormers {version}: num_attention_heads "
+                    "128, n_routed_experts 256, num_experts_per_tok 8, first_k_dense_replace 3, n_shared_experts 1, "
+                    "routed_scaling_factor 2.5, norm_topk_prob True, kv_lora_rank 512, q_lora_rank 1536, "
+                    "qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128, tie_word_embeddings False"]
     assert hf["num_nextn_predict_layers"] == 1
     total, active = counts(hf)
     h, v = hf["hidden_size"], hf["vocab_size"]

@@ -230,7 +230,27 @@ def hf_config(tree: dict, family: Family, ledger: Ledger, version: str = NEWEST)
     _derive(spec, m, moe, ctx)
     if family.mcore:
         _note_seed(tree, spec, ledger)
+        _note_class_defaults(spec, m, version, ledger)
     return ctx.out
+
+
+# The settings that shape an mcore model, named in the note on the class defaults a YAML relies on.
+_SHAPING = ("num_layers", "hidden_size", "num_heads", "n_kv_heads", "head_dim", "intermediate_size", "vocab_size",
+            "expert_num", "num_experts_chosen", "first_k_dense_replace", "shared_expert_num", "moe_intermediate_size",
+            "routed_scaling_factor", "norm_topk_prob", "n_group", "topk_group", "kv_lora_rank", "q_lora_rank",
+            "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "mtp_depth", "tie_word_embeddings")
+
+
+def _note_class_defaults(spec: _Spec, m: _Values, version: str, ledger: Ledger) -> None:
+    """One line saying which of the model's shaping settings the YAML left to its config class, and their values."""
+    raw = class_defaults(version, spec.config_class)
+    spelled = {spec.aliases.get(key, key): key for key in raw}
+    taken = [f"{spelled[name]} {m.get(name)!r}" for name in _SHAPING
+             if not m.given(name) and name in spelled and raw[spelled[name]] is not None
+             and not getattr(spec.rules.get(spelled[name]), "unused", None)]  # MLA's kv heads: not read
+    if taken:
+        ledger.mapped("", f"model.model_config leaves to {spec.config_class} of MindFormers {version}: "
+                          + ", ".join(taken))
 
 
 def _note_seed(tree: dict, spec: _Spec, ledger: Ledger) -> None:
