@@ -232,3 +232,23 @@ def test_finetune_yamls_with_their_model_dir(rel, config_json, total, active, tm
         assert plan["hf_config"]["rope_parameters"] == {
             "rope_theta": 10000.0, "rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
             "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}
+
+
+def test_rope_scaling_in_the_yaml_is_flattened_as_mindformers_does():
+    """model_config.rope_scaling (a COMMON_CONFIG_MAPPING key) becomes the flat mcore keys in TransformerConfig:
+    the 12B YAML written with DeepSeek-V3's rope_scaling dict instead of its flat YaRN keys."""
+    from translators.loader import load_yaml
+    from translators.plan import translate
+
+    tree = load_yaml(str(WHEELS / "2.1.0/deepseek3/pretrain_deepseek3_12b_16p_pp16.yaml"))
+    config = tree["model"]["model_config"]
+    for key in ("position_embedding_type", "scaling_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        del config[key]
+    config["rope_scaling"] = DEEPSEEK_V3_JSON["rope_scaling"]
+    result = translate(tree)
+    assert result.plan["hf_config"]["rope_parameters"] == {
+        "rope_theta": 10000.0, "rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}
+    notes = result.ledger.finish()
+    assert [n.kind for n in notes if n.key == "model.model_config.rope_scaling"] == ["mapped"]
+    assert not [n for n in notes if n.kind == "unknown" and "rope_scaling" in n.key]

@@ -229,6 +229,11 @@ def hf_config(tree: dict, family: Family, ledger: Ledger, version: str = NEWEST)
     _account(_Values(ARCH_SPEC, ARCH_SPEC.rules, {}, ARCH, arch), ARCH, False, ctx)
     _derive(spec, m, moe, ctx)
     if family.mcore:
+        if isinstance(_model_section(tree).get("rope_scaling"), dict):
+            ledger.mapped(join(MODEL_CONFIG, "rope_scaling"), "flattened as MindFormers' TransformerConfig does "
+                          "(type -> position_embedding_type, factor -> rotary_scaling_factor, "
+                          "original_max_position_embeddings -> max_position_embeddings): hf rope_parameters = "
+                          f"{ctx.out.get('rope_parameters')}")
         _note_seed(tree, spec, ledger)
         _note_class_defaults(spec, m, version, ledger)
     return ctx.out

@@ -268,7 +268,8 @@ def _flat_rope_scaling(seed: dict, path: str, tree: dict) -> dict:
     flat = {k: v for k, v in seed.items() if k != "rope_scaling"}
     kind = scaling.pop("type", None) or scaling.pop("rope_type", None)
     if "factor" not in scaling:
-        raise ConfigError(f"{path}: rope_scaling", "has no factor (MindFormers' TransformerConfig needs one)")
+        raise ConfigError(path if path.endswith("rope_scaling") else f"{path}: rope_scaling",
+                          "has no factor (MindFormers' TransformerConfig needs one)")
     flat["position_embedding_type"], flat["rotary_scaling_factor"] = kind, scaling.pop("factor")
     config = (tree.get("model") or {}).get("model_config") or {}
     original = scaling.pop("original_max_position_embeddings", None) or config.get("seq_length") \
@@ -314,7 +315,10 @@ def _load(tree: dict, family: Family, version: str = NEWEST) -> tuple[_Spec, _Va
     spec = _SPECS[(family.name, family.mcore)]
     seed, seed_path = _seed(tree) if family.mcore else ({}, "")
     defaults = class_defaults_typed(spec, version) if family.mcore else spec.defaults
-    m = _Values(spec, spec.rules, defaults, MODEL_CONFIG, _model_section(tree), seed, seed_path)
+    section = _model_section(tree)
+    if family.mcore and isinstance(section.get("rope_scaling"), dict):  # as config.json's (COMMON_CONFIG_MAPPING)
+        section = _flat_rope_scaling(section, join(MODEL_CONFIG, "rope_scaling"), tree)
+    m = _Values(spec, spec.rules, defaults, MODEL_CONFIG, section, seed, seed_path)
     if family.mcore:
         return spec, m, m
     moe_section = tree.get(MOE_CONFIG) or {}
