@@ -6,7 +6,8 @@ MindFormers reads its YAMLs with PyYAML `safe_load` (YAML 1.1), so we do too, qu
   * anchors, aliases and `<<` merges work; `base_config:` (a path or a list, relative to the file) is loaded
     first and the file is merged over it (mindformers/tools/register/config.py, BASE_CONFIG).
 What we refuse, with the file and line: malformed YAML, tags that construct Python objects (`!!python/object`),
-a top level that is not a mapping, duplicate keys (PyYAML keeps the last one silently), `base_config` cycles.
+a top level that is not a mapping, `base_config` cycles. A duplicate key takes its last value, as safe_load (and so
+MindFormers) does, with a DuplicateKeyWarning naming the key and both lines.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import copy
 import os
 import stat
 import sys
+import warnings
 from typing import Any
 
 import yaml
@@ -30,8 +32,12 @@ MAX_NODES = 100_000
 MAX_YAML_BYTES = 16 * 2**20
 
 
+class DuplicateKeyWarning(UserWarning):
+    """A mapping repeats a key: the last value wins (PyYAML safe_load, and so MindFormers)."""
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reports duplicate keys instead of keeping the last one."""
+    """SafeLoader that warns about duplicate keys (keeping the last value, as safe_load does)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
@@ -46,10 +52,10 @@ class _Loader(yaml.SafeLoader):
                     None, None, f"a mapping key must be a scalar, got {type(key).__name__}", key_node.start_mark
                 ) from None
             line = key_node.start_mark.line + 1
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {seen[key]}); MindFormers would silently "
-                    "keep the last one", key_node.start_mark)
+            if key in seen:  # safe_load keeps the last value, and so MindFormers runs the file with it
+                warnings.warn(DuplicateKeyWarning(
+                    f"line {line}: duplicate key {key!r} (first on line {seen[key]}): the last value is taken, as "
+                    "MindFormers' yaml.safe_load does"), stacklevel=2)
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 

@@ -121,7 +121,7 @@ GLM = (
 )
 NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE, "deepseek_v3": DEEPSEEK,
              "glm4": GLM, "chatglm": GLM, "qwen3/mcore": MCORE,
-             "qwen3_moe/mcore": MCORE}
+             "qwen3_moe/mcore": MCORE, "telechat3/mcore": MCORE}  # TeleChat3: Qwen3's names (families/telechat3.py)
 # One HF tensor that MindFormers keeps in two (research/deepseek3/convert_weight.py _mla_pt_to_ms): HF part, kind,
 # MindFormers parts. The rope rows of q_b_proj and kv_a_proj_with_mqa are reordered from HF's interleaved pairs
 # to halves (evens, then odds), as MindFormers' rotary embedding rotates halves.

@@ -47,6 +47,9 @@ class ModelShape:
 
 NO_MODEL = Family("none", None, "other", False, "no model section")
 
+# Families with a module of their own (one record each); imported here, once Family exists.
+from translators.families import glm4_moe, telechat3  # noqa: E402
+
 FAMILIES = (
     Family("llama", "llama", "llama", False),
     Family("qwen2", "qwen2", "llama", False),
@@ -68,9 +71,8 @@ FAMILIES = (
     Family("qwen3", "qwen3", "mcore", True),
     Family("qwen3_moe", "qwen3_moe", "mcore", True),
     Family("deepseek_v3", "deepseek_v3", "mcore", True),
-    Family("telechat3", None, "mcore", True,
-           "TeleChat3 has no transformers architecture (it ships as trust_remote_code)"),
 )
+FAMILIES += telechat3.FAMILIES + glm4_moe.FAMILIES
 _FAMILY = {(f.name, f.mcore): f for f in FAMILIES}
 
 # Which family a class or model_type names ("llama*" / "glm*": told apart by their keys, see _VARIANTS).
@@ -87,7 +89,8 @@ _ARCH_FAMILY = {
     "GPT2LMHeadModel": "gpt2", "Baichuan7BV2ForCausalLM": "baichuan2", "Baichuan13BV2ForCausalLM": "baichuan2",
     "YiZhaoForCausalLM": "yizhao",
 }
-_MCORE_TYPES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "telechat3": "telechat3"}
+_MCORE_TYPES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", **telechat3.MODEL_TYPES,
+                **glm4_moe.MODEL_TYPES}
 _MCORE_ARCHS = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
-                "DeepseekV3ForCausalLM": "deepseek_v3", "TeleChat3ForCausalLM": "telechat3"}
+                "DeepseekV3ForCausalLM": "deepseek_v3", **telechat3.ARCHS, **glm4_moe.ARCHS}
 _CONFIG_CLASSES, _ARCH_CLASSES = tuple(_CONFIG_FAMILY), tuple(_ARCH_FAMILY)
