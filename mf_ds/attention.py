@@ -10,6 +10,9 @@ The Plan says (translators/attention.py):
                                              boundaries per sample; the tokens past the last one form one document
   run.data.reset_position_ids                RoPE positions restart at 0 after each eod
                                              (position_ids[(i + 1):] -= i + 1 - prev_index)
+  run.trailing_pads_inert                    a batch whose pads all trail its real tokens may skip the pad mask
+                                             (translators/attention.py trailing_pads_inert: a dense model whose loss
+                                             leaves pad positions out)
 How each attention implementation gets it:
   sdpa      a boolean [B, 1, S, S] mask (True = attend), used by transformers as given (masking_utils: a 4-D mask
             is returned as is)
@@ -18,10 +21,14 @@ How each attention implementation gets it:
             kwargs transformers' _flash_attention_forward takes), positions as planned; pad keys: the 2-D padding
             mask, which transformers unpads (a pad token is dropped as key and query; every other token attends
             causally to the non-pad tokens before it, as in MindFormers)
-A batch whose pads all trail its real tokens gets no mask (the plain causal path, SDPA's fastest): pad keys there
-change no real token's output. A row with no key left (a pad query with only pads before it) attends to itself, so
-no NaN reaches the gradients; MindFormers' -10000 mask spreads such a row over every key. Only pad positions, which
-the loss leaves out and no other token attends to, see the difference.
+A batch whose pads all trail its real tokens then gets no mask (the plain causal path, SDPA's fastest): pad keys
+there change no real token's output. With MoE layers they do (the pads are routed: their hidden states decide
+what capacity is left to real tokens, and the aux losses, bias loads and drop statistics count them), so every
+batch with a pad keeps MindFormers' mask. A row with no key left (a pad query with only pads before it) attends to
+itself, so no NaN reaches the gradients; MindFormers' -10000 mask spreads such a row over every key. Only pad
+positions, which the loss leaves out and no other token attends to, see the difference (under MoE their routing
+differs too: leading pads only). Likewise flash attention's unpadding drops pad queries, where MindFormers lets a
+pad attend to the real tokens before it: exact for dense models, and for MoE only without pads.
 Legend: B batch, S sequence.
 """
 
@@ -79,8 +86,8 @@ def model_inputs(input_ids_BS: torch.Tensor, run: Run, attn_implementation: str 
     kwargs: dict[str, torch.Tensor] = {}
     if positions:
         kwargs["position_ids"] = restarted_positions(document_ids(input_ids_BS, data.eod))
-    if pad is not None and not documents and not _pad_before_a_token(input_ids_BS, pad):
-        pad = None  # only trailing pads: they change no real token's output, and the plain causal path is faster
+    if pad is not None and not documents and run.trailing_pads_inert and not _pad_before_a_token(input_ids_BS, pad):
+        pad = None  # only trailing pads, seen by nothing but themselves: the plain causal path is faster
     if not documents and pad is None:
         return kwargs
     impl = attn_implementation or "sdpa"

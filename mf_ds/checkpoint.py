@@ -4,15 +4,23 @@ Layout of `<output_dir>/checkpoint/`:
     <prefix>-step<N>/            one complete checkpoint
         config.json, model.safetensors   AutoModelForCausalLM.from_pretrained(dir) loads it
         engine/                          DeepSpeed engine state (optimizer, scheduler, per-rank shards)
-        rng.pt                           Python, numpy and torch RNG states
-        checksums.json                   size and sha256 of every file above
-        trainer_state.json               step, consumed micro batches: written last, it marks the checkpoint complete
-    latest                       the name of the newest checkpoint
+        rng.json                         Python, numpy and torch RNG states
+        trainer_state.json               step, consumed micro batches: it marks the checkpoint complete
+        checksums.json                   size and sha256 of every other file, written last
+    latest                       the name of the newest checkpoint (a name in this directory, nothing else)
 A checkpoint is written into `<name>.tmp/`; `latest` then names it and the directory is renamed into place, so a
 crash at any moment leaves every earlier checkpoint intact and `<name>` either complete or absent. Resume takes
 `latest` when it names a complete checkpoint, else the complete one with the highest step. A checkpoint whose
 files no longer match checksums.json (truncated, bit-flipped, missing) is refused with the file named: loading
 a damaged optimizer state would not fail, it would train on garbage (torch.load checks no CRC).
+
+What is trusted on resume (issue 23). Nothing in a checkpoint can run code: mf-ds writes JSON and safetensors
+itself, and DeepSpeed's `.pt` files are read by torch's weights-only unpickler, which builds tensors, builtins and
+the few DeepSpeed state classes `_safe_globals()` lists, and refuses anything else (`install_safe_loading`). That
+is the protection against a hostile file. checksums.json is not: whoever can plant a file can rewrite it. It
+detects damage (a truncated copy, a flipped bit, a file added or edited after the save), so resume refuses a
+checkpoint whose files do not match it, and one without it unless the caller trusts the directory
+(`trust=True`: mf-train's --trust_checkpoint). `latest` must name a checkpoint inside the checkpoint directory.
 
 Test-only fault injection: `MF_DS_TEST_KILL_AT=<point>@<step>` makes the process SIGKILL itself when it reaches
 `fault_point(<point>, <step>)` (points: step.backward, step.update, step.record in loop.py; save.engine,
@@ -22,6 +30,7 @@ uses it to land a kill exactly inside a save; unset, it costs one dictionary loo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -90,14 +99,119 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+RNG = "rng.json"
+LEGACY_RNG = "rng.pt"  # mf-ds before issue 23: read with the weights-only unpickler
+
+
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The Python, numpy and torch RNG states as JSON (plain ints: nothing to unpickle on resume)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(internal), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            "torch": torch.get_rng_state().tolist()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+def _load_rng(path: Path) -> None:
+    """Restore the RNG states saved in checkpoint `path` (rng.json, or an older mf-ds' rng.pt read weights-only)."""
+    if (path / RNG).is_file():
+        try:
+            state = json.loads((path / RNG).read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(path / RNG, f"unreadable ({type(exc).__name__}: {exc})") from None
+        where = path / RNG
+    elif (path / LEGACY_RNG).is_file():
+        where = path / LEGACY_RNG
+        # numpy's state is an array; these four globals rebuild one and nothing else.
+        allowed = [np.dtype, np.ndarray, np._core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+        try:
+            with torch.serialization.safe_globals(allowed):
+                state = torch.load(where, weights_only=True)
+            state["numpy"] = [state["numpy"][0], state["numpy"][1].tolist(), *state["numpy"][2:]]
+            state["torch"] = state["torch"].tolist()
+        except (OSError, RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError, EOFError,
+                pickle.UnpicklingError) as exc:
+            raise CheckpointError(where, f"refused or unreadable: {_first_line(exc)}") from None
+    else:
+        return
+    try:
+        set_rng_state(state)
+    except (ValueError, KeyError, TypeError, IndexError, OverflowError, RuntimeError) as exc:
+        raise CheckpointError(where, f"not RNG states ({type(exc).__name__}: {exc})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _safe_globals() -> list:
+    """What DeepSpeed 0.19's engine and ZeRO / bf16 optimizers pickle beside tensors and builtins (listed with
+    torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO 0-3 checkpoints of the configs here): state
+    objects whose construction runs no code of the file's choosing."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+_UNSUPPORTED = re.compile(r"Unsupported global: GLOBAL (\S+)|Unsupported operand (\d+)|(Trying to call reduce .*?)\.?$",
+                          re.MULTILINE)
+
+
+def safe_load(path: str | os.PathLike, map_location: Any = None) -> Any:
+    """torch.load with the weights-only unpickler and `_safe_globals()`: a file that would build anything else (a
+    payload's os.system, a class of the file's choosing) is refused with the file and what it asked for."""
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        match = _UNSUPPORTED.search(str(exc))
+        what = next((g for g in match.groups() if g), None) if match else None
+        raise CheckpointError(path, f"refused: it asks the unpickler for {what or 'something beyond tensors'}, "
+                              "which a DeepSpeed checkpoint never holds (a planted payload?); not loaded") from None
+
+
+def install_safe_loading(engine: Any) -> None:
+    """Make DeepSpeed read this engine's checkpoints with `safe_load` (its TorchCheckpointEngine unpickles with
+    weights_only=False). Only this engine's attribute changes; torch and DeepSpeed stay as they are."""
+    current = getattr(engine, "checkpoint_engine", None)
+    if isinstance(current, _safe_engine_class()):
+        return
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    if type(current) is not TorchCheckpointEngine:
+        raise CheckpointError("deepspeed config", f"checkpoint engine {type(current).__name__}: resume reads "
+                              "with DeepSpeed's torch checkpoint engine only (drop checkpoint.writer / datastates)")
+    if engine.load_universal_checkpoint():  # ZeRO-3 reads those files with torch.load(weights_only=False) itself
+        raise CheckpointError("deepspeed config", "checkpoint.load_universal: DeepSpeed unpickles a universal "
+                              "checkpoint with arbitrary classes; mf-ds does not resume from one")
+    engine.checkpoint_engine = _safe_engine_class()(current)
+
+
+@functools.cache
+def _safe_engine_class() -> type:
+    """DeepSpeed's TorchCheckpointEngine with `load` made `safe_load` (a class made on first use: DeepSpeed is
+    imported only when a run needs it)."""
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    class SafeCheckpointEngine(TorchCheckpointEngine):
+        def __init__(self, inner: TorchCheckpointEngine):  # takes over `inner`'s settings
+            self.__dict__.update(inner.__dict__)
+
+        def load(self, path: str, map_location: Any = None) -> Any:
+            return safe_load(path, map_location=map_location)
+
+    return SafeCheckpointEngine
 
 
 def _digest(path: Path) -> dict[str, Any]:
@@ -110,23 +224,29 @@ def _files(directory: Path) -> list[str]:
 
 
 def write_checksums(directory: Path) -> None:
-    """checksums.json for every file under `directory`; the ranks hash a share each (collective)."""
-    names = _files(directory)
+    """checksums.json for every file under `directory`; the ranks hash a share each (collective). The ranks list the
+    files after a barrier, so each sees the files every rank wrote before it came here."""
+    _barrier()
+    names = [name for name in _files(directory) if name != CHECKSUMS]
     sums = _gather({name: _digest(directory / name) for name in names[_rank()::_world()]})
     if _rank() == 0:
         payload = {"algorithm": "sha256", "files": {name: sums[name] for name in names}}
         _atomic_write(directory / CHECKSUMS, json.dumps(payload, indent=1))
 
 
-def verify(directory: Path, only: set[str] | None = None) -> tuple[Path, str] | None:
+def verify(directory: Path, only: set[str] | None = None, required: bool = False) -> tuple[Path, str] | None:
     """The first file under `directory` that does not match checksums.json, and how; None when all match.
 
     `only` limits the check to those names (the weights of an HF directory copied out of a checkpoint). A directory
-    without checksums.json (a plain HF download, a checkpoint of an older mf-ds) has nothing to check. Collective:
-    each rank hashes a share and every rank gets the same answer.
+    without checksums.json (a plain HF download) has nothing to check, unless `required` (a checkpoint to resume
+    from): then it must have one, and every file under it must be listed. Collective: each rank hashes a share and
+    every rank gets the same answer.
     """
     listing = directory / CHECKSUMS
     if not listing.is_file():
+        if required:
+            return listing, ("missing: nothing says these files are the ones saved (pass --trust_checkpoint if "
+                             "you trust this directory)")
         return None
     try:
         files = json.loads(listing.read_text())["files"]
@@ -135,6 +255,9 @@ def verify(directory: Path, only: set[str] | None = None) -> tuple[Path, str] | 
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return listing, f"unreadable ({type(exc).__name__}: {exc})"
     problems = {}
+    if required:
+        for name in set(_files(directory)) - set(files) - {CHECKSUMS}:
+            problems[name] = f"not listed in {CHECKSUMS} (added after the save?)"
     for name, size, sha in entries[_rank()::_world()]:
         path = directory / name
         if not path.is_file():
@@ -191,13 +314,13 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
     if _rank() == 0:
         engine.module.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)
         fault_point("save.weights", step)
-        torch.save(rngs, tmp / "rng.pt")
-    _barrier()
-    write_checksums(tmp)
-    fault_point("save.manifest", step)
-    if _rank() == 0:
+        _atomic_write(tmp / RNG, json.dumps(rngs))
         _atomic_write(tmp / STATE, json.dumps({**state, "step": step}, indent=2))
         fault_point("save.state", step)
+    _barrier()
+    write_checksums(tmp)  # trainer_state.json included: a changed step is damage like any other
+    fault_point("save.manifest", step)
+    if _rank() == 0:
         # `latest` names the checkpoint before it exists: until the rename, resume falls back to the newest
         # complete one, and after it `latest` is right with no further write.
         _atomic_write(root / LATEST, final.name + "\n")
@@ -235,21 +358,53 @@ def complete(root: Path, prefix: str | None = None) -> list[Path]:
 
 
 def latest(root: Path) -> Path | None:
-    """The checkpoint to resume from: `latest` if it names a complete one, else the newest complete one."""
+    """The checkpoint to resume from: `latest` if it names a complete one, else the newest complete one.
+
+    `latest` holds a name in `root`; a path (absolute, or with `..` or `/`) would point a resume at a directory
+    elsewhere, and is refused."""
     pointer = root / LATEST
     if pointer.is_file():
         try:
-            candidate = root / pointer.read_text().strip()
+            name = pointer.read_text().strip()
         except (OSError, UnicodeDecodeError):
-            candidate = None
-        if candidate is not None and candidate.name and (candidate / STATE).is_file():
+            name = ""
+        if name and (name in (".", "..") or "/" in name or "\\" in name or "\0" in name or not _NAME.match(name)):
+            raise CheckpointError(pointer, f"names {name[:200]!r}, not a checkpoint of {root}; a resume reads "
+                                  "only checkpoints inside its checkpoint directory")
+        candidate = root / name
+        if name and (candidate / STATE).is_file():
             return candidate
     done = complete(root)
     return max(done, key=_step) if done else None
 
 
-def load(engine: Any, path: Path) -> dict[str, Any]:
-    """Restore the engine (weights, optimizer, scheduler) and return the trainer state. Collective."""
+def check_hf_checkpoint(path: Path, trust: bool = False) -> None:
+    """Before the HF Trainer resumes from `path` (checkpoint-N/): its files match its checksums.json (required
+    unless `trust`), and DeepSpeed's `latest` in it names a folder of it (DeepSpeed joins it to the path as given).
+    Collective."""
+    if not path.is_dir():
+        raise CheckpointError(path, "not a checkpoint directory" + (" (it is a file)" if path.exists() else
+                                                                    " (it does not exist)"))
+    pointer = path / LATEST
+    if pointer.is_file():
+        try:
+            tag = pointer.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(pointer, f"unreadable ({type(exc).__name__})") from None
+        if not tag or tag in (".", "..") or "/" in tag or "\\" in tag or not (path / tag).is_dir():
+            raise CheckpointError(pointer, f"names {tag[:200]!r}, not a folder of {path}; a resume reads only "
+                                  "the checkpoint's own folders")
+    problem = verify(path, required=not trust)
+    if problem:
+        raise CheckpointError(problem[0], f"{problem[1]}; checkpoint {path.name} not resumed from")
+
+
+def load(engine: Any, path: Path, trust: bool = False) -> dict[str, Any]:
+    """Restore the engine (weights, optimizer, scheduler) and return the trainer state. Collective.
+
+    Every file must match checksums.json, which must list them all; without checksums.json only when `trust`."""
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(path, "is a file, not a checkpoint directory")
     state_file = path / STATE
     if not state_file.is_file():
         raise CheckpointError(path, f"not a complete mf-ds checkpoint (no {STATE})")
@@ -262,18 +417,20 @@ def load(engine: Any, path: Path) -> dict[str, Any]:
         raise CheckpointError(state_file, f"step {step!r} is not a step count")
     if not (path / ENGINE).is_dir():
         raise CheckpointError(path, f"has no {ENGINE}/ directory (DeepSpeed state); it holds weights only")
-    problem = verify(path)
+    problem = verify(path, required=not trust)
     if problem:
-        raise CheckpointError(problem[0], f"{problem[1]}; checkpoint {path.name} is damaged, not resumed from")
+        verb = "is unchecked" if problem[0] == path / CHECKSUMS and not problem[0].is_file() else "is damaged"
+        raise CheckpointError(problem[0], f"{problem[1]}; checkpoint {path.name} {verb}, not resumed from")
+    install_safe_loading(engine)
     try:
         loaded, _ = engine.load_checkpoint(str(path / ENGINE), tag="state")
+    except CheckpointError:
+        raise
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, AssertionError, pickle.UnpicklingError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(path / ENGINE, f"DeepSpeed could not load the engine state: {message}") from None
+        raise CheckpointError(path / ENGINE, f"DeepSpeed could not load the engine state: {_first_line(exc)}") \
+            from None
     if loaded is None:
         raise CheckpointError(path / ENGINE, "DeepSpeed could not load the engine state")
     fault_point("load.engine", step)
-    rng_file = path / "rng.pt"
-    if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+    _load_rng(path)
     return state

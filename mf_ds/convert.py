@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from mf_ds.ckpt import load_into, write_ckpt
 from mf_ds.errors import RunError
-from mf_ds.weights import from_hf, layout_of, mindformers_names, model_slot
+from mf_ds.mindspore_ckpt import load_into, write_ckpt
+from mf_ds.weights import attach_router_bias, from_hf, layout_of, mindformers_names, model_slot
 from translators import names
 from translators.plan_types import Plan
 
@@ -42,6 +42,13 @@ def _family(plan: Plan) -> str:
     return plan.weights_family
 
 
+def _shape(file: Path, name: str) -> list[int]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        return f.get_slice(name).get_shape()
+
+
 def _progress(total: int, what: str):
     """A byte-count bar on stderr (tqdm comes with transformers); silent when stderr is not a terminal."""
     from tqdm.auto import tqdm
@@ -54,7 +61,7 @@ def to_hf(plan: Plan, src: str, dst: str) -> dict[str, int]:
     Holds the output and one MindFormers tensor at a time."""
     from safetensors.torch import save_file
 
-    from mf_ds.ckpt import _checkpoint_files
+    from mf_ds.mindspore_ckpt import _checkpoint_files
 
     model = _meta_model(plan)
     out: dict[str, torch.Tensor] = {}
@@ -87,7 +94,10 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
     owners = weight_files(Path(src))  # checks the files (index, shards, checksums) first
     for name in sorted(owners):
         slot = model_slot(name, state)
-        if slot is None:
+        shape = _shape(owners[name], name) if slot is None else None
+        if slot is None and (bias := attach_router_bias(model, name, torch.empty(shape, device="meta"))) is not None:
+            state[bias] = model.get_buffer(bias)  # balance_via_topk_bias on a family whose HF router has no bias
+        elif slot is None:
             raise RunError(f"{owners[name]}: {name} is not a weight of the YAML's {family} model")
     layout = layout_of(plan)
 
@@ -98,6 +108,11 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
         want = tuple(state[param][index].shape) if index else tuple(state[param].shape)
         if tuple(tensor.shape) != want:
             raise RunError(f"{owners[name]}: {name} has shape {list(tensor.shape)}, the YAML's model {list(want)}")
+        if not tensor.is_floating_point():  # weight_files refuses .weight / .bias; this is any other tensor
+            raise RunError(f"{owners[name]}: weight {name} is {str(tensor.dtype).removeprefix('torch.')}, not "
+                           "floating point")
+        if not torch.isfinite(tensor).all():  # the other direction (load_into) refuses them too
+            raise RunError(f"{owners[name]}: weight {name} holds inf/NaN (a damaged file?)")
         return tensor
 
     def tensors():
@@ -107,11 +122,14 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
                 tensor = from_hf(mf_name, groups[mf_name], read, family, model.config, layout)
                 bar.update(tensor.numel() * tensor.element_size())
                 yield mf_name, tensor
+                for bias, load in names.EXPERT_LOAD.items():  # the router's load counter (names.NOT_WEIGHTS)
+                    if mf_name.endswith(bias):
+                        yield mf_name[: -len(bias)] + load, torch.zeros_like(tensor)
 
     if dst.endswith(".ckpt"):
         return write_ckpt(dst, tensors())
     if dst.endswith(".safetensors"):
-        out = dict(tensors())
+        out = dict(tensors())  # every tensor checked before the file is opened
         save_file(out, dst, metadata={"format": "ms"})
         return len(out)
     raise RunError(f"{dst}: the MindFormers output must end in .ckpt or .safetensors")

@@ -138,9 +138,11 @@ class SaveAtEnd(TrainerCallback):
 class MFTrainer(Trainer):
     """The HF Trainer with MindFormers' optimizer (parameter groups, bias correction) and exact LR schedule."""
 
-    def __init__(self, *args: Any, plan: Plan, data_size: int | None = None, **kwargs: Any):
-        """`data_size`: the data set in global batches per epoch (x repeat), for lr_schedule.total_steps -1."""
-        self.plan, self.data_size = plan, data_size
+    def __init__(self, *args: Any, plan: Plan, data_size: int | None = None, trust_checkpoint: bool = False,
+                 **kwargs: Any):
+        """`data_size`: the data set in global batches per epoch (x repeat), for lr_schedule.total_steps -1.
+        `trust_checkpoint`: resume from a checkpoint without checksums.json (mf_ds/checkpoint.py says why)."""
+        self.plan, self.data_size, self.trust_checkpoint = plan, data_size, trust_checkpoint
         super().__init__(*args, **kwargs)
         # micro_batch_interleave_num: each micro batch is one of the parts whose mean losses MindFormers'
         # MicroBatchInterleaved adds, so each part keeps its own mean (not a share of the window's token mean) and
@@ -148,6 +150,43 @@ class MFTrainer(Trainer):
         self.interleave = plan.run.micro_batch_interleave_num
         if self.interleave > 1:
             self.model_accepts_loss_kwargs = False
+
+    # Resume as mf_ds/train.py resumes (issue 23): DeepSpeed's state is read by the weights-only unpickler
+    # (checkpoint.install_safe_loading, on the engine as the Trainer stores it, before it loads a checkpoint), every
+    # file of the checkpoint must match the checksums.json written beside HF's files, and DeepSpeed's `latest`
+    # inside it must name a folder of the checkpoint. HF itself reads rng_state.pth and scheduler.pt weights-only.
+    @property
+    def model_wrapped(self):
+        return self.__dict__.get("_model_wrapped")
+
+    @model_wrapped.setter
+    def model_wrapped(self, model):
+        from mf_ds import checkpoint
+
+        self.__dict__["_model_wrapped"] = model
+        if hasattr(model, "checkpoint_engine"):  # the DeepSpeed engine accelerate made
+            checkpoint.install_safe_loading(model)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
+        from transformers.trainer_utils import get_last_checkpoint
+
+        from mf_ds import checkpoint
+
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        if resume_from_checkpoint:
+            checkpoint.check_hf_checkpoint(Path(resume_from_checkpoint), trust=self.trust_checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        from mf_ds import checkpoint
+
+        super()._save_checkpoint(model, trial)
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if folder.is_dir():
+            checkpoint.write_checksums(folder)  # collective, as the save
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         return super().training_step(model, inputs, num_items_in_batch) / self.interleave
@@ -168,6 +207,16 @@ class MFTrainer(Trainer):
             loss = loss + extra
         loss = loss * self.interleave
         return (loss, result[1]) if return_outputs else loss
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Under AutoTP, accelerate's get_state_dict is DeepSpeed's TP gather
+        (engine._replace_module_consolidated_state_dict), which walks parameters only: the persistent buffers, e.g.
+        DeepSeek-V3's trained router bias `mlp.gate.e_score_correction_bias`, would be missing from the saved
+        weights. AutoTP leaves buffers whole on every rank: rank 0 adds its own (as mf_ds/checkpoint.py does)."""
+        if state_dict and self.plan.parallel.tensor_parallel > 1:
+            model = self.accelerator.unwrap_model(self.model)
+            state_dict.update({k: v.detach().cpu() for k, v in model.state_dict().items() if k not in state_dict})
+        super()._save(output_dir, state_dict=state_dict)
 
     def create_optimizer(self, model=None):
         from mf_ds.optim import build_optimizer
@@ -203,6 +252,7 @@ class MFSetup:
     data_size: int | None = None  # global batches per epoch (x repeat): MindFormers' lr total_steps counts them
 
     def trainer(self, **kwargs: Any) -> MFTrainer:
+        """An MFTrainer for this set-up (`trust_checkpoint=True` among `kwargs`: see MFTrainer)."""
         return MFTrainer(model=self.model, args=self.args, callbacks=self.callbacks,
                          train_dataset=self.train_dataset, plan=self.plan, data_size=self.data_size, **kwargs)
 

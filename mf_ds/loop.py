@@ -115,8 +115,8 @@ class Trainer:
     """Holds the engine, the data and the run settings; `fit()` trains, `close()` tears down."""
 
     def __init__(self, plan: Plan, *, max_steps: int | None = None, load_checkpoint: str | None = None,
-                 dist_timeout: float | None = None,
-                 resume: bool = False, dataset_dir: str | None = None):
+                 dist_timeout: float | None = None, resume: bool = False, dataset_dir: str | None = None,
+                 trust_checkpoint: bool = False):
         import deepspeed
 
         from mf_ds.model import prepare
@@ -137,6 +137,10 @@ class Trainer:
         self.ckpt = run.callbacks.checkpoint
         self.ckpt_root = Path(self.ckpt.directory) if self.ckpt and self.ckpt.directory else \
             self.output_dir / "checkpoint"
+        for path, what in ((self.output_dir, "output_dir"), (self.ckpt_root, "the checkpoint directory")):
+            if path.exists() and not path.is_dir():
+                raise RunError(f"{path}: {what} is a file; it must be a directory (or not exist yet)")
+        self.trust_checkpoint = trust_checkpoint
         weights = load_checkpoint or run.load_checkpoint
         resume_from = None
         if weights and (Path(weights) / checkpoint.STATE).is_file():
@@ -207,7 +211,7 @@ class Trainer:
             if resume_from is None:
                 _log(f"mf-ds: no checkpoint under {self.ckpt_root}: starting from step 0")
         if resume_from is not None:
-            state = checkpoint.load(self.engine, resume_from)
+            state = checkpoint.load(self.engine, resume_from, trust=self.trust_checkpoint)
             self.step = state["step"]
             _log(f"mf-ds: resumed from {resume_from} at step {self.step}")
         # A progress bar for people at a terminal; logs and CI get the MFLossMonitor lines only.
@@ -238,7 +242,8 @@ class Trainer:
             for note in result.warnings:
                 _log(f"mf-ds: note: {note.line()}")
         return cls(result.plan, max_steps=args.max_steps, load_checkpoint=args.load_checkpoint,
-                   resume=args.resume_training, dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout)
+                   resume=args.resume_training, dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout,
+                   trust_checkpoint=args.trust_checkpoint)
 
     def _batches(self):
         from mf_ds.data import batches

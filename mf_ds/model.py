@@ -1,6 +1,6 @@
 """Build the HF model the Plan describes: `from_config`, weights from an HF-layout safetensors directory, or a
-MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/ckpt.py); and
-`prepare(plan)`, the one setup both trainers share (mf_ds/loop.py's Trainer, mf_ds/hf.py's from_mf_yaml):
+MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/mindspore_ckpt.py);
+and `prepare(plan)`, the one setup both trainers share (mf_ds/loop.py's Trainer, mf_ds/hf.py's from_mf_yaml):
 seed, build, patch (MoE, kernels, recompute), data, step counts.
 
 The runtime reads only the Plan (DESIGN.md): `plan.hf_config` is `AutoConfig.for_model` kwargs. Kernel and MoE
@@ -115,7 +115,7 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = Path(load_checkpoint)
     if is_mindformers_checkpoint(path):
-        from mf_ds.ckpt import load_into
+        from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
 
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -131,6 +131,7 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
         missing = sorted(info["missing_keys"])
         raise RunError(f"{path}: {len(missing)} weights of the model are not in the checkpoint (first: "
                        f"{missing[0]}); is it a checkpoint of another model?")
+    _router_biases(model, files)
     for name, param in model.named_parameters():
         if not torch.isfinite(param).all():
             raise RunError(f"{files.get(name, path)}: weight {name} holds inf/NaN (a damaged file?)")
@@ -141,10 +142,10 @@ def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:
     """Weights into a partitioned model, one tensor at a time (mf_ds.zero.Writer); the same checks as the whole
     build's loaders. Every rank reads every tensor (memory: one tensor), rank 0's values are kept."""
     from mf_ds import zero
-    from mf_ds.weights import model_slot
+    from mf_ds.weights import attach_router_bias, model_slot
 
     if is_mindformers_checkpoint(path):
-        from mf_ds.ckpt import load_into
+        from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
 
         # load_into sees the partitioned model and writes through zero.Writer
@@ -161,6 +162,9 @@ def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:
                     if tensor.is_floating_point() and not torch.isfinite(tensor).all():
                         raise RunError(f"{shard}: weight {name} holds inf/NaN (a damaged file?)")
                     slot = model_slot(name, writer.shapes)
+                    if slot is None and (bias := attach_router_bias(model, name, tensor)) is not None:
+                        writer.shapes[bias] = writer.tensors[bias] = model.get_buffer(bias)
+                        slot = (bias, ())
                     if slot is None:  # no weight of the model: ignored, as from_pretrained does
                         continue
                     param, index = slot
@@ -180,6 +184,22 @@ def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:
                        f"{missing[0]}); is it a checkpoint of another model?")
 
 
+def _router_biases(model: torch.nn.Module, files: dict[str, Path]) -> None:
+    """The routers' e_score_correction_bias of an HF directory saved by mf-ds for a family whose HF router has none
+    (balance_via_topk_bias on Mixtral, Qwen2-MoE): from_pretrained leaves it out as unexpected; put it back."""
+    from mf_ds.weights import ROUTER_BIAS, attach_router_bias, model_slot
+
+    state = model.state_dict()
+    for name, file in files.items():
+        if name.endswith(ROUTER_BIAS) and model_slot(name, state) is None:
+            with safe_open(str(file), framework="pt") as f:
+                tensor = f.get_tensor(name)
+            bias = attach_router_bias(model, name, tensor)
+            if bias is not None:
+                with torch.no_grad():
+                    model.get_buffer(bias).copy_(tensor)
+
+
 def is_mindformers_checkpoint(path: Path) -> bool:
     """A file (.ckpt, .safetensors), or a directory without an HF config.json: MindFormers' layouts."""
     return path.is_file() or (path.is_dir() and not (path / "config.json").is_file()
@@ -196,6 +216,10 @@ def weight_files(path: Path) -> dict[str, Path]:
     """
     from mf_ds.checkpoint import verify
 
+    if not path.exists():
+        raise RunError(f"{path}: load_checkpoint does not exist")
+    if not path.is_dir():
+        raise RunError(f"{path}: load_checkpoint must be a .ckpt or .safetensors file, or a directory")
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -218,6 +242,11 @@ def weight_files(path: Path) -> dict[str, Path]:
         try:
             with safe_open(str(path / shard), framework="pt") as f:
                 owners.update(dict.fromkeys(f.keys(), path / shard))
+                for name in f.keys():  # from_pretrained would cast an integer tensor into a float weight silently
+                    kind = f.get_slice(name).get_dtype()
+                    if name.endswith((".weight", ".bias")) and not kind.startswith(("F", "BF")):
+                        raise RunError(f"{path / shard}: weight {name} is {kind}, not floating point (a weight of "
+                                       "another kind of model, or a damaged conversion)")
         except (OSError, SafetensorError) as exc:
             raise RunError(f"{path / shard}: not a readable safetensors file ({exc}); truncated or damaged?") from None
     return owners

@@ -41,6 +41,9 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     p.add_argument("--load_checkpoint", help="weights: a MindSpore .ckpt, MindFormers safetensors, an HF "
                    "safetensors directory or an mf-ds checkpoint")
     p.add_argument("--resume_training", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--trust_checkpoint", action="store_true",
+                   help="resume from a checkpoint that has no checksums.json (one copied without it, or from an "
+                        "older mf-ds); its files still load as data only, never as code")
     p.add_argument("--train_dataset_dir", help="Megatron .bin/.idx prefix or directory, or JSON-lines data")
     p.add_argument("--gradient_accumulation_steps", type=int, help="override the gradient accumulation")
     p.add_argument("--dist_timeout", type=float, metavar="SECONDS",
@@ -94,9 +97,12 @@ def main(argv: list[str] | None = None, prog: str = "mf_ds/train.py", positional
 
     try:
         _single_process_env()
+        from mf_ds import build_lock
         from mf_ds.loop import Trainer
 
-        trainer = Trainer.from_args(args)
+        build_lock.check()  # a lock left by a killed build of DeepSpeed's ops would hold start-up forever
+        with build_lock.watch():
+            trainer = Trainer.from_args(args)
         trainer.fit(should_stop=lambda: stop["signal"] is not None)
         trainer.close()
     except (ConfigError, CheckpointError, RunError, DataError) as exc:

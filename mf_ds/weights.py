@@ -325,3 +325,29 @@ def model_slot(hf_name: str, state: dict[str, torch.Tensor]) -> tuple[str, tuple
             return param, (e, slice(half * rows, (half + 1) * rows))
     renamed = hf_name.replace(".block_sparse_moe.", ".mlp.")
     return (renamed, ()) if renamed in state else None
+
+
+ROUTER_BIAS = ".gate.e_score_correction_bias"
+
+
+def attach_router_bias(model: torch.nn.Module, hf_name: str, tensor: torch.Tensor) -> str | None:
+    """MindFormers' selection bias (`...router.router.topk_bias`, HF name `...gate.e_score_correction_bias`) for a
+    model whose HF router has no such buffer (Mixtral, Qwen2-MoE: only DeepSeek-V3's has one): registered on the HF
+    router as the fp32 buffer mf-ds' MoE patch then selects with (mf_ds/patch/moe.py), so the trained bias is kept.
+    Returns the model's name of the buffer, or None when `hf_name` is no router bias of this model (a router there,
+    [E, H] to this [E])."""
+    if not hf_name.endswith(ROUTER_BIAS):
+        return None
+    path = hf_name.replace(".block_sparse_moe.", ".mlp.")[: -len(".e_score_correction_bias")]
+    try:
+        router = model.get_submodule(path)
+    except AttributeError:
+        return None
+    weight = getattr(router, "weight", None)
+    rows = getattr(weight, "ds_shape", getattr(weight, "shape", None))  # ZeRO-3: the whole shape (mf_ds/zero.py)
+    if rows is None or tensor.dim() != 1 or rows[0] != tensor.numel():
+        return None
+    if getattr(router, "e_score_correction_bias", None) is None:
+        router.register_buffer("e_score_correction_bias", torch.zeros(tensor.numel(), dtype=torch.float32,
+                                                                       device=weight.device))
+    return f"{path}.e_score_correction_bias"

@@ -181,6 +181,18 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
     return {"pad_attention_mask": pad_mask, "pad_token_id": pad_token_id if pad_mask else None}
 
 
+def trailing_pads_inert(run: dict, moe: dict | None) -> bool:
+    """run.trailing_pads_inert: whether a batch whose pads all trail its real tokens may skip the pad mask (the
+    plain causal path, mf_ds/attention.py). Only when nothing but the pads' own outputs sees them: a dense model whose
+    loss leaves pad positions out (run.loss_mask_pad_id is the pad id). MoE layers route every token, pads included
+    (MoEV2.construct hands TopkRouterV2 all B*S tokens, no mask; likewise MoEV3 and mcore's router; moe.py 1.7.0):
+    masking the pads' keys changes their hidden states, hence their routing, which takes expert capacity (k-drop
+    ranks a pad's first choice above a real token's second), and the aux losses' P and f, the balancing bias' loads
+    and the drop statistics count them."""
+    return bool(run["pad_attention_mask"] and moe is None and run["loss_mask_pad_id"] is not None
+                and run["loss_mask_pad_id"] == run["pad_token_id"])
+
+
 def _loader_config(tree: dict) -> dict:
     dataset = tree.get("train_dataset")
     loader = dataset.get("data_loader") if isinstance(dataset, dict) else None

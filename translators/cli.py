@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 from translators.errors import ConfigError
-from translators.loader import apply_overrides, load_yaml
+from translators.loader import DuplicateKeyWarning, apply_overrides, load_yaml
 from translators.plan import translate
 
 
@@ -33,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="with --layout: the layout report as JSON")
     p.add_argument("--gradient_accumulation_steps", type=int, metavar="N",
                    help="override the gradient accumulation (as MindFormers' run script does)")
+    p.add_argument("--mindformers-version", metavar="X.Y.Z",
+                   help="the MindFormers version the YAML comes from: its config classes' defaults fill what "
+                        "model_config leaves out (default: the YAML's mindformers_version, else the newest)")
     return p
 
 
@@ -57,9 +61,14 @@ def run(argv: list[str] | None = None) -> int:
             from translators.planner import layout_report, render
 
             gpu_memory = parse_size(args.gpu_memory) if args.gpu_memory is not None else None
-        tree = apply_overrides(load_yaml(args.config), list(args.set))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DuplicateKeyWarning)
+            tree = apply_overrides(load_yaml(args.config), list(args.set))
+        for warning in (w for w in caught if issubclass(w.category, DuplicateKeyWarning)):
+            print(f"mf-translate: warning: {args.config}: {warning.message}", file=sys.stderr)
         result = translate(tree, world_size=args.world_size,
-                           gradient_accumulation_steps=args.gradient_accumulation_steps)
+                           gradient_accumulation_steps=args.gradient_accumulation_steps,
+                           mindformers_version=args.mindformers_version)
         for line in result.formative:
             print(line, file=sys.stderr)
         lines = result.ledger.explain() if args.explain else [note.line() for note in result.warnings]

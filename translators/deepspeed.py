@@ -89,10 +89,13 @@ def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world: int, dp: in
         part = runner.batch_size // mbi
     mf_ga = (pc.micro_batch_num if pp > 1 else runner_ga) * mbi
     mf_global = part * mf_ga * pc.data_parallel
-    if pp > 1 and ledger.present("runner_config.gradient_accumulation_steps") \
-            and runner.gradient_accumulation_steps != 1:
-        ledger.differs("runner_config.gradient_accumulation_steps", "ignored under pipeline_stage > 1, as in "
-                       "MindFormers: parallel_config.micro_batch_num is the accumulation")
+    if pp > 1 and ledger.present("runner_config.gradient_accumulation_steps"):
+        if runner.gradient_accumulation_steps != 1:
+            ledger.differs("runner_config.gradient_accumulation_steps", "ignored under pipeline_stage > 1, as in "
+                           "MindFormers: parallel_config.micro_batch_num is the accumulation")
+        else:  # base_trainer.py _check_grad_accumulation_steps resets it to 1 under a pipeline (1.7.0 to 2.1.0)
+            ledger.dropped("runner_config.gradient_accumulation_steps", "1, and MindFormers resets it to 1 under "
+                           "pipeline_stage > 1 anyway: parallel_config.micro_batch_num is the accumulation")
     if ga_override is not None:
         if ga_override < 1:
             raise ConfigError("--gradient_accumulation_steps", f"expected an int >= 1, got {ga_override}")

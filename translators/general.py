@@ -56,6 +56,9 @@ class General(Section):
     filepath_prefix: str = key("./autotune", "autotune output")
     transform_process_num: int = key(1, "processes used for resharding")
     remove_redundancy: bool = key(False, "checkpoint de-duplication")
+    mindformers_version: str | float | None = key(None, "mf-ds: the MindFormers version the YAML comes from (its "
+                                                      "config classes' defaults fill what model_config leaves out; "
+                                                      "default the newest)")
 
 
 # What each top-level scalar becomes; "run.x" = carried in the Plan for the runtime.
@@ -66,8 +69,8 @@ GENERAL_BECOMES = {
                             "expects load_checkpoint)"),
     "use_parallel": ("runtime", "False resets parallel_config to 1s, as MindFormers does"),
     "load_checkpoint": ("runtime", "run.load_checkpoint: a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named "
-                        "safetensors (mf_ds/ckpt.py), or an HF-layout safetensors directory"),
-    "load_ckpt_format": ("dropped", "the weights' own format is read from the file (mf_ds/ckpt.py)"),
+                        "safetensors (mf_ds/mindspore_ckpt.py), or an HF-layout safetensors directory"),
+    "load_ckpt_format": ("dropped", "the weights' own format is read from the file (mf_ds/mindspore_ckpt.py)"),
     "resume_training": ("runtime", "run.resume_training (DeepSpeed engine state: optimizer, step, data position)"),
     "ignore_data_skip": ("runtime", "run.ignore_data_skip: a resumed run starts the data from the beginning "
                                     "instead of after the batches already consumed"),
@@ -87,6 +90,8 @@ GENERAL_BECOMES = {
     "src_strategy_path_or_dir": ("dropped", "MindSpore sharding strategies do not apply to DeepSpeed checkpoints"),
     "only_save_strategy": ("dropped", "there is no sharding strategy to save"),
     "transform_process_num": ("dropped", "no resharding step"),
+    "mindformers_version": ("mapped", "model_config leaves its other keys to this MindFormers version's config "
+                                      "class defaults (run.mindformers_version records it)"),
     "remove_redundancy": ("dropped", "DeepSpeed writes each shard once; HF weights are saved from rank 0"),
     "pretrained_model_dir": ("runtime", "mcore: its config.json seeds model_config (model_config keys win, as "
                                         "build_config.merge_model_config); with load_checkpoint empty and "
@@ -207,11 +212,21 @@ def parse_trainer(tree: dict, ledger: Ledger) -> Trainer:
     return trainer
 
 
+# The PyNative trainer's schema (MindFormers 2.x, mindformers/pynative/config/config.py): its own top-level sections.
+PYNATIVE_SECTIONS = ("training", "parallelism")
+
+
 def check_section_types(tree: dict) -> None:
-    """Sections that must be mappings (a list or a scalar there is a typo, not a configuration)."""
+    """Sections that must be mappings (a list or a scalar there is a typo, not a configuration); the PyNative
+    schema is refused by name."""
     for name in tree:
         if not isinstance(name, str):  # load_yaml refuses these too; a tree built in Python may hold them
             raise ConfigError(show(name), "a top-level key must be a string")
+    pynative = [name for name in PYNATIVE_SECTIONS if name in tree]
+    if pynative and "runner_config" not in tree and "parallel_config" not in tree:
+        raise ConfigError(pynative[0], "a MindFormers 2.x PyNative-schema YAML (top-level training / parallelism); "
+                                       "that schema is not supported yet: mf-ds reads the graph-mode schema "
+                                       "(runner_config, parallel_config, model.model_config)")
     for name in SECTIONS:
         if name in tree and tree[name] is not None and name != "callbacks" and name != "eval_callbacks":
             if not isinstance(tree[name], dict):

@@ -6,14 +6,17 @@ MindFormers reads its YAMLs with PyYAML `safe_load` (YAML 1.1), so we do too, qu
   * anchors, aliases and `<<` merges work; `base_config:` (a path or a list, relative to the file) is loaded
     first and the file is merged over it (mindformers/tools/register/config.py, BASE_CONFIG).
 What we refuse, with the file and line: malformed YAML, tags that construct Python objects (`!!python/object`),
-a top level that is not a mapping, duplicate keys (PyYAML keeps the last one silently), `base_config` cycles.
+a top level that is not a mapping, `base_config` cycles. A duplicate key takes its last value, as safe_load (and so
+MindFormers) does, with a DuplicateKeyWarning naming the key and both lines.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import stat
 import sys
+import warnings
 from typing import Any
 
 import yaml
@@ -21,10 +24,20 @@ import yaml
 from translators.errors import ConfigError, join, show
 
 BASE_CONFIG = "base_config"
+# A YAML's size once its aliases are expanded, in nodes. The largest YAML of the MindFormers reference corpus has
+# 563; an alias of an alias of a mapping (the mapping form of "billion laughs") reaches 10^6 with a
+# 200-byte file, and walking that tree (notes for every key) took 29 s. 10^5 leaves room for any real run.
+MAX_NODES = 100_000
+# base_config files are read whole: a FIFO would block the read forever, /dev/zero would fill memory.
+MAX_YAML_BYTES = 16 * 2**20
+
+
+class DuplicateKeyWarning(UserWarning):
+    """A mapping repeats a key: the last value wins (PyYAML safe_load, and so MindFormers)."""
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reports duplicate keys instead of keeping the last one."""
+    """SafeLoader that warns about duplicate keys (keeping the last value, as safe_load does)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
@@ -39,12 +52,31 @@ class _Loader(yaml.SafeLoader):
                     None, None, f"a mapping key must be a scalar, got {type(key).__name__}", key_node.start_mark
                 ) from None
             line = key_node.start_mark.line + 1
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {seen[key]}); MindFormers would silently "
-                    "keep the last one", key_node.start_mark)
+            if key in seen:  # safe_load keeps the last value, and so MindFormers runs the file with it
+                warnings.warn(DuplicateKeyWarning(
+                    f"line {line}: duplicate key {key!r} (first on line {seen[key]}): the last value is taken, as "
+                    "MindFormers' yaml.safe_load does"), stacklevel=2)
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Refuse a document whose aliases expand past MAX_NODES before building it (PyYAML shares an aliased
+        object, but every walk of the result sees it once per alias)."""
+        sizes: dict[int, int] = {}
+
+        def size(n: yaml.Node) -> int:
+            if id(n) not in sizes:
+                sizes[id(n)] = 1  # a recursive alias counts once here; PyYAML builds it as a cycle
+                children = n.value if isinstance(n, yaml.SequenceNode) else \
+                    [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else []
+                sizes[id(n)] = min(MAX_NODES + 1, 1 + sum(size(c) for c in children))
+            return sizes[id(n)]
+
+        if size(node) > MAX_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"more than {MAX_NODES:,} nodes once its aliases are expanded (an alias bomb?)",
+                node.start_mark)
+        return super().construct_document(node)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         try:
@@ -99,8 +131,18 @@ def load_yaml(path: str, _chain: tuple[str, ...] = ()) -> dict:
     if real in _chain:
         raise ConfigError(path, f"{BASE_CONFIG} cycle: {' -> '.join(_chain + (real,))}")
     try:
+        info = os.stat(path)  # before open(): opening a FIFO blocks until someone writes to it
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(path, "not a regular file (a FIFO, a device or a socket); a YAML must be a file")
+        if info.st_size > MAX_YAML_BYTES:
+            raise ConfigError(path, f"{info.st_size:,} bytes; a MindFormers YAML is a few KiB (at most "
+                              f"{MAX_YAML_BYTES:,} bytes are read)")
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_YAML_BYTES + 1)
+        if len(text) > MAX_YAML_BYTES:
+            raise ConfigError(path, f"more than {MAX_YAML_BYTES:,} characters; a MindFormers YAML is a few KiB")
     except FileNotFoundError:
         raise ConfigError(path, "no such file") from None
     except IsADirectoryError:

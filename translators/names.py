@@ -48,10 +48,14 @@ LLAMA = (
     (".attention_norm.", ".input_layernorm."),
     (".ffn_norm.", ".post_attention_layernorm."),
 )
-MIXTRAL = LLAMA + ((".feed_forward.router.dense.", ".block_sparse_moe.gate."),)
+# balance_via_topk_bias: TopkRouterV2's `topk_bias` (moe.py 1.7.0) is the HF `e_score_correction_bias` (DeepSeek-V3's
+# name; mf-ds gives the other families' routers the same buffer: mf_ds/weights.py attach_router_bias).
+MIXTRAL = LLAMA + ((".feed_forward.router.dense.", ".block_sparse_moe.gate."),
+                   (".feed_forward.router.router.topk_bias", ".block_sparse_moe.gate.e_score_correction_bias"))
 # research/qwen2/convert_moe_weight.py (1.6.0; the folder left MindFormers in 1.7.0) name_replace.
 QWEN2_MOE = LLAMA + (
     (".feed_forward.routed_experts.router.dense.", ".mlp.gate."),
+    (".feed_forward.routed_experts.router.router.topk_bias", ".mlp.gate.e_score_correction_bias"),
     (".feed_forward.shared_experts.w1.", ".mlp.shared_expert.gate_proj."),
     (".feed_forward.shared_experts.w2.", ".mlp.shared_expert.down_proj."),
     (".feed_forward.shared_experts.w3.", ".mlp.shared_expert.up_proj."),
@@ -66,6 +70,7 @@ MCORE = (
     (".self_attention.linear_proj.", ".self_attn.o_proj."),
     (".self_attention.q_layernorm.", ".self_attn.q_norm."),
     (".self_attention.k_layernorm.", ".self_attn.k_norm."),
+    (".mlp.router.expert_bias", ".mlp.gate.e_score_correction_bias"),  # moe_router_enable_expert_bias
     (".router.weight", ".gate.weight"),
     (".linear_fc2.", ".down_proj."),
     (".pre_mlp_layernorm.", ".post_attention_layernorm."),
@@ -94,6 +99,15 @@ DEEPSEEK = (
 DEEPSEEK_BMM = (
     (".feed_forward.routed_experts.router_dense.weight", ".feed_forward.routed_experts.router.dense.weight"),
     (".feed_forward.routed_experts.topk_bias", ".feed_forward.routed_experts.router.router.topk_bias"),
+)
+# With use_gmm the Llama path builds MoEV3, which holds its router and bias itself (moev3.py 1.7.0: router_dense,
+# topk_bias, expert_load; TopkBiasBalanceCallback's `routed_experts.topk_bias`): (MoEV2 name, MoEV3 name). Read
+# both ways; written (hf_to_mf) with the MoEV2 names, as research/mixtral/convert_weight.py writes them, use_gmm too.
+MIXTRAL_GMM = ((".feed_forward.router.dense.weight", ".feed_forward.router_dense.weight"),
+               (".feed_forward.router.router.topk_bias", ".feed_forward.topk_bias"))
+QWEN2_MOE_GMM = (
+    (".feed_forward.routed_experts.router.dense.weight", ".feed_forward.routed_experts.router_dense.weight"),
+    (".feed_forward.routed_experts.router.router.topk_bias", ".feed_forward.routed_experts.topk_bias"),
 )
 # mindformers/models/glm2/convert_weight.py + convert_reversed.py (1.7.0) and ChatGLM2ForConditionalGeneration's
 # own names, to transformers' `glm` (THUDM/glm-4-9b-hf): the same weights, renamed; both fuse gate/up, gate first.
@@ -157,7 +171,17 @@ MCORE_EXPERTS = {
 LEGACY_PREFIXES = ("model.", "lm_head.")
 MCORE_PREFIXES = ("embedding.", "decoder.", "output_layer.")
 GLM_PREFIXES = ("transformer.",)
-NOT_WEIGHTS = (".paged_attention_mgr.",)  # inference KV caches a network saves beside its weights
+# Not weights: inference KV caches a network saves beside its weights; the routers' per-step load counter
+# `expert_load` (TopkRouterV2 `router.router.expert_load`, MoEV3 `expert_load`, mcore `router.expert_load`, with
+# balance_via_topk_bias / moe_router_enable_expert_bias), which TopkBiasBalanceCallback (mcore: GPTModel.
+# update_topk_bias) reads and sets back to 0 at every step end (callback.py, gpt_model.py 1.7.0), while mf-ds counts
+# each step's load itself (LayerStats.bias_load_E); and mcore's gbs_aux_loss accumulator `router.fi_accu`, reset
+# every step (wrapper.py _reset_accu_gbs_fi; mf-ds: MFMoE.reset_step). A checkpoint written after the step end holds
+# zeros; one written before the callback ran (CheckpointMonitor listed first) holds the step's load, which
+# MindFormers would add into the first bias update after a resume and mf-ds does not.
+NOT_WEIGHTS = (".paged_attention_mgr.", ".expert_load", ".router.fi_accu")
+# HF -> MindFormers: beside each router bias, its expert_load as zeros (what the network holds after every step).
+EXPERT_LOAD = {".topk_bias": ".expert_load", ".expert_bias": ".expert_load"}
 
 
 # model.model_config switches that say how a MindFormers checkpoint of the model lays out its fused weights, with
@@ -224,6 +248,13 @@ def _bmm_names(family: str) -> tuple[tuple[str, str], ...]:
 
     found = registry.weights(family)
     return found.bmm_names if found else ()
+
+
+def _gmm_names(family: str) -> tuple[tuple[str, str], ...]:
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return found.gmm_names if found else ()
 
 
 def is_mcore(family: str) -> bool:
@@ -296,6 +327,8 @@ def mf_to_hf(name: str, family: str) -> str | None:
     name = strip(name, family)
     for gmm, bmm in _bmm_names(family):
         name = name.replace(bmm, gmm)
+    for moev2, moev3 in _gmm_names(family):
+        name = name.replace(moev3, moev2)
     for mf, hf in name_map(family):
         name = name.replace(mf, hf)
     return name

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, layout, names, recompute, recompute_ops
-from translators.attention import attention_plan
+from translators import families, layout, mf_defaults, names, recompute, recompute_ops
+from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
-from translators.errors import ConfigError, show
+from translators.errors import ConfigError, join, show
+from translators.families.base import MODEL_CONFIG
 from translators.general import check_section_types, parse_general, parse_trainer, weights_path
 from translators.loader import apply_overrides, load_yaml
 from translators.lr import lr_plan, peak_lr
@@ -30,6 +31,7 @@ from translators.notes import Ledger, Note
 from translators.parallel import Dims, resolve
 from translators.plan_types import Kernels, Plan
 from translators.sections import (
+    PARALLEL_MODES,
     LrSchedule,
     MfDs,
     Optimizer,
@@ -67,13 +69,17 @@ class Translation:
 
 
 def translate_file(path: str, overrides: list[str] = (), world_size: int | None = None,
-                   gradient_accumulation_steps: int | None = None) -> Translation:
+                   gradient_accumulation_steps: int | None = None, mindformers_version: str | None = None,
+                   ) -> Translation:
     tree = apply_overrides(load_yaml(path), list(overrides))
-    return translate(tree, world_size=world_size, gradient_accumulation_steps=gradient_accumulation_steps)
+    return translate(tree, world_size=world_size, gradient_accumulation_steps=gradient_accumulation_steps,
+                     mindformers_version=mindformers_version)
 
 
-def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None) -> Translation:
-    """Translate a loaded MindFormers YAML (a dict) into the Plan."""
+def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None,
+              mindformers_version: str | None = None) -> Translation:
+    """Translate a loaded MindFormers YAML (a dict) into the Plan. `mindformers_version` (the CLI's
+    --mindformers-version) wins over the YAML's `mindformers_version:`; without either, the newest MindFormers."""
     if not isinstance(tree, dict):
         raise ConfigError("", f"expected a mapping of sections, got {show(tree)}")
     check_section_types(tree)
@@ -94,22 +100,29 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     po = ParallelOptimizerConfig.parse(parallel.parallel_optimizer_config, ledger)
     pipe = PipelineConfig.parse(parallel.pipeline_config, ledger)
 
-    # The model.
+    # The model: what the YAML leaves out takes the defaults of the run's MindFormers version's config class.
+    version = (mf_defaults.resolve(mindformers_version, "--mindformers-version") if mindformers_version is not None
+               else mf_defaults.resolve(general.mindformers_version, "mindformers_version"))
     family = families.detect_family(tree)
-    shape = families.model_shape(tree, family, ledger) if "model" in tree else None
-    hf_config = families.hf_config(tree, family, ledger) if shape is not None else None
+    shape = families.model_shape(tree, family, ledger, version) if "model" in tree else None
+    if shape is not None and family.mcore and family.hf_model_type is None:
+        raise ConfigError(join(MODEL_CONFIG, "model_type"), f"{family.name}: {family.reason}")
+    hf_config = families.hf_config(tree, family, ledger, version) if shape is not None else None
+    built = tree  # the MoE plan and the layout checks read the model_config MindFormers builds (mcore: with defaults)
+    if shape is not None and family.mcore:
+        built = {**tree, "model": {**tree["model"], "model_config": families.mcore_model_config(tree, family, version)}}
     if shape is None:
         ledger.runtime("", "no model section: no HF config, no layer plan (the DeepSpeed config stands alone)")
     elif hf_config is None:
         ledger.differs("model", f"no HF config: {family.reason}. The DeepSpeed config and the Plan are complete; "
                        "training needs an HF architecture")
     _check_model_parallel(pc, shape)
-    moe_model = shape is not None and _is_moe(tree, family.mcore)
+    moe_model = shape is not None and _is_moe(built, family.mcore)
     if moe_model and not family.mcore and pc.expert_parallel > 1 \
             and (pc.data_parallel * pc.context_parallel) % pc.expert_parallel:
         raise ConfigError("parallel_config.expert_parallel", f"{pc.expert_parallel} must divide data_parallel x "
                           f"context_parallel {pc.data_parallel * pc.context_parallel} (MindFormers' _check_moe_config)")
-    lay = resolve(pc, family.hf_model_type, _dims(shape, hf_config, tree, family.mcore), world_size)
+    lay = resolve(pc, family.hf_model_type, _dims(shape, hf_config, built, family.mcore), world_size)
     _account_parallel(ledger, pc, parallel, po, lay, shape)
 
     # Recompute and the per-layer plan.
@@ -121,7 +134,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     ep = lay.expert_parallel
     moe = None
     if shape is not None:
-        moe, _ = moe_plan(tree, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep, pc, extra, ledger)
+        moe, _ = moe_plan(built, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep, pc, extra, ledger)
     elif ledger.present("moe_config"):
         ledger.dropped("moe_config", "no model section to build experts in")
 
@@ -133,7 +146,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     if mbi > 1 and family.mcore:
         raise ConfigError("micro_batch_interleave_num", f"{mbi} with use_legacy: False: MindFormers 1.7.0 raises "
                           "\"micro_batch_interleave_num > 1, is not supported when use_legacy=False.\"")
-    accumulates = general.use_parallel and parallel.parallel_mode in (1, 2)  # semi-auto / auto parallel
+    # MindFormers keeps gradient_accumulation_steps in semi-auto and auto parallel only (base_trainer.py)
+    accumulates = general.use_parallel and PARALLEL_MODES[parallel.parallel_mode] in ("semi_auto_parallel",
+                                                                                      "auto_parallel")
     batch = ds.batch(runner, pc, mbi, lay.world_size, lay.data_parallel, gradient_accumulation_steps, ledger,
                      accumulates)
     _check_world(pc, parallel)
@@ -248,7 +263,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, data, ledger),
         **attention,  # pad_attention_mask, pad_token_id
         "checkpoint_layout": names.checkpoint_layout(tree),
+        "mindformers_version": version,
     }
+    run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
     notes = ledger.finish()
     plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
                            "kernels": kernels, "run": run, "parallel": lay.as_plan(), "notes": notes})

@@ -342,6 +342,11 @@ class Run:
     pad_attention_mask: bool = False
     pad_token_id: int | None = None
     checkpoint_layout: CheckpointLayout = field(default_factory=CheckpointLayout)
+    mindformers_version: str = ""
+    """The MindFormers version whose config-class defaults filled what the YAML leaves out (translators/mf_defaults)."""
+    trailing_pads_inert: bool = False
+    """Pads after a sample's last real token change nothing the run computes, so no pad mask is needed for them
+    (translators/attention.py)."""
 
 
 @dataclass(frozen=True)

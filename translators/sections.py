@@ -195,6 +195,14 @@ class PipelineConfig(Section):
                                   check=one_of("1f1b", "gpipe", "seqpipe", "seqsmartvpp", "seqvpp", "zero_bubble_v"))
 
 
+# MindFormers' tools/utils.py PARALLEL_MODE (1.7.0 to 2.1.0): what each accepted value becomes in MindSpore
+# (context.ParallelMode). The names are upper case only: validate_parallel_mode tests `in PARALLEL_MODE`.
+PARALLEL_MODES = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel", 3: "hybrid_parallel",
+                  "DATA_PARALLEL": "data_parallel", "SEMI_AUTO_PARALLEL": "semi_auto_parallel",
+                  "AUTO_PARALLEL": "auto_parallel", "HYBRID_PARALLEL": "hybrid_parallel",
+                  "STAND_ALONE": "stand_alone", "MANUAL_PARALLEL": "stand_alone"}
+
+
 @dataclass(frozen=True)
 class Parallel(Section):
     """parallel: MindSpore auto-parallel context (T MsParallelConfig accepts any key)."""
@@ -202,8 +210,7 @@ class Parallel(Section):
     PATH = "parallel"
     # core/context/validators.py validate_parallel_mode: tools/utils.py PARALLEL_MODE's keys, ints and names
     parallel_mode: int | str = key(1, "0 data, 1 semi-auto, 2 auto, 3 hybrid (or DATA_PARALLEL, ... STAND_ALONE)",
-                                   check=one_of(0, 1, 2, 3, "DATA_PARALLEL", "SEMI_AUTO_PARALLEL", "AUTO_PARALLEL",
-                                                "HYBRID_PARALLEL", "STAND_ALONE", "MANUAL_PARALLEL"))
+                                   check=one_of(*PARALLEL_MODES))
     enable_parallel_optimizer: bool = key(False, "MindSpore optimizer parallel (ZeRO-like)")
     full_batch: bool = key(True, "every rank loads the global batch")
     gradients_mean: bool = key(False, "average gradients after all-reduce")

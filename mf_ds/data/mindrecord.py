@@ -23,7 +23,9 @@ numpy arrays for array columns, numpy scalars for number columns, `bytes`, `str`
 
 Every file is memory-mapped and a row is decoded only when asked for, so a data set larger than RAM reads as
 well as a small one. Damage (a truncated page, an index that disagrees with its file, a missing shard or index)
-is a `DataError` naming the file.
+is a `DataError` naming the file. A hostile file is refused the same way (issue 23): every header number is an
+int in range (checked Python ints, no numpy wrap), shard_addresses are file names in the shard's own folder, and
+the .db must hold plain tables (a view can recurse forever; no trigger), with as many rows as the header says.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ TYPES = (*NUMBER_TYPES, "bytes", "string")
 _INDEX_COLUMNS = ("ROW_ID", "ROW_GROUP_ID", "PAGE_ID_RAW", "PAGE_OFFSET_RAW", "PAGE_OFFSET_RAW_END", "PAGE_ID_BLOB",
                   "PAGE_OFFSET_BLOB", "PAGE_OFFSET_BLOB_END")
 _LENGTH = 8  # the u64 length prefix of every raw and blob entry
+_MAX = 2**62  # any header number past this is damage (no file or row count comes near it); int64 math stays exact
+_MAX_DIMS = 32  # numpy's own limit on an array's dimensions
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,11 @@ def shard_group(path: str) -> list[str]:
     names = header.get("shard_addresses")
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise DataError(path, "header has no shard_addresses list")
+    for name in names:
+        # MindSpore writes the shards' file names; a path (absolute, or through `..`) would read outside the data set.
+        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise DataError(path, f"shard_addresses entry {name[:200]!r} is not a file name: the shards of a data "
+                            "set are read from its own folder only")
     files = [os.path.join(os.path.dirname(path), name) for name in names]
     for name in files:
         if not os.path.isfile(name):
@@ -146,13 +155,24 @@ class _Shard:
         self.path = path
         header = _read_header(path)
         try:
-            self.header_size, self.page_size = int(header["header_size"]), int(header["page_size"])
+            self.header_size, self.page_size = _number(header, "header_size"), _number(header, "page_size")
             (schema_entry,) = header["schema"]
             self.schema, self.blob_fields = dict(schema_entry["schema"]), list(schema_entry["blob_fields"])
-            pages = sorted(header["page"], key=lambda p: p["page_id"])
+            if not isinstance(header["page"], list) or not all(isinstance(p, dict) for p in header["page"]):
+                raise TypeError("page is not a list of page entries")
+            pages = sorted(header["page"], key=lambda p: _number(p, "page_id", "page entry"))
+            for page in pages:
+                for key in ("page_type_id", "start_row_id", "end_row_id", "page_size"):
+                    _number(page, key, f"page {page['page_id']}")
+                if page["end_row_id"] < page["start_row_id"]:
+                    raise ValueError(f"page {page['page_id']}: end_row_id before start_row_id")
+                if not isinstance(page.get("page_type"), str):
+                    raise TypeError(f"page {page['page_id']}: page_type {page.get('page_type')!r} is not a name")
             self.version = str(header["version"])
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(path, f"header is not a MindRecord header ({type(exc).__name__}: {exc})") from None
+        if not all(isinstance(name, str) for name in self.blob_fields):
+            raise DataError(path, "header is not a MindRecord header (blob_fields holds a non-name)")
         self.columns = _columns(path, self.schema, self.blob_fields)
         self.blob_columns = [self.columns[name] for name in self.blob_fields]
         self.compressed = self.version >= "3.0"  # shard_reader.cc Init: version < 3.0 has no int compression
@@ -180,26 +200,49 @@ class _Shard:
         db = self.path + ".db"
         if not os.path.isfile(db):
             raise DataError(db, f"missing: the SQLite index MindSpore writes beside {os.path.basename(self.path)}")
+        own = os.path.basename(self.path)
+        blob_pages = [p for p, kind in enumerate(self.page_type) if kind == "BLOB_DATA"]
+        expected = sum(self.page_rows[p][1] - self.page_rows[p][0] for p in blob_pages)
         try:
             con = sqlite3.connect(f"file:{db}?mode=ro&immutable=1", uri=True)
             try:
-                names = con.execute("SELECT NAME FROM SHARD_NAME").fetchall()
+                # Plain tables only: a view runs a query of the file's choosing (a recursive one never ends), and
+                # nothing here should have triggers. Then no more rows are read than the header promises.
+                kinds = dict(con.execute("SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view') "
+                                         "AND name IN ('INDEXES', 'SHARD_NAME')").fetchall())
+                extra = con.execute("SELECT type, name FROM sqlite_master WHERE type IN ('view', 'trigger') "
+                                    "LIMIT 1").fetchone()
+                if extra or kinds.get("INDEXES") != "table" or kinds.get("SHARD_NAME") != "table":
+                    what = f"a {extra[0]} ({extra[1]!r})" if extra else \
+                        "no INDEXES and SHARD_NAME tables"
+                    raise DataError(db, f"not a MindRecord index: it holds {what}; MindSpore writes plain tables")
+                names = con.execute("SELECT NAME FROM SHARD_NAME LIMIT 2").fetchall()
                 count = con.execute("SELECT COUNT(*) FROM INDEXES").fetchone()[0]
-                cursor = con.execute(f"SELECT {', '.join(_INDEX_COLUMNS)} FROM INDEXES ORDER BY ROW_ID")
-                rows = np.fromiter(cursor, dtype=[(name, np.int64) for name in _INDEX_COLUMNS], count=count)
+                if names and names[0][0] == own and count == expected:
+                    typed = " AND ".join(f"typeof({c}) = 'integer'" for c in _INDEX_COLUMNS)
+                    odd = con.execute(f"SELECT ROW_ID FROM INDEXES WHERE NOT ({typed}) LIMIT 1").fetchone()
+                    if odd:
+                        raise DataError(db, f"row {odd[0]!r} holds a value that is not an integer: the index does "
+                                        "not match the file")
+                    cursor = con.execute(f"SELECT {', '.join(_INDEX_COLUMNS)} FROM INDEXES ORDER BY ROW_ID "
+                                         f"LIMIT {int(expected)}")
+                    rows = np.fromiter(cursor, dtype=[(name, np.int64) for name in _INDEX_COLUMNS], count=count)
             finally:
                 con.close()
-        except (sqlite3.Error, ValueError, TypeError) as exc:
+        except (sqlite3.Error, ValueError, TypeError, OverflowError) as exc:
+            if isinstance(exc, DataError):
+                raise
             raise DataError(db, f"not a MindRecord index ({type(exc).__name__}: {exc})") from None
-        own = os.path.basename(self.path)
         if not names or names[0][0] != own:
             raise DataError(db, f"index of {names[0][0] if names else 'no file'!r}, not of {own!r} (ShardReader "
                             "refuses this pairing too)")
-        blob_pages = [p for p, kind in enumerate(self.page_type) if kind == "BLOB_DATA"]
-        expected = sum(self.page_rows[p][1] - self.page_rows[p][0] for p in blob_pages)
         if count != expected:
             raise DataError(db, f"lists {count} rows, the header of {own} {expected}: the index does not match "
                             "the file")
+        rows = rows.copy()
+        for name in _INDEX_COLUMNS:
+            if count and (rows[name].min() <= -_MAX or rows[name].max() >= _MAX):
+                raise DataError(db, f"{name} holds a value past 2^62: the index does not match {own}")
         if count and not np.array_equal(rows["ROW_ID"], np.arange(count)):
             raise DataError(db, f"row ids are not 0..{count - 1}: the index does not match {own}")
         n_pages = len(self.page_type)
@@ -290,25 +333,45 @@ def _read_header(path: str) -> dict:
         text = f.read(n)
     try:
         header = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, ValueError):  # ValueError: JSONDecodeError, or an int of over 4300 digits
         raise DataError(path, "not a MindRecord file (its header is not JSON)") from None
+    except RecursionError:
+        raise DataError(path, "not a MindRecord file (its header is JSON nested too deeply)") from None
     if not isinstance(header, dict) or "schema" not in header or "page" not in header:
         raise DataError(path, "not a MindRecord file (its header has no schema and pages)")
     return header
 
 
 def _columns(path: str, schema: dict, blob_fields: list[str]) -> dict[str, Column]:
+    unknown = [name for name in blob_fields if name not in schema]
+    if unknown:
+        raise DataError(path, f"blob_fields names {unknown[0][:100]!r}, which the schema does not have")
     columns = {}
     for name, spec in schema.items():
         kind = spec.get("type") if isinstance(spec, dict) else None
         if kind not in TYPES:
             raise DataError(path, f"column {name!r}: unknown type {kind!r} (MindRecord has {', '.join(TYPES)})")
-        shape = tuple(int(d) for d in spec["shape"]) if "shape" in spec else None
+        shape = spec.get("shape")
+        if shape is not None:
+            if not isinstance(shape, list) or len(shape) > _MAX_DIMS or not all(
+                    isinstance(d, int) and not isinstance(d, bool) and (d == -1 or 0 < d < 2**31) for d in shape) \
+                    or shape.count(-1) > 1:
+                raise DataError(path, f"column {name!r}: shape {str(shape)[:200]} is not a list of sizes (positive "
+                                "ints, at most one -1)")
+            shape = tuple(shape)
         blob = name in blob_fields
         if blob != (shape is not None or kind == "bytes"):
             raise DataError(path, f"column {name!r}: blob_fields disagrees with the schema")
         columns[name] = Column(name, kind, shape, blob)
     return columns
+
+
+def _number(entry: dict, key: str, where: str = "header") -> int:
+    """entry[key] as a non-negative int below _MAX (a float, a string or 1e300 is damage, not a size)."""
+    value = entry[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX:
+        raise ValueError(f"{where}: {key} {str(value)[:50]!r} is not a size")
+    return value
 
 
 def _raw_value(column: Column, value):

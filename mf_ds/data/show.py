@@ -1,7 +1,8 @@
 """`mf-data PATH [--mf-config x.yaml] [--head N]`: what is in a data set, as JSON lines on stdout.
 
 The first line describes the data set: {"format", "files", "samples", "columns": {name: {"dtype", "shape"}}};
-then come its first N samples, each column as a list (bytes as a list of byte values, strings as strings).
+then come its first N samples, each column as a list (bytes as a list of byte values, strings as strings; a NaN or
+infinite float as null, since JSON has no such numbers and a strict reader refuses Python's NaN / Infinity).
   MindRecord  a file (with its shards), a directory, as MindFormers' dataset_dir names them; the rows exactly as
               MindSpore's MindDataset(shuffle=False) gives them
   Megatron    a .bin/.idx path prefix (or either file): one sample per sequence, column "tokens"
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ import numpy as np
 from mf_ds.data.build import discover
 from mf_ds.data.indexed import DataError, IndexedDataset
 from mf_ds.data.mindrecord import MindRecord, mindrecord_files
+from mf_ds.data.text import parse_json_line
 
 
 def open_source(path: str):
@@ -65,14 +68,21 @@ def samples(source, head: int) -> Iterator[dict]:
         elif isinstance(source, IndexedDataset):
             yield {"tokens": source.get(i).tolist()}
         else:
-            yield source.record(i)
+            yield jsonable(source.record(i))  # a line may hold NaN / Infinity, which Python's json reads
 
 
 def jsonable(value):
+    """`value` as strict JSON values: bytes as byte values, arrays as lists, NaN and infinities as None (null)."""
     if isinstance(value, bytes):
         return list(value)
     if isinstance(value, (np.ndarray, np.generic)):
-        return value.tolist()
+        value = value.tolist()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
     return value
 
 
@@ -100,9 +110,10 @@ class _JsonLines:
                 f.readline()
             raw = f.readline()
         try:
-            record = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataError(f"{self.path}:{number}", f"not a JSON line ({exc})") from None
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{self.path}:{number}", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        record = parse_json_line(text, f"{self.path}:{number}")
         if not isinstance(record, dict):
             raise DataError(f"{self.path}:{number}", "expected a JSON object")
         return record
@@ -144,11 +155,11 @@ def cli(argv: list[str] | None = None) -> int:
         if args.mf_config:
             path, trained = training_samples(args.mf_config, args.path, args.head)
         summary, source = describe(path)
-        print(json.dumps(summary))
+        print(json.dumps(summary, allow_nan=False))
         for i, sample in enumerate(samples(source, args.head)):
             if trained is not None and i < len(trained):
                 sample = {**sample, "train": trained[i]}
-            print(json.dumps(sample, ensure_ascii=False))
+            print(json.dumps(sample, ensure_ascii=False, allow_nan=False))
     except (DataError, ConfigError, OSError) as exc:
         print(f"mf-data: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

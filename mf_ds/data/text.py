@@ -80,6 +80,18 @@ def load_tokenizer(tokenizer_dir: str | None):
         raise DataError(tokenizer_dir, f"cannot load the tokenizer: {type(exc).__name__}: {first}") from None
 
 
+def parse_json_line(line: str, where: str):
+    """One JSON line; anything json.loads refuses is a one-line DataError naming `where` (file:line)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(where, f"not JSON ({exc.msg})") from None
+    except ValueError as exc:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise DataError(where, f"not JSON this reader takes ({str(exc).splitlines()[0]})") from None
+    except RecursionError:
+        raise DataError(where, "not JSON this reader takes (nested too deeply)") from None
+
+
 def read_jsonl(path: str, tokenizer) -> TokenArray:
     """Tokenise every line's "text"; a bad line is a DataError naming file:line."""
     if not os.path.isfile(path):
@@ -94,10 +106,7 @@ def read_jsonl(path: str, tokenizer) -> TokenArray:
                 raise DataError(f"{path}:{number}", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}", f"not JSON ({exc.msg})") from None
+            record = parse_json_line(line, f"{path}:{number}")
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise DataError(f"{path}:{number}", 'expected an object with a "text" string')
             ids = list(tokenizer(record["text"])["input_ids"])

@@ -16,8 +16,9 @@ translators/families/record.py `PatchTargets`):
   deepseek_v3  DeepseekV3MoE            shared_experts, dense first layers, `gate.e_score_correction_bias` is the
                                         selection bias that TopkBiasBalanceCallback updates
 Other families with balance_via_topk_bias get that bias as a new buffer, `mlp.gate.e_score_correction_bias` (one
-state-dict key more per MoE layer: it is training state, and HF ignores it on load). MTP layers in the Plan have
-no module in transformers' models and are reported as such.
+state-dict key more per MoE layer: it is training state, and HF ignores it on load), unless loading a MindFormers
+checkpoint (its `topk_bias`) or an HF directory has already put it on the router (mf_ds/weights.py
+attach_router_bias). MTP layers in the Plan have no module in transformers' models and are reported as such.
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ def _build(family: PatchTargets, block: nn.Module, moe: MoE, estimate_cf: float 
         gate_up, down = ep.shard(experts.gate_up_proj), ep.shard(experts.down_proj)
     mf_experts = MFExperts(gate_up, down, act_fn, safe_tokens=moe.safe_tokens)
 
-    bias = getattr(block.gate, "e_score_correction_bias", None) if family.native_bias else None
+    # the HF router's own bias (DeepSeek-V3), or the one a MindFormers checkpoint's topk_bias gave it
+    # (mf_ds/weights.py attach_router_bias)
+    bias = getattr(block.gate, "e_score_correction_bias", None)
     if bias is None and moe.router.bias_balance:
         bias = torch.zeros(moe.num_experts, dtype=torch.float32, device=block.gate.weight.device)
         notes.append(f"{path}.gate.e_score_correction_bias: new fp32 buffer for balance_via_topk_bias")

@@ -178,3 +178,18 @@ def test_trailing_pads_need_no_mask():
     middle = torch.tensor([[5, EOD, 7, 8, EOD]])
     mask = model_inputs(middle, run, "sdpa")["attention_mask"][0, 0]
     assert not mask[2, 1] and mask[2, 0] and mask[2, 2]
+
+
+def test_trailing_pads_keep_the_mask_under_moe():
+    """With MoE layers the pads are routed (MindFormers' TopkRouterV2 takes every token), so their hidden states
+    matter: a batch of trailing pads keeps MindFormers' pad mask (run.trailing_pads_inert False). The same data
+    under a dense model's Plan takes the causal path."""
+    moe = translate_file(str(MF / "run_moe" / "moe_kdrop_tiny.yaml")).plan.run
+    dense = translate_file(str(MF / "run" / "finetune_llama2_tiny.yaml")).plan.run
+    assert moe.pad_token_id == dense.pad_token_id == 0
+    tail = torch.tensor([[1, 6, 7, 2, 0], [1, 6, 7, 8, 9]])
+    assert model_inputs(tail, dense, "sdpa") == {}
+    mask = model_inputs(tail, moe, "sdpa")["attention_mask"][:, 0]
+    assert torch.equal(mask, allowed_keys(tail, 0, None))
+    assert not mask[0, 4, 4] and mask[0, 4, 3] and torch.equal(mask[1], torch.ones(5, 5, dtype=torch.bool).tril())
+    assert torch.equal(model_inputs(tail, moe, "flash_attention_2")["attention_mask"], (tail != 0).long())

@@ -15,11 +15,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from mf_ds.ckpt import MindSporeCheckpoint
 from mf_ds.convert import cli, to_hf, to_mindformers
 from mf_ds.errors import RunError
+from mf_ds.mindspore_ckpt import MindSporeCheckpoint
 from tests.conftest import ROOT
-from tests.mf_ds.test_ckpt import MF, TINY, golden, weights_of
+from tests.mf_ds.test_mindspore_ckpt import MF, TINY, golden, weights_of
 from translators.plan import translate_file
 from translators.plan_types import Plan
 
@@ -154,8 +154,12 @@ def test_deepseek_v3_both_ways(tmp_path, file, gmm, n_mtp):
     to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "back.ckpt"))
     source, back = MindSporeCheckpoint(MF / "deepseek_v3" / file), MindSporeCheckpoint(tmp_path / "back.ckpt")
     mtp = {n for n in source.names() if n.startswith(("model.mtp_", "model.layers.2."))}
-    assert len(mtp) == n_mtp and set(back.names()) == set(source.names()) - mtp
-    assert all(torch.equal(back.tensor(n), source.tensor(n)) for n in back.names())
+    # beside the router bias, the network's expert_load counter (zeros), which the converter does not write
+    load = {n.replace(".topk_bias", ".expert_load") for n in source.names()
+            if n.endswith(".topk_bias") and n not in mtp}
+    assert len(mtp) == n_mtp and len(load) == 1 and set(back.names()) == (set(source.names()) - mtp) | load
+    assert all(torch.equal(back.tensor(n), source.tensor(n)) for n in back.names() if n not in load)
+    assert all(not back.tensor(n).any() for n in load)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen2_moe"])
@@ -254,7 +258,7 @@ def test_load_into_a_live_model(tmp_path, family, file):
     """What mf-train's load_checkpoint does (build_model): the tensors go straight into transformers' fused
     parameters (experts.gate_up_proj [E, 2I, H], q_b_proj from its two MindFormers halves, ...), the same model
     from_pretrained makes of mf-convert's HF directory."""
-    from mf_ds.ckpt import load_into
+    from mf_ds.mindspore_ckpt import load_into
     from mf_ds.model import build_model
     from mf_ds.weights import layout_of
 
@@ -301,8 +305,8 @@ def test_cli_round_trip_on_an_mcore_yaml(tmp_path, capsys):
 def test_progress_counts_every_weight_byte(tmp_path):
     """load_into reports each MindFormers tensor's bytes as it goes (mf-convert's progress bar): the weights' total,
     nothing for the counters it skips."""
-    from mf_ds.ckpt import load_into
     from mf_ds.convert import _meta_model
+    from mf_ds.mindspore_ckpt import load_into
 
     plan = plan_for("mixtral")
     seen = []
@@ -311,3 +315,76 @@ def test_progress_counts_every_weight_byte(tmp_path):
     ckpt = MindSporeCheckpoint(MF / "mixtral" / "model.ckpt")
     assert len(seen) == len(weights_of("mixtral"))
     assert sum(seen) == sum(ckpt.tensor(n).numel() * 4 for n in weights_of("mixtral"))
+
+
+RUN_MOE = ROOT / "tests" / "fixtures" / "mindformers" / "run_moe"
+
+
+def _with_router_state(src, dst, bias_part: str, add: bool) -> dict[str, torch.Tensor]:
+    """`src`'s tensors written to `dst` with every router's topk_bias random (added beside the router weight when
+    `add`, with its expert_load, as MindFormers saves a balance_via_topk_bias network); returns the biases."""
+    from mf_ds.mindspore_ckpt import write_ckpt
+
+    source = MindSporeCheckpoint(src)
+    tensors, biases = {}, {}
+    for name in source.names():
+        tensors[name] = source.tensor(name)
+        if add and name.endswith(".feed_forward.router.dense.weight"):
+            stem = name[: -len(".dense.weight")]
+            tensors[stem + ".router.topk_bias"] = torch.zeros(tensors[name].shape[0])
+            tensors[stem + ".router.expert_load"] = torch.full((tensors[name].shape[0],), 0.25)
+    for name in tensors:
+        if name.endswith(bias_part):
+            tensors[name] = biases[name] = torch.randn(tensors[name].shape, generator=torch.Generator().manual_seed(
+                len(biases)))
+    write_ckpt(dst, iter(tensors.items()))
+    return biases
+
+
+@pytest.mark.parametrize("stem,ckpt,add,hf_part", [
+    ("moe_deepseek_tiny", "init_deepseek.ckpt", False, ".mlp.gate.e_score_correction_bias"),
+    ("moe_kdrop_tiny", "init_mixtral.ckpt", True, ".block_sparse_moe.gate.e_score_correction_bias")])
+def test_router_bias_both_ways(tmp_path, stem, ckpt, add, hf_part):
+    """balance_via_topk_bias on the Llama path (Qwen2-MoE-like with shared experts; Mixtral): MindFormers'
+    router.router.topk_bias is the HF e_score_correction_bias, expert_load is skipped (a per-step counter), and the
+    way back writes every name the MindFormers network has: the bias bit for bit, expert_load as zeros."""
+    plan = translate_file(str(RUN_MOE / f"{stem}.yaml"), ["moe_config.balance_via_topk_bias=True"]).plan
+    biases = _with_router_state(RUN_MOE / ckpt, tmp_path / "src.ckpt", ".router.router.topk_bias", add)
+    assert len(biases) == 2
+    counts = to_hf(plan, str(tmp_path / "src.ckpt"), str(tmp_path / "hf"))
+    loads = [n for n in MindSporeCheckpoint(tmp_path / "src.ckpt").names() if n.endswith(".expert_load")]
+    assert len(loads) == 2 and counts["skipped"] == 2  # expert_load, not read
+    hf = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    for name, bias in biases.items():
+        layer = name.split(".")[2]
+        assert torch.equal(hf[f"model.layers.{layer}{hf_part}"], bias)
+    to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "back.ckpt"))
+    source, back = MindSporeCheckpoint(tmp_path / "src.ckpt"), MindSporeCheckpoint(tmp_path / "back.ckpt")
+    weights = {n for n in source.names() if n.startswith(("model.", "lm_head."))}
+    assert set(back.names()) == weights
+    for name in weights:
+        expected = torch.zeros(4) if name.endswith("expert_load") and add else source.tensor(name)
+        assert torch.equal(back.tensor(name), expected.to(back.tensor(name).dtype)), name
+
+
+def test_router_bias_from_a_mindformers_checkpoint_selects(tmp_path):
+    """A Mixtral checkpoint's topk_bias reaches the patched model's router (its HF router has no bias: the loader
+    gives it one, which the MoE patch keeps and selects with) and is saved under the HF name."""
+    from mf_ds import patch
+    from mf_ds.model import build_model
+    from mf_ds.moe import moe_layers
+
+    plan = translate_file(str(RUN_MOE / "moe_kdrop_tiny.yaml"), ["moe_config.balance_via_topk_bias=True"]).plan
+    biases = _with_router_state(RUN_MOE / "init_mixtral.ckpt", tmp_path / "src.ckpt", ".router.router.topk_bias",
+                                True)
+    model = build_model(plan, str(tmp_path / "src.ckpt"))
+    patch.apply(model, plan)
+    layers = moe_layers(model)
+    assert len(layers) == 2
+    for layer, bias in zip(layers, biases.values(), strict=True):
+        assert torch.equal(layer.gate.e_score_correction_bias, bias)
+    state = model.state_dict()
+    assert torch.equal(state["model.layers.1.mlp.gate.e_score_correction_bias"], list(biases.values())[1])
+    model.save_pretrained(str(tmp_path / "hf"))
+    again = build_model(plan, str(tmp_path / "hf"))  # an HF directory: from_pretrained drops it, the loader does not
+    assert torch.equal(again.model.layers[1].mlp.gate.e_score_correction_bias, list(biases.values())[1])

@@ -202,7 +202,7 @@ def _cases(base: Path, run: Path) -> list[dict]:
         path, phrase = _damage(shards, how)
         add(case, ["--train_dataset_dir", str(shards / "alpaca.mindrecord0")], path, [shards], phrase=phrase)
 
-    from tests.mf_ds.test_ckpt import MF
+    from tests.mf_ds.test_mindspore_ckpt import MF
 
     for case, how in (("ckpt-truncated", "truncated"), ("ckpt-crc", "crc")):
         ckpt = base / case / "model.ckpt"

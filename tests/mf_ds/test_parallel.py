@@ -152,6 +152,42 @@ def test_hf_trainer_path_takes_tensor_parallel(tmp_path, llama_one_rank):
         torch.testing.assert_close(weights[name], tensor, atol=1e-5, rtol=1e-4)
 
 
+HF_TRAINER_BIAS = """
+import sys
+import torch
+from safetensors.torch import load_file
+from mf_ds.hf import from_mf_yaml
+setup = from_mf_yaml(sys.argv[1], output_dir=sys.argv[2], max_steps=2, **{"parallel_config.model_parallel": 2})
+trainer = setup.trainer()
+trainer.train()
+trainer.save_model(sys.argv[2] + "/final")
+if trainer.is_world_process_zero():
+    saved = load_file(sys.argv[2] + "/final/model.safetensors")
+    live = {k: v for k, v in setup.model.state_dict().items() if k.endswith("e_score_correction_bias")}
+    torch.save({"saved": {k: saved.get(k) for k in live}, "live": live}, sys.argv[2] + "/biases.pt")
+"""
+
+
+@pytest.mark.deepspeed
+def test_hf_trainer_save_under_tensor_parallel_keeps_buffers(tmp_path):
+    """MFTrainer.save_model under AutoTP (model_parallel 2): accelerate's get_state_dict gathers parameters only, so
+    DeepSeek-V3's router bias (a persistent buffer that TopkBiasBalanceCallback moves) was missing from
+    model.safetensors; it is saved now, with the values the model trained."""
+    script = tmp_path / "hf_tp_bias.py"
+    script.write_text(HF_TRAINER_BIAS)
+    out = tmp_path / "hf"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(script), DEEPSEEK_V3, str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**CPU_ENV, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    biases = torch.load(out / "biases.pt")
+    assert biases["live"] and all(bias.any() for bias in biases["live"].values())  # moved by the callback
+    for name, bias in biases["live"].items():
+        assert biases["saved"][name] is not None, f"{name} not saved"
+        torch.testing.assert_close(biases["saved"][name], bias, atol=0, rtol=0)
+
+
 def _expert_groups(rank: int, port: int, world: int) -> None:
     import datetime
     import os

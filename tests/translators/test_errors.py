@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import CONFIGS
 from translators.cli import run
+from translators.loader import DuplicateKeyWarning, load_yaml
 
 LLAMA = str(CONFIGS / "tiny_llama.yaml")
 DEEPSEEK = str(CONFIGS / "tiny_deepseek_v3.yaml")
@@ -105,7 +108,6 @@ FILES = [
     ("list.yaml", "- 1\n- 2\n", "expected a mapping"),
     ("malformed.yaml", "runner_config: {batch_size: 1\n", "malformed.yaml:2: invalid YAML"),
     ("python_tag.yaml", "seed: !!python/object/apply:os.system ['echo hi']\n", "not allowed"),
-    ("duplicate.yaml", "seed: 1\nseed: 2\n", "duplicate key 'seed'"),
     ("not_utf8.yaml", b"seed: \xff\xfe\n", "not UTF-8"),
     ("base_cycle.yaml", "base_config: base_cycle.yaml\nseed: 1\n", "base_config cycle"),
     ("base_missing.yaml", "base_config: nowhere.yaml\n", "nowhere.yaml: no such file"),
@@ -119,6 +121,26 @@ def test_bad_files_exit_2_naming_the_file(name, text, expected, tmp_path, capsys
     assert run([str(path)]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
+
+
+def test_duplicate_key_takes_the_last_value_with_a_warning(tmp_path, capsys):
+    """MindFormers loads with yaml.safe_load, which keeps a repeated key's last value; so do we, and say so."""
+    path = tmp_path / "duplicate.yaml"
+    path.write_text("seed: 1\nrunner_config:\n  batch_size: 1\nseed: 7\n")
+    plan = tmp_path / "plan.json"
+    assert run([str(path), "--plan", str(plan)]) == 0
+    err = capsys.readouterr().err
+    assert f"mf-translate: warning: {path}: line 4: duplicate key 'seed' (first on line 1): the last value is " \
+           "taken, as MindFormers' yaml.safe_load does" in err
+    assert json.loads(plan.read_text())["run"]["seed"] == 7
+    with pytest.warns(DuplicateKeyWarning, match=r"line 3: duplicate key 'b' \(first on line 2\)"):
+        assert load_yaml_text(tmp_path, "a:\n  b: 1\n  b: 2\n") == {"a": {"b": 2}}
+
+
+def load_yaml_text(tmp_path, text: str) -> dict:
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    return load_yaml(str(path))
 
 
 def test_missing_file(capsys, tmp_path):

@@ -35,11 +35,24 @@ def test_load_ckpt_format_with_a_checkpoint_must_be_ckpt_or_safetensors():
 
 # --- parallel.parallel_mode: core/context/validators.py validate_parallel_mode ------------------------------------
 
-@pytest.mark.parametrize("mode", [0, 1, 2, 3, "SEMI_AUTO_PARALLEL", "DATA_PARALLEL", "STAND_ALONE", "MANUAL_PARALLEL"])
-def test_parallel_mode_takes_mindformers_names(mode):
+# What each accepted value becomes in MindSpore (tools/utils.py PARALLEL_MODE), and so whether MindFormers keeps
+# runner_config.gradient_accumulation_steps (base_trainer.py: semi-auto and auto parallel only; the others reset it
+# to 1 with a warning).
+@pytest.mark.parametrize("mode, accumulates", [
+    (0, False), (1, True), (2, True), (3, False),
+    ("DATA_PARALLEL", False), ("SEMI_AUTO_PARALLEL", True), ("AUTO_PARALLEL", True), ("HYBRID_PARALLEL", False),
+    ("STAND_ALONE", False), ("MANUAL_PARALLEL", False)])
+def test_parallel_mode_takes_mindformers_names(mode, accumulates):
     tree = copy.deepcopy(BASE)
+    tree.update(use_parallel=True)
     tree.setdefault("parallel", {})["parallel_mode"] = mode
-    translate(tree)
+    tree.setdefault("runner_config", {})["gradient_accumulation_steps"] = 4
+    tree.setdefault("parallel_config", {}).update(pipeline_stage=1)
+    result = translate(tree, world_size=tree["parallel_config"].get("data_parallel", 1)
+                       * tree["parallel_config"].get("model_parallel", 1))
+    assert result.json["deepspeed"]["gradient_accumulation_steps"] == (4 if accumulates else 1)
+    notes = {n.key: n for n in result.ledger.finish()}
+    assert notes["runner_config.gradient_accumulation_steps"].kind == ("mapped" if accumulates else "dropped")
 
 
 def test_parallel_mode_refuses_what_mindformers_refuses():

@@ -63,3 +63,33 @@ def test_deepseek_router_names_follow_use_gmm():
     assert names.mtp_layer("model.mtp_norms.0.weight", "deepseek_v3", 61)
     assert names.mtp_layer("model.layers.61.attention.wo.weight", "deepseek_v3", 61)
     assert not names.mtp_layer("model.layers.60.attention.wo.weight", "deepseek_v3", 61)
+
+
+@pytest.mark.parametrize("family,mf,hf", [
+    ("mixtral", "model.layers.0.feed_forward.router.router.topk_bias",
+     "model.layers.0.block_sparse_moe.gate.e_score_correction_bias"),
+    ("qwen2_moe", "model.layers.0.feed_forward.routed_experts.router.router.topk_bias",
+     "model.layers.0.mlp.gate.e_score_correction_bias"),
+    ("deepseek_v3", "model.layers.1.feed_forward.routed_experts.topk_bias",
+     "model.layers.1.mlp.gate.e_score_correction_bias"),
+    ("qwen3_moe/mcore", "decoder.layers.0.mlp.router.expert_bias", "model.layers.0.mlp.gate.e_score_correction_bias"),
+])
+def test_router_bias_both_ways_and_load_counters_are_not_weights(family, mf, hf):
+    """balance_via_topk_bias: MindFormers' selection bias is the HF e_score_correction_bias, both ways, in every MoE
+    family; the per-step load counter beside it (reset at every step end) and mcore's fi_accu are not weights."""
+    assert names.mf_to_hf(mf, family) == hf and names.hf_to_mf(hf, family) == mf
+    load = mf.replace(".topk_bias", ".expert_load").replace(".expert_bias", ".expert_load")
+    assert names.is_weight(mf, family) and not names.is_weight(load, family) and names.mf_to_hf(load, family) is None
+    assert not names.is_weight("decoder.layers.0.mlp.router.fi_accu", "qwen3_moe/mcore")
+
+
+def test_moev3_router_names_read_as_moev2():
+    """use_gmm on the Llama path builds MoEV3, whose router and bias are router_dense / topk_bias on the MoE block."""
+    for family, moev3, moev2 in (("mixtral", "model.layers.0.feed_forward.router_dense.weight",
+                                  "model.layers.0.feed_forward.router.dense.weight"),
+                                 ("mixtral", "model.layers.0.feed_forward.topk_bias",
+                                  "model.layers.0.feed_forward.router.router.topk_bias"),
+                                 ("qwen2_moe", "model.layers.0.feed_forward.routed_experts.topk_bias",
+                                  "model.layers.0.feed_forward.routed_experts.router.router.topk_bias")):
+        assert names.mf_to_hf(moev3, family) == names.mf_to_hf(moev2, family)
+        assert names.hf_to_mf(names.mf_to_hf(moev2, family), family, gmm=True) == moev2

@@ -7,13 +7,17 @@ import dataclasses
 import pytest
 
 from tests.conftest import CONFIGS, corpus_params
+from translators.errors import ConfigError
 from translators.plan import translate_file
 from translators.plan_types import MoE, Plan, Router
 
 
 @pytest.mark.parametrize("path", corpus_params(*sorted(CONFIGS.glob("*.yaml"))), ids=lambda p: p.stem)
 def test_json_reads_back_to_the_same_plan(path):
-    plan = translate_file(str(path)).plan
+    try:
+        plan = translate_file(str(path)).plan
+    except ConfigError as exc:  # a YAML the translator refuses (test_snapshot.py holds the line) has no Plan
+        pytest.skip(f"refused: {exc}")
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.to_json() == plan.to_json()
 

@@ -27,9 +27,13 @@ def test_translators_import_and_run_with_heavy_modules_blocked():
 import pkgutil, importlib, translators
 for m in pkgutil.iter_modules(translators.__path__):
     importlib.import_module('translators.' + m.name)
+from translators.errors import ConfigError
 from translators.plan import translate_file
 for path in {[str(p) for p in FILES]!r}:
-    translate_file(path)
+    try:
+        translate_file(path)
+    except ConfigError:  # a refused YAML (test_corpus.py REFUSED) has run all the same
+        pass
 print('ok')
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -45,7 +49,7 @@ def test_mf_translate_is_under_half_a_second_per_file():
     for path in files:
         proc = subprocess.run([sys.executable, "-m", "translators.cli", str(path)], cwd=ROOT, capture_output=True,
                               timeout=60)
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode in (0, 2), proc.stderr  # 2: a refused YAML (test_corpus.py REFUSED)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     per_file = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / len(files)
     assert per_file < 0.5, f"{per_file:.3f} CPU s per file"

@@ -51,6 +51,7 @@ from translators.families.base import (
     ModelShape,
 )
 from translators.families.engine import (
+    _SPECS,
     ARCH_SPEC,
     _account,
     _check_heads,
@@ -65,6 +66,8 @@ from translators.families.engine import (
 from translators.families.record import FamilyRecord
 from translators.families.registry import mcore_architectures, mcore_model_types, record
 from translators.families.rules import _TYPES
+from translators.mf_defaults import NEWEST, class_defaults
+from translators.moe import MCORE_MOE
 from translators.notes import Ledger
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -101,6 +104,10 @@ _VARIANTS: dict[str, tuple[tuple[str, Callable[[dict, dict, str], bool]], ...]] 
 }
 
 
+def _spec(family: FamilyRecord) -> _Spec:
+    return _SPECS[(family.name, family.mcore)]
+
+
 def _model_name(tree: dict) -> str:
     """trainer.model_name, lower case without '_' and '-' ('deepseekV3' -> 'deepseekv3', 'qwen2_05b' -> 'qwen205b')."""
     trainer = tree.get("trainer")
@@ -133,6 +140,12 @@ def _detect_legacy(tree: dict, config: dict) -> FamilyRecord:
 
 def _detect_mcore(tree: dict, config: dict) -> FamilyRecord:
     seed, seed_path = _seed(tree)
+    if seed_path and not seed:
+        # MindFormers builds the model from this config.json and raises "... does not exist" without it
+        # (models/build_config.py get_model_config -> merge_model_config, 1.7.0 to 2.1.0)
+        raise ConfigError("pretrained_model_dir", f"{seed_path} does not exist: MindFormers builds the model from "
+                                                  "it (and stops without it); point pretrained_model_dir at the "
+                                                  "Hugging Face model directory")
     merged = {**seed, **config}
     model_type = merged.get("model_type")
     if model_type is not None:
@@ -163,9 +176,10 @@ def detect_family(tree: dict) -> FamilyRecord:
     return _detect_mcore(tree, config) if tree.get("use_legacy") is False else _detect_legacy(tree, config)
 
 
-def model_shape(tree: dict, family: FamilyRecord, ledger: Ledger) -> ModelShape:
-    """The model numbers the rest of the translator needs; notes the keys carried into the Plan as `runtime`."""
-    spec, m, _ = _load(tree, family)
+def model_shape(tree: dict, family: FamilyRecord, ledger: Ledger, version: str = NEWEST) -> ModelShape:
+    """The model numbers the rest of the translator needs; notes the keys carried into the Plan as `runtime`.
+    `version`: the MindFormers version whose config-class defaults fill what the YAML leaves out (mcore)."""
+    spec, m, _ = _load(tree, family, version)
     _check_heads(spec, m)
     shape = ModelShape(
         num_layers=m.need("num_layers"), mtp_depth=m.get("mtp_depth") or 0, hidden_size=m.need("hidden_size"),
@@ -197,13 +211,13 @@ _SHAPE_NOTES: dict[str, Callable[[Any], str]] = {
 }
 
 
-def hf_config(tree: dict, family: FamilyRecord, ledger: Ledger) -> dict | None:
+def hf_config(tree: dict, family: FamilyRecord, ledger: Ledger, version: str = NEWEST) -> dict | None:
     """`AutoConfig.for_model(**d)` keyword arguments for the YAML's model, or None (with a note on `model`) when
     transformers has no architecture for the family. Every key under model.model_config and model.arch is noted."""
     if family.hf_model_type is None:
         ledger.dropped("model", f"family {family.name}: {family.reason}; no Hugging Face config")
         return None
-    spec, m, moe = _load(tree, family)
+    spec, m, moe = _load(tree, family, version)
     _check_heads(spec, m)
     ctx = _Ctx(family, ledger, {"model_type": family.hf_model_type, **spec.fixed})
     _account(m, spec.config_class, family.mcore, ctx)
@@ -213,14 +227,62 @@ def hf_config(tree: dict, family: FamilyRecord, ledger: Ledger) -> dict | None:
     _account(_Values(ARCH_SPEC, ARCH_SPEC.rules, {}, ARCH, arch), ARCH, False, ctx)
     _derive(spec, m, moe, ctx)
     if family.mcore:
+        if isinstance(_model_section(tree).get("rope_scaling"), dict):
+            ledger.mapped(join(MODEL_CONFIG, "rope_scaling"), "flattened as MindFormers' TransformerConfig does "
+                          "(type -> position_embedding_type, factor -> rotary_scaling_factor, "
+                          "original_max_position_embeddings -> max_position_embeddings): hf rope_parameters = "
+                          f"{ctx.out.get('rope_parameters')}")
         _note_seed(tree, spec, ledger)
+        _note_class_defaults(spec, m, version, ledger)
     return ctx.out
+
+
+# The settings that shape an mcore model, named in the note on the class defaults a YAML relies on.
+_SHAPING = ("num_layers", "hidden_size", "num_heads", "n_kv_heads", "head_dim", "intermediate_size", "vocab_size",
+            "expert_num", "num_experts_chosen", "first_k_dense_replace", "shared_expert_num", "moe_intermediate_size",
+            "routed_scaling_factor", "norm_topk_prob", "n_group", "topk_group", "kv_lora_rank", "q_lora_rank",
+            "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "mtp_depth", "tie_word_embeddings")
+
+
+def _note_class_defaults(spec: _Spec, m: _Values, version: str, ledger: Ledger) -> None:
+    """One line saying which of the model's shaping settings the YAML left to its config class, and their values."""
+    raw = class_defaults(version, spec.config_class)
+    spelled = {spec.aliases.get(key, key): key for key in raw}
+    taken = [f"{spelled[name]} {m.get(name)!r}" for name in _SHAPING
+             if not m.given(name) and name in spelled and raw[spelled[name]] is not None
+             and not getattr(spec.rules.get(spelled[name]), "unused", None)]  # MLA's kv heads: not read
+    if taken:
+        ledger.mapped("", f"model.model_config leaves to {spec.config_class} of MindFormers {version}: "
+                          + ", ".join(taken))
 
 
 def _note_seed(tree: dict, spec: _Spec, ledger: Ledger) -> None:
     seed, path = _seed(tree)
     if seed:
         ledger.mapped("pretrained_model_dir", f"{path} seeds model.model_config (model_config keys win)")
-    elif path:
-        ledger.differs("pretrained_model_dir", f"{path} does not exist: model_config keys it would supply take "
-                                               f"the {spec.config_class} defaults")
+
+
+def mcore_model_config(tree: dict, family: FamilyRecord, version: str = NEWEST) -> dict:
+    """The model_config MindFormers builds an mcore model from: its config class's defaults in `version`, then
+    pretrained_model_dir's config.json, then the YAML's model_config (MindFormers' own names; the MoE plan and the
+    layout checks read it). Legacy families: the YAML's model_config as written."""
+    config = _model_section(tree)
+    if not family.mcore:
+        return config
+    seed, _ = _seed(tree)
+    spec = _spec(family)
+    given = {_setting(spec, key) for key in (*seed, *config)}
+    defaults = {k: v for k, v in class_defaults(version, spec.config_class).items() if _setting(spec, k) not in given}
+    return {**defaults, **seed, **config}
+
+
+_SCORE_SPELLINGS = ("use_gating_sigmoid", "scoring_func", "moe_router_score_function")
+
+
+def _setting(spec: _Spec, key: str) -> str:
+    """One name for every spelling of a setting (a default must not override the YAML's other spelling of it)."""
+    if key in _SCORE_SPELLINGS:
+        return "use_gating_sigmoid"
+    if key in MCORE_MOE:
+        return MCORE_MOE[key].name
+    return spec.aliases.get(key, key)

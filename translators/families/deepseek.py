@@ -107,7 +107,7 @@ DEEPSEEK_V2_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v2.modeling_deepseek_v2",
 # TopkBiasBalanceCallback moves
 DEEPSEEK_V3_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v3.modeling_deepseek_v3", rope="deepseek_v3",
                                    mlps=("DeepseekV3MLP",), experts="DeepseekV3Experts", moe_block="DeepseekV3MoE",
-                                   shared="shared_experts", native_bias=True)
+                                   shared="shared_experts")
 DEEPSEEK_V3_MEMORY = {**parts.MLA_DEFAULTS, "n_shared_experts": 1, "num_experts_per_tok": 8,
                       "first_k_dense_replace": 3, "n_routed_experts": 256, "moe_intermediate_size": 2048}
 RECORDS = (

@@ -43,6 +43,13 @@ def _kv_heads(m: _Values, moe: _Values) -> dict:
     return {"num_key_value_heads": kv_heads}
 
 
+def _mla_kv_heads(m: _Values, moe: _Values) -> dict:
+    """MLA gives every head its own k and v (MindFormers' MLA never reads num_key_value_heads, whose
+    DeepseekV3Config default stays 128 whatever num_attention_heads is); HF DeepseekV3 repeats k/v by
+    num_attention_heads // num_key_value_heads, so they must be equal."""
+    return {"num_key_value_heads": m.get("num_heads")}
+
+
 def _llama_positions(m: _Values, moe: _Values) -> dict:
     """FreqsMgr (llama_layer.py) builds the RoPE table for max(max_position_embedding or seq_length, seq_length)."""
     seq_length = m.get("seq_length")
@@ -160,6 +167,17 @@ def _deepseek_v3_groups(m: _Values, moe: _Values) -> dict:
     if moe.get("topk_method") == "greedy":
         return {"n_group": 1, "topk_group": 1}
     return _groups(moe)
+
+
+def _shared_width(m: _Values, moe: _Values) -> dict:
+    """HF DeepseekV3's shared experts are one MLP of n_shared_experts x moe_intermediate_size; mcore may set the
+    width itself (moe_shared_expert_intermediate_size), which must then be that product."""
+    width = m.get("moe_intermediate_size") * (m.get("shared_expert_num") or 0)
+    given = m.get("moe_shared_expert_intermediate_size")
+    if given is not None and given != width:
+        raise ConfigError(m.path("moe_shared_expert_intermediate_size"), f"{given} is not n_shared_experts x "
+                          f"moe_intermediate_size = {width}: HF DeepseekV3 has no other shared-expert width")
+    return {"moe_intermediate_size": m.get("moe_intermediate_size")}
 
 
 def _mcore_groups(m: _Values, moe: _Values) -> dict:

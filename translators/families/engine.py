@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from translators.errors import ConfigError, did_you_mean, join, show
+from translators.families import registry
 from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL
-from translators.families.record import FamilyRecord
 from translators.families.deepseek import (
     DEEPSEEK_V2,
     DEEPSEEK_V2_MOE,
@@ -32,10 +32,12 @@ from translators.families.derive import (
     _mcore_groups,
     _mcore_rope,
     _mcore_tie,
+    _mla_kv_heads,
     _qwen2_moe_widths,
     _qwen3_dense_layers,
     _rope,
     _seq_positions,
+    _shared_width,
 )
 from translators.families.glm import GLM, GLM_ALIASES, GLM_DEFAULTS
 from translators.families.gpt2 import GPT2, GPT2_DEFAULTS
@@ -43,15 +45,15 @@ from translators.families.llama import LLAMA, LLAMA_DEFAULTS, MIXTRAL, MOE_DEFAU
 from translators.families.mcore import (
     DEEPSEEK_MCORE,
     DEEPSEEK_MCORE_DEFAULTS,
-    MCORE,
-    MCORE_DEFAULTS,
     MCORE_SPELLINGS,
     QWEN3,
     QWEN3_DEFAULTS,
     QWEN3_MOE,
     QWEN3_MOE_DEFAULTS,
 )
+from translators.families.record import FamilyRecord
 from translators.families.rules import _TYPES, ARCH_RULES, Feeds, Map, Rule
+from translators.mf_defaults import NEWEST, class_defaults
 from translators.notes import Ledger
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -117,8 +119,10 @@ _SPECS: dict[tuple[str, bool], _Spec] = {
     ("qwen3_moe", True): _mcore_spec("Qwen3MoeConfig", QWEN3_MOE, QWEN3_MOE_DEFAULTS,
                                      (_kv_heads, _mcore_rope, _mcore_tie, _qwen3_dense_layers)),
     ("deepseek_v3", True): _mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
-                                       (_kv_heads, _mcore_rope, _mcore_tie, _mcore_groups)),
-    ("telechat3", True): _mcore_spec("TeleChat3Config", MCORE, MCORE_DEFAULTS),
+                                       (_mla_kv_heads, _mcore_rope, _mcore_tie, _mcore_groups, _shared_width)),
+    # families whose module holds their config rules too (translators/families/registry.py MODULES)
+    **{(name, True): _mcore_spec(*spec) for module in registry.modules() if hasattr(module, "specs")
+       for name, spec in module.specs().items()},
 }
 ARCH_SPEC = _Spec("model.arch", ARCH_RULES, {})
 
@@ -252,16 +256,72 @@ def _seed(tree: dict) -> tuple[dict, str]:
         raise ConfigError(path, f"cannot read the Hugging Face config: {exc}") from None
     if not isinstance(seed, dict):
         raise ConfigError(path, f"expected a JSON object, got {type(seed).__name__}")
-    return seed, path
+    return _flat_rope_scaling(seed, path, tree), path
 
 
-def _load(tree: dict, family: FamilyRecord) -> tuple[_Spec, _Values, _Values]:
-    """The family's spec, its model_config values, and the MoE values (moe_config, or model_config under mcore)."""
+def _flat_rope_scaling(seed: dict, path: str, tree: dict) -> dict:
+    """An HF `rope_scaling` dict becomes the flat mcore keys, as TransformerConfig.__post_init__ does
+    (parallel_core/transformer_config.py, 1.7.0 to 2.1.0): its type the position_embedding_type, factor the
+    rotary_scaling_factor, original_max_position_embeddings (else seq_length) the max_position_embeddings, the
+    other keys (beta_fast, mscale, ...) as they are."""
+    scaling = seed.get("rope_scaling")
+    if not isinstance(scaling, dict):
+        return seed
+    scaling = dict(scaling)
+    flat = {k: v for k, v in seed.items() if k != "rope_scaling"}
+    kind = scaling.pop("type", None) or scaling.pop("rope_type", None)
+    if "factor" not in scaling:
+        raise ConfigError(path if path.endswith("rope_scaling") else f"{path}: rope_scaling",
+                          "has no factor (MindFormers' TransformerConfig needs one)")
+    flat["position_embedding_type"], flat["rotary_scaling_factor"] = kind, scaling.pop("factor")
+    config = (tree.get("model") or {}).get("model_config") or {}
+    original = scaling.pop("original_max_position_embeddings", None) or config.get("seq_length") \
+        or seed.get("seq_length")
+    if original is not None:
+        flat["max_position_embeddings"] = original
+    flat.update(scaling)
+    return flat
+
+
+_CLASS_DEFAULTS: dict[tuple[str, str], dict] = {}
+# DeepseekV3Config's own compute_dtype default is 'bf16' (the mcore TransformerConfig takes the short names)
+_DTYPE_SHORT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# The tokenizer's ids are not the model's arithmetic, and a class default (Qwen3Config's pad_token_id 151643) would
+# become HF's embedding padding_idx, whose row then gets no gradient: MindFormers' embedding has no padding row.
+_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def class_defaults_typed(spec: _Spec, version: str) -> dict[str, Any]:
+    """The spec's defaults with its config class's own defaults in MindFormers `version` over them (canonical names,
+    typed as the YAML's values are); keys the class does not hold (the layout keys) keep the spec's."""
+    cached = _CLASS_DEFAULTS.get((spec.config_class, version))
+    if cached is not None:
+        return cached
+    out = dict(spec.defaults)
+    for key, value in sorted(class_defaults(version, spec.config_class).items()):
+        rule = spec.rules.get(key)
+        if value is None or rule is None or getattr(rule, "untyped", False) or key in _TOKEN_IDS:
+            continue
+        name = spec.aliases.get(key, key)
+        value = _DTYPE_SHORT.get(value, value) if isinstance(value, str) else value
+        conv = rule.conv or _TYPES.get(name)
+        out[name] = conv(value, f"{spec.config_class}.{key} (MindFormers {version})") if conv else value
+    _CLASS_DEFAULTS[(spec.config_class, version)] = out
+    return out
+
+
+def _load(tree: dict, family: FamilyRecord, version: str = NEWEST) -> tuple[_Spec, _Values, _Values]:
+    """The family's spec, its model_config values, and the MoE values (moe_config, or model_config under mcore).
+    mcore values a YAML leaves out take the defaults of MindFormers `version`'s config class."""
     if family is NO_MODEL:
         raise ConfigError("model", "no model section: a run config needs model.model_config")
     spec = _SPECS[(family.name, family.mcore)]
     seed, seed_path = _seed(tree) if family.mcore else ({}, "")
-    m = _Values(spec, spec.rules, spec.defaults, MODEL_CONFIG, _model_section(tree), seed, seed_path)
+    defaults = class_defaults_typed(spec, version) if family.mcore else spec.defaults
+    section = _model_section(tree)
+    if family.mcore and isinstance(section.get("rope_scaling"), dict):  # as config.json's (COMMON_CONFIG_MAPPING)
+        section = _flat_rope_scaling(section, join(MODEL_CONFIG, "rope_scaling"), tree)
+    m = _Values(spec, spec.rules, defaults, MODEL_CONFIG, section, seed, seed_path)
     if family.mcore:
         return spec, m, m
     moe_section = tree.get(MOE_CONFIG) or {}

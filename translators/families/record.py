@@ -43,8 +43,6 @@ class PatchTargets:
     """Attribute of the block's shared-expert MLP."""
     shared_gate: str | None = None
     """Attribute of the shared expert's sigmoid gate (Linear H -> 1)."""
-    native_bias: bool = False
-    """The HF router has `e_score_correction_bias` (the selection bias)."""
     not_applicable: Mapping[str, str] = field(default_factory=dict)
     """Kernel feature -> why it has nothing to replace in this architecture (a report line, not an error)."""
 
@@ -61,6 +59,9 @@ class Weights:
     """MindFormers part -> (kind, HF per-expert parts): stacked experts."""
     bmm_names: tuple[tuple[str, str], ...] = ()
     """(grouped-matmul name, batched name) where the router's names depend on use_grouped_gemm."""
+    gmm_names: tuple[tuple[str, str], ...] = ()
+    """(MoEV2 name, MoEV3 name) of the router and its bias, where use_gmm builds MoEV3 (read both ways, written with
+    the MoEV2 names)."""
 
 
 @dataclass(frozen=True)

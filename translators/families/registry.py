@@ -12,13 +12,17 @@ from functools import cache
 
 from translators.families.record import FamilyRecord, PatchTargets, Weights
 
-MODULES = ("llama", "deepseek", "glm", "gpt2", "mcore")  # translators/families/<module>.py
+# translators/families/<module>.py: the config classes' modules, then the families with a module of their own
+MODULES = ("llama", "deepseek", "glm", "gpt2", "mcore", "telechat3", "glm4_moe")
+
+
+def modules() -> list:
+    return [importlib.import_module(f"translators.families.{module}") for module in MODULES]
 
 
 @cache
 def records() -> tuple[FamilyRecord, ...]:
-    found = tuple(r for module in MODULES
-                  for r in importlib.import_module(f"translators.families.{module}").RECORDS)
+    found = tuple(r for module in modules() for r in module.RECORDS)
     keys = [(r.name, r.mcore) for r in found]
     assert len(set(keys)) == len(keys), f"two records for one family: {keys}"
     return found

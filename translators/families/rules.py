@@ -27,11 +27,14 @@ def _is_null(value: Any) -> bool:
     return value is None or value == "None"
 
 
-def _int(minimum: int) -> Conv:
+def _int(minimum: int, maximum: int | None = None, why: str = "") -> Conv:
     expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+    if maximum is not None:
+        expected += f" of at most {maximum:,} ({why})"
 
     def conv(value: Any, path: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
+                (maximum is not None and value > maximum):
             raise ConfigError(path, f"expected {expected}, got {show(value)}")
         return value
     return conv
@@ -162,10 +165,13 @@ def _activation(value: Any, path: str) -> str:
 
 
 _POS, _NONNEG = _int(1), _int(0)
+# 2^24: 64 times the largest vocabulary in use (262,144; the corpus' largest is Qwen's 151,936), so a typo is
+# refused here rather than as a failed allocation of the embedding when the model is built.
+_VOCAB = _int(1, 2**24, "64 times the largest vocabulary in use")
 
 # The type of each model_config / moe_config key, by canonical (legacy) name.
 _TYPES: dict[str, Conv] = {
-    "num_layers": _POS, "hidden_size": _POS, "num_heads": _POS, "n_kv_heads": _optional(_POS), "vocab_size": _POS,
+    "num_layers": _POS, "hidden_size": _POS, "num_heads": _POS, "n_kv_heads": _optional(_POS), "vocab_size": _VOCAB,
     "seq_length": _POS, "intermediate_size": _optional(_POS), "multiple_of": _POS,
     "ffn_dim_multiplier": _optional(_positive), "max_position_embedding": _optional(_POS),
     "max_position_embeddings": _optional(_POS), "head_dim": _POS, "rms_norm_eps": _positive, "theta": _positive,

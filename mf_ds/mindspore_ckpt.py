@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from mf_ds.errors import RunError
-from mf_ds.weights import DEFAULT_LAYOUT, WeightLayout, model_slot, to_hf
+from mf_ds.weights import DEFAULT_LAYOUT, WeightLayout, attach_router_bias, model_slot, to_hf
 from translators import names
 
 DTYPES = {"Float32": torch.float32, "Float16": torch.float16, "BFloat16": torch.bfloat16, "Float64": torch.float64,
@@ -129,6 +129,8 @@ class MindSporeCheckpoint:
                 # f == 3: a MapTensor (embedding hash tables), not an HF weight; skipped
             if tag is None:
                 raise ValueError(f"a value without a tag at byte {at}")
+            if not tag.isprintable():  # no parameter name has control characters; they would split our messages
+                raise ValueError(f"parameter name {tag[:100]!r} at byte {at} holds control characters")
             if tensor is None:
                 continue
             dims, dtype, content = [], None, None
@@ -164,7 +166,10 @@ class MindSporeCheckpoint:
             raise RunError(f"{self.path}: {name} has tensor_type {entry.dtype!r}, which mf-ds cannot read")
         dtype = DTYPES[entry.dtype]
         itemsize = torch.empty((), dtype=dtype).element_size()
-        count = int(np.prod(entry.dims, dtype=np.int64))
+        # Python ints: np.prod wraps at 2^63 (dims whose product wrapped to the stored size passed this check).
+        if len(entry.dims) > 32 or any(d >= 2**62 for d in entry.dims):
+            raise RunError(f"{self.path}: {name} has shape {list(entry.dims)[:40]}, which no tensor has (damaged)")
+        count = math.prod(entry.dims)
         total = sum(n for _, n in entry.pieces)
         if total != count * itemsize:
             raise RunError(f"{self.path}: {name} holds {total} bytes; {entry.dtype}{list(entry.dims)} needs "
@@ -303,6 +308,11 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
         tensor = load()
         for piece in to_hf(mf_name, tensor, family, model.config, layout):
             slot = model_slot(piece.name, state)
+            if slot is None and (bias := attach_router_bias(model, piece.name, piece.tensor)) is not None:
+                state[bias] = model.get_buffer(bias)  # a router bias the HF class lacks: now a buffer of the model
+                if writer is not None:
+                    writer.tensors[bias] = state[bias]
+                slot = (bias, ())
             if slot is None:
                 if piece.name in tied:
                     continue
@@ -315,6 +325,9 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
                                                                     != whole.numel()):
                 raise RunError(f"{file}: {mf_name} gives {piece.name} the shape {list(piece.tensor.shape)}, the "
                                f"model {list(region.shape)}; does model_config match the checkpoint?")
+            if piece.tensor.is_floating_point() != whole.is_floating_point():
+                raise RunError(f"{file}: weight {mf_name} is {str(piece.tensor.dtype).removeprefix('torch.')}, the "
+                               f"model's {piece.name} {str(whole.dtype).removeprefix('torch.')} (a damaged file?)")
             if piece.tensor.is_floating_point() and not torch.isfinite(piece.tensor).all():
                 raise RunError(f"{file}: weight {mf_name} holds inf/NaN (a damaged file?)")
             if write is not None and piece.view:
@@ -351,6 +364,16 @@ def write_ckpt(path: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tenso
     one tensor in memory at a time. Returns the number of parameters."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    try:
+        count = _write_ckpt(path, tmp, tensors)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a refused tensor, a full disk, Ctrl-C: no half-written file left behind
+        raise
+    os.replace(tmp, path)
+    return count
+
+
+def _write_ckpt(path: Path, tmp: Path, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
     count = 0
     with open(tmp, "wb") as f:
         for name, tensor in tensors:
@@ -376,7 +399,6 @@ def write_ckpt(path: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tenso
             count += 1
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
     return count
 
 
