@@ -11,9 +11,9 @@ returns its report lines. Nothing is patched at import. The model's own code is 
 places that know transformers' internals are the model build (`mf_ds/model.py`, `mf_ds/zero.py`: construction and
 loading) and the parallel wrappers (`mf_ds/parallel.py`, `mf_ds/moe/parallel.py`: AutoTP and Ulysses hooks).
 A requested feature on a model type its table does not know, or a patch that matched nothing, raises `PatchError`;
-a feature that does not apply to this model (fused SwiGLU on GPT-2's GELU MLP) is a report line saying why. State-dict keys never change, so a
-patched model saves and loads as the HF model it is. Patches go on before `deepspeed.initialize`, since ZeRO-3
-partitions the parameters that exist then.
+a feature that does not apply to this model (fused SwiGLU on GPT-2's GELU MLP) is a report line saying why.
+State-dict keys never change, so a patched model saves and loads as the HF model it is. Patches go on before
+`deepspeed.initialize`, since ZeRO-3 partitions the parameters that exist then.
 """
 
 from __future__ import annotations
