@@ -49,11 +49,13 @@ def test_merge_equals_mindformers(case):
 
 
 def test_sharded_loads_into_one_model():
-    """The 2-rank directory loads into one HF model: every parameter equal to the one-file checkpoint's, and the
-    logits are the HF model's that the qwen3 fixture was converted from."""
+    """The 2-rank directory loads into one HF model (build_model, as mf-train's load_checkpoint does): every
+    parameter equal to the one-file checkpoint's, and the logits are the HF model's that the qwen3 fixture was
+    converted from."""
     plan = mcore_plan("qwen3")
-    from mf_ds.model import hf_config
+    from mf_ds.model import build_model, hf_config, is_mindformers_checkpoint
 
+    assert is_mindformers_checkpoint(CK2 / "tp2") and is_mindformers_checkpoint(CK2 / "tp2" / "iteration_00000007")
     models = []
     for src in (CK2 / "tp2", MF / "qwen3" / "model.ckpt"):
         model = AutoModelForCausalLM.from_config(hf_config(plan), dtype=torch.float32).eval()
@@ -63,6 +65,9 @@ def test_sharded_loads_into_one_model():
         counts = load_into(model, src, _family(plan))
         models.append((model, counts))
     (sharded, counts), (whole, _) = models
+    built = build_model(plan, str(CK2 / "tp2"))
+    assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), whole.state_dict().values(),
+                                                 strict=True))
     assert counts == {"loaded": 25, "skipped": MOMENTS + 1}  # adam_m / adam_v / global_step read past
     for (name, a), (_, b) in zip(sharded.state_dict().items(), whole.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
