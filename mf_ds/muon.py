@@ -163,6 +163,11 @@ class Muon(torch.optim.Optimizer):
     @staticmethod
     def _muon(p: torch.Tensor, g: torch.Tensor, state: dict, rule: tuple, group: dict) -> None:
         lr, mu = group["lr"], group["momentum"]
+        if p.dim() not in (2, 3):  # a ZeRO-1/2/3 flat partition (translators/muon.py refuses those stages)
+            from mf_ds.errors import RunError
+
+            raise RunError(f"Muon got a {p.dim()}-D parameter of {p.numel()} elements: a ZeRO partition? Muon needs "
+                           "whole weights (ZeRO stage 0)")
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
         m = state["momentum_buffer"]
