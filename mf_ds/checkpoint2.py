@@ -77,7 +77,8 @@ def is_checkpoint2(path: str | os.PathLike) -> bool:
         return False
     if (path / TRACKER).is_file() or (path / METADATA).is_file() or (path / COMMON).is_file():
         return True
-    return any(_FILE.match(p.name) for p in path.glob("*.safetensors"))
+    return any(_FILE.match(p.name) for p in path.glob("*.safetensors")) or any(
+        _ITERATION.match(p.name) and p.is_dir() for p in path.glob("iteration_*"))
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,14 @@ def test_damaged_directory_is_refused_in_one_line(tmp_path, case, change, words)
     assert "\n" not in str(info.value) and words in str(info.value), str(info.value)
 
 
+def test_root_without_tracker_names_its_iterations(tmp_path):
+    root, _ = _copy(tmp_path)
+    (root / "latest_checkpointed_iteration.txt").unlink()
+    assert checkpoint2.is_checkpoint2(root)
+    with pytest.raises(RunError, match="latest_checkpointed_iteration.txt: missing; name one iteration_XXXXXXXX"):
+        Checkpoint2(root)
+
+
 def test_single_card_duplicate_names_refused(tmp_path):
     root, directory = _copy(tmp_path, "single")
     shutil.copy(directory / "model-0000000-0000001.safetensors", directory / "extra.safetensors")
