@@ -110,8 +110,12 @@ class AdamWeightDecayX(_Fp32StateAdam):
 
 def build_optimizer(model: torch.nn.Module, spec: dict) -> torch.optim.Optimizer:
     """The optimizer plan.run.optimizer describes, over MindFormers' parameter groups."""
-    groups = param_groups(model, spec["weight_decay"])
     kind = spec["type"]
+    if kind == "Muon":  # MindFormers' Muon with its AdamW part, over its own groups (mf_ds/muon.py)
+        from mf_ds.muon import build_muon
+
+        return build_muon(model, spec)
+    groups = param_groups(model, spec["weight_decay"])
     if kind == "SGD":
         return torch.optim.SGD(groups, lr=spec["lr"])
     betas = tuple(spec["betas"])
