@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM
 
 from mf_ds import checkpoint2
 from mf_ds.checkpoint2 import Checkpoint2
-from mf_ds.ckpt import MindSporeCheckpoint, load_into
 from mf_ds.convert import cli, to_hf, to_mindformers
 from mf_ds.errors import RunError
+from mf_ds.mindspore_ckpt import MindSporeCheckpoint, load_into
 from tests.conftest import ROOT
 from tests.mf_ds.test_ckpt import MF, golden
 from tests.mf_ds.test_convert import mcore_plan
