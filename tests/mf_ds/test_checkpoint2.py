@@ -21,7 +21,7 @@ from mf_ds.convert import cli, to_hf, to_mindformers
 from mf_ds.errors import RunError
 from mf_ds.mindspore_ckpt import MindSporeCheckpoint, load_into
 from tests.conftest import ROOT
-from tests.mf_ds.test_ckpt import MF, golden
+from tests.mf_ds.test_mindspore_ckpt import MF, golden
 from tests.mf_ds.test_convert import mcore_plan
 
 CK2 = MF / "checkpoint2"
