@@ -116,6 +116,9 @@ def _gmm_fwd_kernel(
         else:
             a_mask = row_mask
             a_rows = rows
+        # the A rows' pointers made once, outside the K loop: built inside it, the gathered forward does not compile
+        # on sm_90 at 3 of the 6 configs (Triton 3.7.1, TritonGPURemoveLayoutConversions; tests/ops/test_compile.py)
+        a_base = x_ptr + a_rows[:, None] * stride_xm
         w_base = w_ptr + grp.to(tl.int64) * stride_we
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         acc_up = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # EPI_SWIGLU: the up half; unused otherwise
@@ -128,7 +131,7 @@ def _gmm_fwd_kernel(
                 k_mask = ks < K
                 a_load_mask = a_mask[:, None] & k_mask[None, :]
                 b_load_mask = k_mask[:, None] & col_mask[None, :]
-            a = tl.load(x_ptr + a_rows[:, None] * stride_xm + ks[None, :] * stride_xk, mask=a_load_mask, other=0.0)
+            a = tl.load(a_base + ks[None, :] * stride_xk, mask=a_load_mask, other=0.0)
             b_ptrs = w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn
             b = tl.load(b_ptrs, mask=b_load_mask, other=0.0)
             if DOT_FP32:
@@ -145,17 +148,17 @@ def _gmm_fwd_kernel(
             aux_ptrs = aux_ptr + rows[:, None] * stride_am + cols[None, :]
             tl.store(aux_ptrs, gate, mask=out_mask)
             tl.store(aux_ptrs + N, up, mask=out_mask)
-            g = gate.to(tl.float32)
-            h = g / (1.0 + tl.exp(-g)) * up.to(tl.float32)
+            gate_f = gate.to(tl.float32)  # not `g`: that is the group-index vector, and Triton types a name once
+            h = gate_f / (1.0 + tl.exp(-gate_f)) * up.to(tl.float32)
             tl.store(y_ptrs, h.to(y_ptr.dtype.element_ty), mask=out_mask)
         elif EPI == 2:  # y = [d gate | d up] from dh = acc, gate and up from aux
             d = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
             aux_ptrs = aux_ptr + rows[:, None] * stride_am + cols[None, :]
-            g = tl.load(aux_ptrs, mask=out_mask, other=0.0).to(tl.float32)
+            gate_f = tl.load(aux_ptrs, mask=out_mask, other=0.0).to(tl.float32)
             u = tl.load(aux_ptrs + N, mask=out_mask, other=0.0).to(tl.float32)
-            sig = 1.0 / (1.0 + tl.exp(-g))
-            tl.store(y_ptrs, (d * u * sig * (1.0 + g * (1.0 - sig))).to(y_ptr.dtype.element_ty), mask=out_mask)
-            tl.store(y_ptrs + N * stride_yn, (d * (g * sig)).to(y_ptr.dtype.element_ty), mask=out_mask)
+            sig = 1.0 / (1.0 + tl.exp(-gate_f))
+            tl.store(y_ptrs, (d * u * sig * (1.0 + gate_f * (1.0 - sig))).to(y_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(y_ptrs + N * stride_yn, (d * (gate_f * sig)).to(y_ptr.dtype.element_ty), mask=out_mask)
         else:
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
     elif grp == E:
