@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from mf_ds.ops import gmm, gmm_tma, permute, rope, swiglu
+from mf_ds.ops import gmm, gmm_tma, gmm_triton, permute, rope, swiglu
 
 SM90, SM80 = ("cuda", 90, 32), ("cuda", 80, 32)
 
@@ -63,20 +63,19 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _gmm_launches(monkeypatch) -> list[Launch]:
-    """The grouped matmuls as the MoE layer calls them (grouped_mm, grouped_mm_gather, swiglu_experts where the module
-    has it), forward and backward, every dtype, K a multiple of every BLOCK_K or not; each pointer-kernel launch then
+    """The grouped matmuls as the MoE layer calls them (grouped_mm, grouped_mm_gather), forward and backward, every dtype, K a multiple of every BLOCK_K or not; each pointer-kernel launch then
     at every config of its autotuner (the module's own list and heuristics). The TMA kernels at every config of
     theirs, bf16 and fp16, w in either layout (sm_90 only)."""
     out: list[Launch] = []
     monkeypatch.setenv("MF_DS_FORCE_TRITON", "1")
-    monkeypatch.setattr(gmm, "_empty", torch.zeros)
+    monkeypatch.setattr(gmm_triton, "_empty", torch.zeros)
     monkeypatch.setattr(permute, "_empty", torch.zeros)
     for dtype in DTYPES:
         for K in (256, 200):  # EVEN_K both ways
             E, T, top_k, N = 8, 48, 2, 128
             M = T * top_k
             case = f"{dtype} K{K}"
-            _record(monkeypatch, gmm, out, case)
+            _record(monkeypatch, gmm_triton, out, case)
             _record(monkeypatch, permute, [], case)  # the gathered backward's row sums: permute's own test
             x_T = torch.zeros(T, K, dtype=dtype, requires_grad=True)
             x = torch.zeros(M, K, dtype=dtype, requires_grad=True)
@@ -85,11 +84,6 @@ def _gmm_launches(monkeypatch) -> list[Launch]:
             maps = (torch.zeros(M, dtype=torch.int32), torch.zeros(T, top_k, dtype=torch.int32))
             gmm.grouped_mm(x, w, counts).sum().backward()
             gmm.grouped_mm_gather(x_T, w, counts, *maps).sum().backward()
-            if hasattr(gmm, "swiglu_experts"):
-                w13 = torch.zeros(E, 2 * N, K, dtype=dtype).transpose(1, 2).requires_grad_()
-                w2 = torch.zeros(E, K, N, dtype=dtype).transpose(1, 2).requires_grad_()
-                gmm.swiglu_experts(x, w13, w2, counts).sum().backward()
-                gmm.swiglu_experts(x_T, w13, w2, counts, *maps).sum().backward()
             if dtype == torch.float32:
                 continue
             _record(monkeypatch, gmm_tma, out, case, targets=(SM90,))
@@ -108,7 +102,7 @@ def _gmm_launches(monkeypatch) -> list[Launch]:
 def _autotuned() -> dict:
     """{kernel: (its autotuner's configs, its heuristics)} for every autotuned kernel of the GEMM modules."""
     found = {}
-    for module in (gmm, gmm_tma):
+    for module in (gmm_triton, gmm_tma):
         for value in vars(module).values():
             if isinstance(value, triton.runtime.autotuner.Autotuner):
                 fn, heuristics = value.fn, {}
@@ -223,18 +217,15 @@ def _compile(job: tuple) -> str | None:
     return None
 
 
-LAUNCHES = {"gmm": _gmm_launches, "rope": _rope_launches, "swiglu": _swiglu_launches, "permute": _permute_launches}
-
-
 FULL_ENV = "MF_DS_COMPILE_ALL"  # 1: every recorded launch at every config for every target (bench/gpu_suite.py)
 
 
 def _selection_key(launch: Launch, target: tuple, signature: dict, constexprs: dict, attrs: dict) -> tuple | None:
     """Which compile stands for this launch (None: it is not compiled here). All of them under MF_DS_COMPILE_ALL=1;
-    by default (1,236 GEMM compiles at ~1.8 s each on one core are too many for every CPU run) a covering set:
+    by default (516 GEMM compiles at ~1.8 s each on one core are too many for every CPU run) a covering set:
     - every launch of a kernel without an autotuner, and every TMA launch (each recorded at its own config);
     - every pointer-GEMM launch at its autotuner's first config on sm_90: each dtype and precision, gathered or
-      not, each epilogue, K a multiple of BLOCK_K or not, each stride specialization (16-byte divisibility);
+      not, K a multiple of BLOCK_K or not, each stride specialization (16-byte divisibility);
     - on sm_80 the same at the first config, one per kernel, dtype and constexprs (not per stride specialization);
     - every other config on sm_90 in bf16 with every constexpr combination recorded (one stride specialization)."""
     key = (launch.kernel.__name__, tuple(signature.items()), tuple(sorted(constexprs.items())), target)
@@ -269,6 +260,7 @@ def test_every_kernel_compiles_for_the_gpu(op, monkeypatch):
     kernels = {key[0] for key, _ in jobs}
     assert not failed, f"{len(failed)} of {len(jobs)} launches do not compile:\n" + "\n".join(failed[:20])
     # every @triton.jit kernel of the op's module(s) was reached
-    modules = {"gmm": (gmm, gmm_tma), "rope": (rope,), "swiglu": (swiglu,), "permute": (permute,)}[op]
-    defined = {name for m in modules for name, v in vars(m).items() if isinstance(v, triton.runtime.jit.JITFunction)}
+    modules = {"gmm": (gmm_triton, gmm_tma), "rope": (rope,), "swiglu": (swiglu,), "permute": (permute,)}[op]
+    defined = {name for m in modules for name, v in vars(m).items()
+               if isinstance(v, triton.runtime.jit.JITFunction) and v.fn.__module__ == m.__name__}
     assert defined <= kernels, f"kernels never launched by the recorded cases: {sorted(defined - kernels)}"
