@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from mf_ds.ops.dispatch import on_device
+from mf_ds.ops.dispatch import cdiv, next_power_of_2, on_device
 from mf_ds.ops.gmm_triton import _small_first
 
 try:
@@ -186,10 +186,10 @@ def gmm_fwd(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, config: triton.Config |
         _fwd_blocks({**args, **meta})
 
     def grid(m):
-        return ((triton.cdiv(M, m["BLOCK_M"]) + E + 1) * triton.cdiv(N, m["BLOCK_N"]),)
+        return ((cdiv(M, m["BLOCK_M"]) + E + 1) * cdiv(N, m["BLOCK_N"]),)
 
     kernel[grid](args["x_desc"], args["w_desc"], y_MN, offs_E, M, N, K, E, y_MN.stride(0),
-                 W_TRANSPOSED=transposed, G_POW2=triton.next_power_of_2(E + 1), **meta)
+                 W_TRANSPOSED=transposed, G_POW2=next_power_of_2(E + 1), **meta)
     return y_MN
 
 
@@ -210,7 +210,7 @@ def gmm_dw(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor, config: t
         _dw_blocks({"x_desc": x_desc, "dy_desc": dy_desc, **meta})
 
     def grid(m):  # one program per (expert, K-tile, N-tile), expert slowest
-        return (E * triton.cdiv(K, m["BLOCK_K"]) * triton.cdiv(N, m["BLOCK_N"]),)
+        return (E * cdiv(K, m["BLOCK_K"]) * cdiv(N, m["BLOCK_N"]),)
 
     kernel[grid](x_desc, dy_desc, dw_EKN, offs_E, M, N, K, dw_EKN.stride(0), dw_EKN.stride(1), dw_EKN.stride(2),
                  **meta)

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from mf_ds.ops.dispatch import on_device
+from mf_ds.ops.dispatch import cdiv, next_power_of_2, on_device
 
 # ----------------------------------------------------------------------------------------------------------------
 # Triton kernels
@@ -259,14 +259,14 @@ def _gmm_triton(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, src_row_M: Tensor |
     kernel, meta = _fwd_kernel(x_MK, config, K)
 
     def grid(m):
-        return ((triton.cdiv(M, m["BLOCK_M"]) + E + 1) * triton.cdiv(N, m["BLOCK_N"]),)
+        return ((cdiv(M, m["BLOCK_M"]) + E + 1) * cdiv(N, m["BLOCK_N"]),)
 
     kernel[grid](
         x_MK, w_EKN, y_MN, offs_E, offs_E if src_row_M is None else src_row_M,
         M, N, K, E,
         x_MK.stride(0), x_MK.stride(1), w_EKN.stride(0), w_EKN.stride(1), w_EKN.stride(2),
         y_MN.stride(0), y_MN.stride(1),
-        G_POW2=triton.next_power_of_2(E + 1), GATHER=src_row_M is not None, PRECISION=_precision(x_MK), **meta,
+        G_POW2=next_power_of_2(E + 1), GATHER=src_row_M is not None, PRECISION=_precision(x_MK), **meta,
     )
     return y_MN
 
@@ -293,7 +293,7 @@ def _gmm_dw_triton(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor, s
         kernel, meta["DOT_FP32"] = on_device(_gmm_dw_kernel, x_MK), not x_MK.is_cuda
 
     def grid(m):  # one program per (expert, K-tile, N-tile), expert slowest
-        return (E * triton.cdiv(K, m["BLOCK_K"]) * triton.cdiv(N, m["BLOCK_N"]),)
+        return (E * cdiv(K, m["BLOCK_K"]) * cdiv(N, m["BLOCK_N"]),)
 
     kernel[grid](
         x_MK, dy_MN, dw_EKN, offs_E, offs_E if src_row_M is None else src_row_M, M, N, K,
