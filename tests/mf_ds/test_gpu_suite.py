@@ -74,3 +74,36 @@ def test_target_verdicts_on_the_recorded_h100_run():
     assert all(got["moe_block peak memory vs hf_grouped_mm", f"qwen3_30b_a3b T{t}"]["met"] for t in (4096, 16384))
     assert not got["kernel fraction of copy bandwidth", "rope deepseek_v3_mla"]["met"]
     assert got["kernel fraction of copy bandwidth", "rope llama3_8b"]["met"]
+
+
+def test_train_gpu_smoke_and_its_verdicts(tmp_path):
+    """bench/train_gpu.py --smoke: both models, mf_ds and the HF grouped_mm loop through mf_ds/train.py's loop on CPU
+    (Liger skipped with its reason), the same losses where both train the same function (fp32, aux losses off), each
+    run's profile beside the result JSON; and the suite's end-to-end verdicts computed from that JSON."""
+    from bench.gpu_suite import E2E_SPEEDUP, train_verdicts
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "bench/train_gpu.py", "--smoke", "--out", str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "train_gpu-cpu.json").read_text())
+    assert record["device"] == {"kind": "cpu"} and record["versions"]["torch"] == torch.__version__
+    for model in ("qwen3_30b_a3b", "deepseek_v3"):
+        runs = record["models"][model]["runs"]
+        assert runs["hf_liger"]["skipped"]
+        for impl in ("mf_ds", "hf_grouped_mm"):
+            run = runs[impl]
+            assert run["rc"] == 0 and run["steps"] == 3 and run["tokens_per_s"] > 0, (model, impl)
+            assert run["flops_per_token"] > 6 * run["params"]["active"] > 0, (model, impl)
+            assert run["params"]["routed_active"] == pytest.approx(
+                run["params"]["routed"] * run["params"]["top_k"] / run["params"]["experts"])
+            profile = json.loads((tmp_path / f"train_gpu-{model}-{impl}.profile.json").read_text())
+            assert profile["ms"]["gemm"] > 0 and profile["step_wall_ms"] > 0, profile
+        assert runs["mf_ds"]["losses"] == pytest.approx(runs["hf_grouped_mm"]["losses"], abs=1e-4), model
+    verdicts = {(t["target"], t["case"]): t for t in train_verdicts(record)}
+    runs = record["models"]["qwen3_30b_a3b"]["runs"]
+    speed = verdicts["e2e tokens/s vs hf_grouped_mm", "qwen3_30b_a3b"]
+    assert speed["value"] == pytest.approx(runs["mf_ds"]["tokens_per_s"] / runs["hf_grouped_mm"]["tokens_per_s"])
+    assert speed["met"] == (speed["value"] >= E2E_SPEEDUP)
+    assert not verdicts["e2e MFU", "qwen3_30b_a3b"]["met"]  # no chip peak on CPU: no MFU, so not met
+    assert ("e2e peak memory vs hf_grouped_mm", "qwen3_30b_a3b") not in verdicts  # no device memory on CPU
