@@ -6,10 +6,11 @@
 Models, each a MindFormers YAML from configs/ with the published model's shapes set over it (real vocabulary; the
 layer count cut to fit one 80 GB GPU with ZeRO-1's bf16 + fp32 AdamW states, 16 bytes a parameter):
 - qwen3_30b_a3b: Qwen3-30B-A3B (hidden 2048, 32 q / 4 kv heads of 128, 128 experts top-8 of width 768, vocab
-  151,936), 4 of its 48 layers.
+  151,936), 3 of its 48 layers: ~2.5B parameters, ~40 GB of weights, gradients and AdamW states.
 - deepseek_v3: DeepSeek-V3 (hidden 7168, MLA: 128 heads, q_lora 1536, kv_lora 512, rope 64 + nope 128, v 128;
-  experts of width 2048, top-8, vocab 129,280), 2 layers (the first dense, as its first_k_dense_replace), with 32 of
-  its 256 experts: what one rank of expert parallelism 8 holds, the only way one of its MoE layers fits one GPU.
+  experts of width 2048, top-8, vocab 129,280), 2 layers (the first dense, as its first_k_dense_replace), with 16 of
+  its 256 experts (one rank's share under expert parallelism 16): ~3.4B parameters, ~55 GB, the embedding and LM
+  head (1.85B) the largest part; one of its MoE layers with all 256 experts would not fit one GPU.
 Tokens: micro batch 4 x 4096 = 16,384 tokens, gradient accumulation 4: 65,536 tokens per optimizer step. bf16,
 ZeRO-1, dropless routing, aux losses off (HF's blocks add theirs only with output_router_logits: with them on, the
 two runs would not train the same function), the attention MindFormers' use_flash_attention maps to, in all three.
@@ -25,8 +26,8 @@ Each run is a child process of this script (`--child IMPL`, then mf_ds/train.py'
 share nothing but the GPU. Per run: tokens/s (median over the steps after WARMUP), peak memory
 (torch.cuda.max_memory_allocated), and MFU:
 
-    MFU = tokens/s x FLOPs per token / the chip's dense bf16 peak
-    FLOPs per token = 6 N_active + 6 L n_heads (S / 2) (d_qk + d_v) / ... written out in `flops_per_token`
+    MFU = tokens/s x FLOPs per token / the chip's dense bf16 peak (PEAK_BF16_TFLOPS)
+    FLOPs per token = 6 N_active + 3 L n_heads S (d_qk + d_v)       (each run's JSON has it with its numbers)
 
 with N_active the matmul parameters a token passes through (attention, dense MLPs, the router, the shared expert,
 top_k / E of the routed experts, the LM head; not the input embedding, a lookup) and the attention term the causal
@@ -60,7 +61,7 @@ COMMON = ["model.model_config.compute_dtype=bfloat16", "mf_ds.zero_stage=1", "pa
           "recompute_config.select_comm_recompute=False", "callbacks=[{type: MFLossMonitor, per_print_times: 1}]"]
 MODELS = {  # name: (YAML, shape overrides, the smoke run's overrides)
     "qwen3_30b_a3b": ("configs/tiny_qwen3_moe.yaml", [
-        "model.model_config.hidden_size=2048", "model.model_config.num_hidden_layers=4",
+        "model.model_config.hidden_size=2048", "model.model_config.num_hidden_layers=3",
         "model.model_config.num_attention_heads=32", "model.model_config.num_key_value_heads=4",
         "model.model_config.head_dim=128", "model.model_config.intermediate_size=6144",
         "model.model_config.num_experts=128", "model.model_config.num_experts_per_tok=8",
@@ -78,7 +79,7 @@ MODELS = {  # name: (YAML, shape overrides, the smoke run's overrides)
         "model.model_config.seq_length=4096", "model.model_config.max_position_embeddings=4096",
         "model.model_config.mtp_depth=0", "model.model_config.use_flash_attention=True",
         "model.model_config.use_fused_rope=True", "model.model_config.use_fused_swiglu=True",
-        "moe_config.expert_num=32", "moe_config.num_experts_chosen=8", "moe_config.moe_intermediate_size=2048",
+        "moe_config.expert_num=16", "moe_config.num_experts_chosen=8", "moe_config.moe_intermediate_size=2048",
         "moe_config.first_k_dense_replace=1", "moe_config.capacity_factor=-1", "moe_config.use_gmm=True",
         "moe_config.use_fused_ops_permute=True", "moe_config.aux_loss_factors=[0.0]",
     ], ["model.model_config.use_fused_rope=True", "model.model_config.use_fused_swiglu=True",
@@ -172,7 +173,7 @@ def breakdown(prof, wall_ms: float, device_kind: str) -> dict:
     return out
 
 
-# --- the child: one run of mf_ds/train.py's loop ------------------------------------------------------------------------
+# --- the child: one run of mf_ds/train.py's loop ----------------------------------------------------------------
 
 def child(impl: str, result_path: Path, profile_step: int, train_args: list[str]) -> int:
     import torch
@@ -187,9 +188,10 @@ def child(impl: str, result_path: Path, profile_step: int, train_args: list[str]
         captured["model"], captured["seq"] = model, plan["run"]["seq_length"]
         if impl == "mf_ds":
             return real_apply(model, plan)
+        from bench.gpu_train_reference import _unpatched
+
         model.config._experts_implementation = "grouped_mm"  # HF's default, stated: the peer the targets name
-        lines = [f"{impl}: {type(model).__name__} unpatched (transformers' own MoE blocks, RoPE and MLPs), "
-                 "experts on grouped_mm"]
+        lines = [*_unpatched(model, plan), f"{impl}: experts on grouped_mm"]
         if impl == "hf_liger":
             from liger_kernel.transformers import _apply_liger_kernel_to_instance
 

@@ -1,5 +1,5 @@
-"""Grouped matmul through Hopper's tensor memory accelerator (TMA): the same products as mf_ds/ops/gmm_triton.py's, with the
-operand tiles moved by TMA descriptors instead of per-thread pointer loads.
+"""Grouped matmul through Hopper's tensor memory accelerator (TMA): the same products as mf_ds/ops/gmm_triton.py's,
+with the operand tiles moved by TMA descriptors instead of per-thread pointer loads.
 
     y[rows of e] = x[rows of e] @ w[e]         dW[e] = X_e^T @ dY_e         (padding rows: zero)
 

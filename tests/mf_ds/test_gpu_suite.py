@@ -41,7 +41,8 @@ def test_suite_family_patched_equals_unpatched(family):
 
 
 @pytest.mark.parametrize("script,rows", [
-    ("bench/gmm_gpu.py", ("gmm       smoke", "index_maps smoke", "moe_block smoke            T8      mf_ds_torch_gemm")),
+    ("bench/gmm_gpu.py", ("gmm       smoke", "index_maps smoke",
+                          "moe_block smoke            T8      mf_ds_torch_gemm")),
     ("bench/rope_swiglu_gpu.py", ("rope", "swiglu_packed packed                     mf_ds")),
 ])
 def test_gpu_benchmark_smoke_runs_every_row(script, rows):

@@ -63,7 +63,8 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _gmm_launches(monkeypatch) -> list[Launch]:
-    """The grouped matmuls as the MoE layer calls them (grouped_mm, grouped_mm_gather), forward and backward, every dtype, K a multiple of every BLOCK_K or not; each pointer-kernel launch then
+    """The grouped matmuls as the MoE layer calls them (grouped_mm, grouped_mm_gather), forward and backward, every
+    dtype, K a multiple of every BLOCK_K or not; each pointer-kernel launch then
     at every config of its autotuner (the module's own list and heuristics). The TMA kernels at every config of
     theirs, bf16 and fp16, w in either layout (sm_90 only)."""
     out: list[Launch] = []
@@ -248,7 +249,8 @@ def test_every_kernel_compiles_for_the_gpu(op, monkeypatch):
         for target in launch.targets:
             fn, signature, constexprs, attrs, options = _cuda_launch(launch, target)
             key = _selection_key(launch, target, signature, constexprs, attrs)
-            if key is not None and (key := (*key, repr(options))) not in seen:  # the dX and fwd launches of one config share a compile, and so on
+            # one compile per distinct launch: the fwd and dX of one config may share one, and so on
+            if key is not None and (key := (*key, repr(options))) not in seen:
                 seen[key] = f"{fn.__name__} sm{target[1]} {launch.case} " + ", ".join(
                     f"{signature[n]}" if signature[n] != "constexpr" else f"{n}={constexprs[(i,)]}"
                     for i, n in enumerate(signature) if signature[n] == "constexpr")

@@ -11,7 +11,7 @@ import torch
 
 from mf_ds.ops import gmm, gmm_triton
 from mf_ds.ops.gmm import grouped_mm, grouped_mm_reference
-from tests.ops.conftest import DEVICE, select_path
+from tests.ops.conftest import DEVICE
 
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 2e-2, 2e-2), (torch.float16, 2e-3, 2e-3)]
 # (tokens per expert, rows M): odd sizes, an empty expert, all rows on one expert, padding rows, nothing routed
