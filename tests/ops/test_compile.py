@@ -9,7 +9,8 @@ gathered or not, odd and even K, every autotune config the module lists: the lis
 compiled without touching this file). Triton's own binder then types each recorded launch as a CUDA launch would
 (pointer dtypes, 16-byte divisibility, constexprs), the CPU-only constexpr the GEMMs take (DOT_FP32, an interpreter
 workaround) is set as on CUDA, and each distinct launch is compiled once per target, in a process pool. Triton's
-disk cache makes a rerun of unchanged kernels take seconds.
+disk cache makes a rerun of unchanged kernels take seconds. The launches a small problem or an untuned kernel runs
+must also fit the target's shared memory (the autotuner skips a config that does not, nothing else does).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from triton.runtime.jit import create_function_from_signature
 from mf_ds.ops import gmm, gmm_tma, gmm_triton, permute, rope, swiglu
 
 SM90, SM80 = ("cuda", 90, 32), ("cuda", 80, 32)
+SHARED_LIMIT = {90: 232448, 80: 166912}  # bytes of shared memory a block may take (H100: 227 KiB, A100: 163 KiB)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Launch:
     targets: tuple = (SM90, SM80)
     case: str = ""
     config: int | None = None  # the index in its autotuner's config list, for a pointer GEMM launch
+    first: bool = True  # the config a problem too small to tune runs (_small_first), or a kernel without autotuner
 
 
 class _Recorder:
@@ -90,13 +93,16 @@ def _gmm_launches(monkeypatch) -> list[Launch]:
             _record(monkeypatch, gmm_tma, out, case, targets=(SM90,))
             xd, dy, offs = x.detach(), torch.zeros(M, N, dtype=dtype), torch.zeros(E, dtype=torch.int32)
             for weight in (w.detach(), w.detach().transpose(1, 2).contiguous().transpose(1, 2)):
-                for config in gmm_tma.CONFIGS["fwd"]:
+                for index, config in enumerate(gmm_tma.CONFIGS["fwd"]):
                     gmm_tma.gmm_fwd(xd, weight, offs, config)
-                for config in gmm_tma.CONFIGS["dw"]:
+                    out[-1].first = index == 0
+                for index, config in enumerate(gmm_tma.CONFIGS["dw"]):
                     gmm_tma.gmm_dw(xd, dy, offs, weight, config)
+                    out[-1].first = index == 0
     out = [expanded for launch in out for expanded in _at_every_config(launch)]
     # fp32 also runs tf32 on CUDA (torch.backends.cuda.matmul.allow_tf32)
-    return out + [Launch(l.kernel, l.args, {**l.kwargs, "PRECISION": "tf32"}, l.targets, l.case + " tf32", l.config)
+    return out + [Launch(l.kernel, l.args, {**l.kwargs, "PRECISION": "tf32"}, l.targets, l.case + " tf32", l.config,
+                         l.first)
                   for l in out if l.kwargs.get("PRECISION") == "ieee"]
 
 
@@ -128,7 +134,7 @@ def _at_every_config(launch: Launch) -> list[Launch]:
         kwargs = {**launch.kwargs, **config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages,
                   "DOT_FP32": False}
         kwargs.update({name: rule({**named, **kwargs}) for name, rule in heuristics.items()})
-        out.append(Launch(launch.kernel, launch.args, kwargs, launch.targets, launch.case, index))
+        out.append(Launch(launch.kernel, launch.args, kwargs, launch.targets, launch.case, index, index == 0))
     return out
 
 
@@ -204,18 +210,18 @@ def _cuda_launch(launch: Launch, target: tuple) -> tuple:
     return fn, signature, constexprs, attrs, options
 
 
-def _compile(job: tuple) -> str | None:
-    """Compile one launch for one target to a cubin (in a worker process: the kernel travels by name); the error's
-    last lines, or None."""
+def _compile(job: tuple) -> tuple[str | None, int | None]:
+    """Compile one launch for one target to a cubin (in a worker process: the kernel travels by name): (the error's
+    last lines or None, the shared memory the kernel takes)."""
     (module, name), signature, constexprs, attrs, options, target = job
     fn = getattr(importlib.import_module(module), name)
     try:
-        triton.compile(triton.compiler.ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(*target),
-                       options=options.__dict__)
+        kernel = triton.compile(triton.compiler.ASTSource(fn, signature, constexprs, attrs),
+                                target=GPUTarget(*target), options=options.__dict__)
     except Exception as exc:  # noqa: BLE001 - any compile error is the finding
         lines = [line for line in str(exc).splitlines() if line.strip()]
-        return f"{type(exc).__name__}: " + " | ".join(lines[-3:])
-    return None
+        return f"{type(exc).__name__}: " + " | ".join(lines[-3:]), None
+    return None, kernel.metadata.shared
 
 
 FULL_ENV = "MF_DS_COMPILE_ALL"  # 1: every recorded launch at every config for every target (bench/gpu_suite.py)
@@ -244,7 +250,7 @@ LAUNCHES = {"gmm": _gmm_launches, "rope": _rope_launches, "swiglu": _swiglu_laun
 def test_every_kernel_compiles_for_the_gpu(op, monkeypatch):
     launches = LAUNCHES[op](monkeypatch)
     assert launches, f"{op}: no launch recorded"
-    jobs, seen = [], {}
+    jobs, seen, must_fit = [], {}, {}
     for launch in launches:
         for target in launch.targets:
             fn, signature, constexprs, attrs, options = _cuda_launch(launch, target)
@@ -254,13 +260,20 @@ def test_every_kernel_compiles_for_the_gpu(op, monkeypatch):
                 seen[key] = f"{fn.__name__} sm{target[1]} {launch.case} " + ", ".join(
                     f"{signature[n]}" if signature[n] != "constexpr" else f"{n}={constexprs[(i,)]}"
                     for i, n in enumerate(signature) if signature[n] == "constexpr")
+                must_fit[key] = launch.first
                 jobs.append((key, ((fn.fn.__module__, fn.__name__), signature, constexprs, attrs, options, target)))
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        errors = list(pool.map(_compile, [job for _, job in jobs], chunksize=4))
-    failed = [f"{seen[key]}\n    {error}" for (key, _), error in zip(jobs, errors, strict=True) if error]
+        results = list(pool.map(_compile, [job for _, job in jobs], chunksize=4))
+    failed = [f"{seen[key]}\n    {error}" for (key, _), (error, _) in zip(jobs, results, strict=True) if error]
+    # a launch that needs more shared memory than the target has fails at launch (OutOfResources). The autotuner
+    # skips such configs, but a problem below _TUNE_FROM runs its list's first config untimed, and a kernel without
+    # an autotuner has no other: those must fit.
+    failed += [f"{seen[key]}\n    needs {shared} bytes of shared memory, sm_{key[3][1]} has "
+               f"{SHARED_LIMIT[key[3][1]]}" for (key, _), (_, shared) in zip(jobs, results, strict=True)
+               if must_fit[key] and shared is not None and shared > SHARED_LIMIT[key[3][1]]]
     kernels = {key[0] for key, _ in jobs}
-    assert not failed, f"{len(failed)} of {len(jobs)} launches do not compile:\n" + "\n".join(failed[:20])
+    assert not failed, f"{len(failed)} of {len(jobs)} launches do not compile or fit:\n" + "\n".join(failed[:20])
     # every @triton.jit kernel of the op's module(s) was reached
     modules = {"gmm": (gmm_triton, gmm_tma), "rope": (rope,), "swiglu": (swiglu,), "permute": (permute,)}[op]
     defined = {name for m in modules for name, v in vars(m).items()
