@@ -68,8 +68,9 @@ MODELS = {  # name: (YAML, shape overrides, the smoke run's overrides)
         "model.model_config.moe_intermediate_size=768", "model.model_config.vocab_size=151936",
         "model.model_config.seq_length=4096", "model.model_config.max_position_embeddings=4096",
         "model.model_config.use_flash_attention=True", "model.model_config.apply_rope_fusion=True",
-        "model.model_config.moe_aux_loss_coeff=0.0",
-    ], ["model.model_config.apply_rope_fusion=True", "model.model_config.moe_aux_loss_coeff=0.0"]),
+        "model.model_config.moe_aux_loss_coeff=0.0", "model.model_config.moe_permute_fusion=True",
+    ], ["model.model_config.apply_rope_fusion=True", "model.model_config.moe_aux_loss_coeff=0.0",
+        "model.model_config.moe_permute_fusion=True"]),
     "deepseek_v3": ("configs/tiny_deepseek_v3.yaml", [
         "model.model_config.hidden_size=7168", "model.model_config.num_layers=2", "model.model_config.num_heads=128",
         "model.model_config.n_kv_heads=128", "model.model_config.q_lora_rank=1536",
@@ -261,11 +262,18 @@ def peak_tflops(device: dict) -> float | None:
     return next((tf for key, tf in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
-def run_model(name: str, out: Path, steps: int, smoke: bool, device: dict) -> dict:
-    yaml_path, shape, smoke_sets = MODELS[name]
+def overrides(name: str, smoke: bool) -> list[str]:
+    """The --set list of one model's runs."""
+    _, shape, smoke_sets = MODELS[name]
     sets = [*COMMON, *(SMOKE + smoke_sets if smoke else shape)]
-    if name == "deepseek_v3":  # its YAML's bias balancing needs the callback list the override above replaces
+    if name == "deepseek_v3":  # its YAML's bias balancing needs the callback list COMMON replaces
         sets.append("moe_config.balance_via_topk_bias=False")
+    return sets
+
+
+def run_model(name: str, out: Path, steps: int, smoke: bool, device: dict) -> dict:
+    yaml_path = MODELS[name][0]
+    sets = overrides(name, smoke)
     profile_step = min(PROFILE_STEP, steps)
     env = {**os.environ, **({"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""} if smoke else {})}
     runs = {}

@@ -108,3 +108,26 @@ def test_train_gpu_smoke_and_its_verdicts(tmp_path):
     assert speed["met"] == (speed["value"] >= E2E_SPEEDUP)
     assert not verdicts["e2e MFU", "qwen3_30b_a3b"]["met"]  # no chip peak on CPU: no MFU, so not met
     assert ("e2e peak memory vs hf_grouped_mm", "qwen3_30b_a3b") not in verdicts  # no device memory on CPU
+
+
+def test_train_gpu_full_shapes_translate_to_the_published_models():
+    """The GPU run's YAML overrides (never run on CPU at full size) give the published shapes through the translator:
+    a typo would otherwise cost a GPU session its first run."""
+    from bench.train_gpu import MODELS, overrides
+
+    want = {
+        "qwen3_30b_a3b": {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                          "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+                          "vocab_size": 151936},
+        "deepseek_v3": {"hidden_size": 7168, "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                        "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+                        "moe_intermediate_size": 2048, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+                        "vocab_size": 129280},
+    }
+    for name, fields in want.items():
+        plan = translate_file(MODELS[name][0], overrides(name, smoke=False)).plan
+        assert {k: plan["hf_config"][k] for k in fields} == fields, name
+        assert plan["hf_config"]["dtype"] == "bfloat16"
+        assert plan["run"]["seq_length"] * plan["deepspeed"]["train_micro_batch_size_per_gpu"] >= 16384
+        assert plan["deepspeed"]["gradient_accumulation_steps"] * 16384 >= 65536
+        assert all(plan["kernels"][k] for k in ("fused_rope", "gmm", "fused_permute")), (name, plan["kernels"])
