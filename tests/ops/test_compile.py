@@ -17,6 +17,7 @@ must also fit the target's shared memory (the autotuner skips a config that does
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import importlib
 import multiprocessing
 import os
@@ -27,12 +28,24 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import make_backend
-from triton.runtime.jit import create_function_from_signature
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from mf_ds.ops import gmm, gmm_tma, gmm_triton, permute, rope, swiglu
 
 SM90, SM80 = ("cuda", 90, 32), ("cuda", 80, 32)
 SHARED_LIMIT = {90: 232448, 80: 166912}  # bytes of shared memory a block may take (H100: 227 KiB, A100: 163 KiB)
+
+
+@functools.cache
+def _jit_of(fn) -> JITFunction:
+    return JITFunction(fn)
+
+
+def _jit(kernel) -> JITFunction:
+    """The compiled-mode kernel: mf_ds's kernels are InterpretedFunctions when TRITON_INTERPRET=1 was set before
+    they were imported (another test module sets it), and only a JITFunction can be typed and compiled."""
+    return kernel if isinstance(kernel, JITFunction) else _jit_of(kernel.fn)
 
 
 @dataclass
@@ -54,7 +67,7 @@ class _Recorder:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.into.append(Launch(self.kernel, args, kwargs, self.targets, self.case))
+            self.into.append(Launch(_jit(self.kernel), args, kwargs, self.targets, self.case))
         return launch
 
 
@@ -108,16 +121,17 @@ def _gmm_launches(monkeypatch) -> list[Launch]:
 
 
 def _autotuned() -> dict:
-    """{kernel: (its autotuner's configs, its heuristics)} for every autotuned kernel of the GEMM modules."""
+    """{kernel name: (its autotuner's configs, its heuristics)} for every autotuned kernel of the GEMM modules."""
     found = {}
     for module in (gmm_triton, gmm_tma):
         for value in vars(module).values():
             if isinstance(value, triton.runtime.autotuner.Autotuner):
                 fn, heuristics = value.fn, {}
-                while not isinstance(fn, triton.runtime.jit.JITFunction):
-                    heuristics.update(getattr(fn, "values", {}))
+                while isinstance(fn, triton.runtime.autotuner.Heuristics):
+                    heuristics.update(fn.values)
                     fn = fn.fn
-                found[fn] = (value.configs, heuristics)
+                found[fn.fn.__name__] = (value.configs, heuristics)  # by name: hashing a JITFunction built in
+                # an interpreted process fails on its interpreted dependencies
     return found
 
 
@@ -125,8 +139,8 @@ def _at_every_config(launch: Launch) -> list[Launch]:
     """A pointer GEMM launch recorded with the CPU tiles, as CUDA launches it: at each config of its autotuner (the
     heuristics, EVEN_K, recomputed), with DOT_FP32 off (the operands' fp32 cast is the interpreter's workaround).
     TMA launches were recorded with their configs already."""
-    tuned = _autotuned().get(launch.kernel)
-    if tuned is None or launch.kernel in (gmm_tma._gmm_fwd_tma_kernel, gmm_tma._gmm_dw_tma_kernel):
+    tuned = _autotuned().get(launch.kernel.fn.__name__)
+    if tuned is None or launch.kernel.__name__.endswith("_tma_kernel"):
         return [launch]
     configs, heuristics = tuned
     named = dict(zip(launch.kernel.arg_names, launch.args))
@@ -215,7 +229,7 @@ def _compile(job: tuple) -> tuple[str | None, int | None]:
     """Compile one launch for one target to a cubin (in a worker process: the kernel travels by name): (the error's
     last lines or None, the shared memory the kernel takes)."""
     (module, name), signature, constexprs, attrs, options, target = job
-    fn = getattr(importlib.import_module(module), name)
+    fn = _jit(getattr(importlib.import_module(module), name))
     try:
         kernel = triton.compile(triton.compiler.ASTSource(fn, signature, constexprs, attrs),
                                 target=GPUTarget(*target), options=options.__dict__)
@@ -264,6 +278,7 @@ def test_every_kernel_compiles_for_the_gpu(op, monkeypatch):
                 must_fit[key] = launch.first
                 jobs.append((key, ((fn.fn.__module__, fn.__name__), signature, constexprs, attrs, options, target)))
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the workers import triton and mf_ds in compiled mode
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, [job for _, job in jobs], chunksize=4))
     failed = [f"{seen[key]}\n    {error}" for (key, _), (error, _) in zip(jobs, results, strict=True) if error]
@@ -278,5 +293,5 @@ def test_every_kernel_compiles_for_the_gpu(op, monkeypatch):
     # every @triton.jit kernel of the op's module(s) was reached
     modules = {"gmm": (gmm_triton, gmm_tma), "rope": (rope,), "swiglu": (swiglu,), "permute": (permute,)}[op]
     defined = {name for m in modules for name, v in vars(m).items()
-               if isinstance(v, triton.runtime.jit.JITFunction) and v.fn.__module__ == m.__name__}
+               if isinstance(v, (JITFunction, InterpretedFunction)) and v.fn.__module__ == m.__name__}
     assert defined <= kernels, f"kernels never launched by the recorded cases: {sorted(defined - kernels)}"
