@@ -153,8 +153,9 @@ def _fwd_runners(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool) 
 
 def _plain_product(name: str, x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool = True) -> Tensor:
     """The gathered path's dX (no gather in it) on the backend `auto` picks, as in the split path (it ran on the
-    pointer kernel only: gpu-notes.md measured the gathered block 7% behind the split one for it). exact_rows: the caller never reads the padding rows (the per-token sum of a
-    gathered dX reads kept rows only), so torch's uninitialised padding rows are left as they are."""
+    pointer kernel only: gpu-notes.md measured the gathered block 7% behind the split one for it). exact_rows: the
+    caller never reads the padding rows (the per-token sum of a gathered dX reads kept rows only), so torch's
+    uninitialised padding rows are left as they are."""
     return _product(name, (x_MK, w_EKN), _fwd_runners(x_MK, w_EKN, offs_E, exact_rows))
 
 

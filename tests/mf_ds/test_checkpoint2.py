@@ -21,8 +21,8 @@ from mf_ds.convert import cli, to_hf, to_mindformers
 from mf_ds.errors import RunError
 from mf_ds.mindspore_ckpt import MindSporeCheckpoint, load_into
 from tests.conftest import ROOT
-from tests.mf_ds.test_mindspore_ckpt import MF, golden
 from tests.mf_ds.test_convert import mcore_plan
+from tests.mf_ds.test_mindspore_ckpt import MF, golden
 
 CK2 = MF / "checkpoint2"
 CASES = {"tp2": 7, "dp2tp2": 3, "single": 5}

@@ -7,9 +7,9 @@ an H200). So nothing here is written by hand: each op's own launcher runs on CPU
 recorded instead of run (`on_device` swapped for a recorder), over the cases production reaches (dtypes, layouts,
 gathered or not, odd and even K, every autotune config the module lists: the lists are imported, so a new config is
 compiled without touching this file). By default a covering set of those is compiled (`_selection_key`);
-MF_DS_COMPILE_ALL=1 compiles all of them (12 min on a loaded 2-core machine; bench/gpu_suite.py sets it). Triton's own binder then types each recorded launch as a CUDA launch would
-(pointer dtypes, 16-byte divisibility, constexprs), the CPU-only constexpr the GEMMs take (DOT_FP32, an interpreter
-workaround) is set as on CUDA, and each distinct launch is compiled once per target, in a process pool. Triton's
+MF_DS_COMPILE_ALL=1 compiles all of them (12 min on a loaded 2-core machine; bench/gpu_suite.py sets it). Triton's
+own binder then types each recorded launch as a CUDA launch would (pointer dtypes, 16-byte divisibility,
+constexprs), the CPU-only constexpr the GEMMs take (DOT_FP32, an interpreter workaround) is set as on CUDA, and each distinct launch is compiled once per target, in a process pool. Triton's
 disk cache makes a rerun of unchanged kernels take seconds. The launches a small problem or an untuned kernel runs
 must also fit the target's shared memory (the autotuner skips a config that does not, nothing else does).
 """
@@ -115,9 +115,9 @@ def _gmm_launches(monkeypatch) -> list[Launch]:
                     out[-1].first = index == 0
     out = [expanded for launch in out for expanded in _at_every_config(launch)]
     # fp32 also runs tf32 on CUDA (torch.backends.cuda.matmul.allow_tf32)
-    return out + [Launch(l.kernel, l.args, {**l.kwargs, "PRECISION": "tf32"}, l.targets, l.case + " tf32", l.config,
-                         l.first)
-                  for l in out if l.kwargs.get("PRECISION") == "ieee"]
+    return out + [Launch(one.kernel, one.args, {**one.kwargs, "PRECISION": "tf32"}, one.targets, one.case + " tf32",
+                         one.config, one.first)
+                  for one in out if one.kwargs.get("PRECISION") == "ieee"]
 
 
 def _autotuned() -> dict:
@@ -143,7 +143,7 @@ def _at_every_config(launch: Launch) -> list[Launch]:
     if tuned is None or launch.kernel.__name__.endswith("_tma_kernel"):
         return [launch]
     configs, heuristics = tuned
-    named = dict(zip(launch.kernel.arg_names, launch.args))
+    named = dict(zip(launch.kernel.arg_names, launch.args, strict=True))
     out = []
     for index, config in enumerate(configs):
         kwargs = {**launch.kwargs, **config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages,
