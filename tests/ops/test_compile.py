@@ -2,16 +2,17 @@
 sm_80 for the kernels that run there; the TMA kernels are sm_90 only), with no GPU at hand.
 
 The interpreter that runs the kernels in the CPU tests never type-checks: a kernel can pass every CPU test and fail to
-compile on a GPU (issue 24: `g` reassigned from int32[G_POW2] to fp32[BLOCK_M, BLOCK_N] in a GEMM epilogue, caught on
-an H200). So nothing here is written by hand: each op's own launcher runs on CPU tensors with its kernel launch
-recorded instead of run (`on_device` swapped for a recorder), over the cases production reaches (dtypes, layouts,
-gathered or not, odd and even K, every autotune config the module lists: the lists are imported, so a new config is
-compiled without touching this file). By default a covering set of those is compiled (`_selection_key`);
-MF_DS_COMPILE_ALL=1 compiles all of them (12 min on a loaded 2-core machine; bench/gpu_suite.py sets it). Triton's
-own binder then types each recorded launch as a CUDA launch would (pointer dtypes, 16-byte divisibility,
-constexprs), the CPU-only constexpr the GEMMs take (DOT_FP32, an interpreter workaround) is set as on CUDA, and each distinct launch is compiled once per target, in a process pool. Triton's
-disk cache makes a rerun of unchanged kernels take seconds. The launches a small problem or an untuned kernel runs
-must also fit the target's shared memory (the autotuner skips a config that does not, nothing else does).
+compile on a GPU (issue 24: `g` reassigned from int32[G_POW2] to fp32[BLOCK_M, BLOCK_N] in a GEMM epilogue, caught on an
+H200). So nothing here is written by hand: each op's own launcher runs on CPU tensors with its kernel launch recorded
+instead of run (`on_device` swapped for a recorder), over the cases production reaches (dtypes, layouts, gathered or
+not, odd and even K, every autotune config the module lists: the lists are imported, so a new config is compiled without
+touching this file). By default a covering set of those is compiled (`_selection_key`); MF_DS_COMPILE_ALL=1 compiles all
+of them (12 min on a loaded 2-core machine; bench/gpu_suite.py sets it). Triton's own binder then types each recorded
+launch as a CUDA launch would (pointer dtypes, 16-byte divisibility, constexprs), the CPU-only constexpr the GEMMs take
+(DOT_FP32, an interpreter workaround) is set as on CUDA, and each distinct launch is compiled once per target, in a
+process pool. Triton's disk cache makes a rerun of unchanged kernels take seconds. The launches a small problem or an
+untuned kernel runs must also fit the target's shared memory (the autotuner skips a config that does not, nothing else
+does).
 """
 
 from __future__ import annotations
