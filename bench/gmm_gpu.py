@@ -19,7 +19,7 @@ Index-map rows: permute's maps from the routing (two Triton kernels) against the
 block's shape and token counts, dropless and at capacity factor 1.0.
 
 MoE block rows: Qwen3-MoE's block (router + experts) at the Qwen3-30B-A3B shape: MFMoE (mf_ds.patch.moe.build_block,
-dropless; also with MF_DS_EXPERT_MLP=fused) vs HF v5's experts with `grouped_mm` and `eager`, same weights and
+dropless) vs HF v5's experts with `grouped_mm` and `eager`, same weights and
 routing (outputs compared first), forward + backward time and the peak memory allocated above the inputs during one
 forward + backward.
 
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu_env import stamp  # noqa: E402
-from mf_ds.ops import gmm, gmm_tma  # noqa: E402
+from mf_ds.ops import gmm, gmm_tma, gmm_triton  # noqa: E402
 
 # name: (experts on this rank, top-k, hidden, expert width, rows per token on this rank)
 SHAPES = {
@@ -146,12 +146,12 @@ def gmm_case(name: str, tokens: int, dtype=torch.bfloat16) -> list[dict]:
     # each product alone, on each backend `auto` chooses between: the pointer kernels, the TMA kernels, torch's
     w_t = w_store.detach().transpose(1, 2)
     xd = x.detach()
-    products = {"fwd": (lambda: gmm._gmm_triton(xd, w_t, offs), lambda: gmm_tma.gmm_fwd(xd, w_t, offs),
+    products = {"fwd": (lambda: gmm_triton._gmm_triton(xd, w_t, offs), lambda: gmm_tma.gmm_fwd(xd, w_t, offs),
                         lambda: gmm._torch_fwd(xd, w_t, offs, True), want[0]),
-                "dx": (lambda: gmm._gmm_triton(dy, w_store.detach(), offs),
+                "dx": (lambda: gmm_triton._gmm_triton(dy, w_store.detach(), offs),
                        lambda: gmm_tma.gmm_fwd(dy, w_store.detach(), offs),
                        lambda: gmm._torch_fwd(dy, w_store.detach(), offs, True), want[1]),
-                "dw": (lambda: gmm._gmm_dw_triton(xd, dy, offs, w_t), lambda: gmm_tma.gmm_dw(xd, dy, offs, w_t),
+                "dw": (lambda: gmm_triton._gmm_dw_triton(xd, dy, offs, w_t), lambda: gmm_tma.gmm_dw(xd, dy, offs, w_t),
                        lambda: gmm._torch_dw(xd, dy, offs, w_t), want[2].transpose(1, 2))}
     for product, (*runs, expected) in products.items():
         row = {"bench": "gmm_product", "shape": name, "tokens": tokens, "impl": product}
@@ -220,18 +220,16 @@ def moe_block_case(tokens: int, dtype=torch.bfloat16, shape: str = "qwen3_30b_a3
             return block(x)
         return run
 
-    def mf_ds(backend, expert_mlp="split"):
+    def mf_ds(backend):
         def run():
             os.environ[gmm.BACKEND_ENV] = backend
-            os.environ[gmm.EXPERT_MLP_ENV] = expert_mlp
             return ours(x)
         return run
 
     # mf_ds: the permute folded into the first grouped matmul (Triton), the other products on the faster backend;
     # mf_ds_triton: every product on the Triton kernels; mf_ds_torch_gemm: torch's grouped_mm for every product
-    # (so no folded permute) around mf_ds's permute, SwiGLU and combine kernels; mf_ds_fused_mlp: SwiGLU in the
-    # first GEMM's epilogue and dSwiGLU in the second's dX (MF_DS_EXPERT_MLP=fused, the pointer kernels)
-    variants = {"mf_ds": mf_ds("auto"), "mf_ds_triton": mf_ds("triton"), "mf_ds_fused_mlp": mf_ds("auto", "fused"),
+    # (so no folded permute) around mf_ds's permute, SwiGLU and combine kernels
+    variants = {"mf_ds": mf_ds("auto"), "mf_ds_triton": mf_ds("triton"),
                 "mf_ds_torch_gemm": mf_ds("torch"), "hf_grouped_mm": hf("grouped_mm"), "hf_eager": hf("eager")}
     params = [x, *block.parameters()]
     results = {}
@@ -278,7 +276,6 @@ def moe_block_case(tokens: int, dtype=torch.bfloat16, shape: str = "qwen3_30b_a3
         times[who] = _time(lambda fn=fn: fn().backward(dout), params)
         rows.append({**row, "ms": times[who], "peak_MiB": peak / 2**20})
     os.environ[gmm.BACKEND_ENV] = "auto"
-    os.environ[gmm.EXPERT_MLP_ENV] = "split"
     for row in rows:
         if row["ms"] and "mf_ds" in times:
             row["mf_ds_speedup"] = row["ms"] / times["mf_ds"]
@@ -365,7 +362,7 @@ def _write(out: Path, rows: list[dict]) -> None:
     record = {"benchmark": "gmm_gpu", "rows": rows, "wrong_results": _wrong(rows),
               "targets": "gmm: mf_ds >= 1.2x torch and >= 1.2x deepspeed; moe_block: mf_ds >= 1.3x hf_grouped_mm "
                          "with lower peak memory",
-              "autotuned": {"fwd": _configs(gmm._gmm_fwd_tuned), "dw": _configs(gmm._gmm_dw_tuned)},
+              "autotuned": {"fwd": _configs(gmm_triton._gmm_fwd_tuned), "dw": _configs(gmm_triton._gmm_dw_tuned)},
               "backend_choices": [[str(k), *v] for k, v in gmm.CHOICES.items()],
               "tma_autotuned": {"fwd": _configs(gmm_tma._fwd_tuned), "dw": _configs(gmm_tma._dw_tuned)},
               **stamp()}

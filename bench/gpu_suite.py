@@ -11,8 +11,11 @@ Run on a CUDA machine in one go (about 10 minutes on an H100). Steps, each logge
    (bench/gpu_train_reference.py). Their per-step losses must agree within bf16 noise.
 3. bench: bench/gmm_gpu.py (grouped matmul and MoE block vs torch grouped_mm, DeepSpeed's Triton group GEMM, HF v5
    experts) and bench/rope_swiglu_gpu.py (vs Liger, DeepSpeed, HF eager, the copy bandwidth).
+4. train_gpu: bench/train_gpu.py, whole optimizer steps of a Qwen3-30B-A3B-shaped and a DeepSeek-V3-shaped model,
+   mf-ds vs the same loop on HF's grouped_mm experts (and + Liger), tokens/s, MFU, peak memory, a profile per run.
 Writes DIR/gpu_suite-cuda-<device>.json (the verdict of each step, stamped with device, driver and versions) beside
-the benchmarks' own result files.
+the benchmarks' own result files, and prints each target of issues 15 and 24 as met or not, judged from this run's
+own result files only.
 """
 
 from __future__ import annotations
@@ -106,6 +109,34 @@ def train_all(out: Path, timeout: float = 300) -> list[dict]:
     return verdicts
 
 
+E2E_SPEEDUP = 1.3  # issue 24: the step >= 1.3x the HF grouped_mm loop's tokens/s ...
+E2E_PEAK = 1.0  # ... at equal or lower peak memory
+E2E_MFU = {"qwen3_30b_a3b": 0.35}  # ... and >= 35% MFU for the Qwen3-30B-A3B-shaped model on one GPU
+
+
+def train_verdicts(train: dict) -> list[dict]:
+    """Issue 24's end-to-end targets from a bench/train_gpu.py result: per model, mf_ds's tokens/s over the HF
+    grouped_mm loop's, its peak memory over theirs, and its MFU where the issue sets one. A peer that could not run
+    gives no verdict; an mf_ds run without a result fails its targets."""
+    out = []
+    for model, record in sorted(train["models"].items()):
+        ours, hf = record["runs"].get("mf_ds", {}), record["runs"].get("hf_grouped_mm", {})
+        if hf.get("tokens_per_s"):
+            value = ours["tokens_per_s"] / hf["tokens_per_s"] if ours.get("tokens_per_s") else None
+            out.append(_verdict("e2e tokens/s vs hf_grouped_mm", model, value, E2E_SPEEDUP))
+        if hf.get("peak_MiB"):
+            value = ours["peak_MiB"] / hf["peak_MiB"] if ours.get("peak_MiB") else None
+            out.append(_verdict("e2e peak memory vs hf_grouped_mm", model, value, E2E_PEAK, at_least=False))
+        if model in E2E_MFU:
+            out.append(_verdict("e2e MFU", model, ours.get("mfu"), E2E_MFU[model]))
+    return out
+
+
+def _verdict(target: str, case: str, value, needed: float, at_least: bool = True) -> dict:
+    met = value is not None and (value >= needed if at_least else value <= needed)
+    return {"target": target, "case": case, "value": value, "needed": needed, "met": met}
+
+
 def target_verdicts(gmm_rows: list[dict], rope_rows: list[dict]) -> list[dict]:
     """Issue 15's targets, each case against its peer from the same run: {target, case, value, needed, met}.
     GMM fwd+bwd >= 1.2x torch grouped_mm and DeepSpeed's Triton group GEMM; the MoE block >= 1.3x HF v5 grouped_mm
@@ -114,8 +145,7 @@ def target_verdicts(gmm_rows: list[dict], rope_rows: list[dict]) -> list[dict]:
     out = []
 
     def verdict(target, case, value, needed, at_least=True):
-        met = value is not None and (value >= needed if at_least else value <= needed)
-        out.append({"target": target, "case": case, "value": value, "needed": needed, "met": met})
+        out.append(_verdict(target, case, value, needed, at_least))
 
     for bench, peers, needed in (("gmm", ("torch", "deepspeed"), 1.2), ("moe_block", ("hf_grouped_mm",), 1.3)):
         cases = {(r["shape"], r["tokens"]) for r in gmm_rows if r["bench"] == bench}
@@ -144,8 +174,8 @@ def target_verdicts(gmm_rows: list[dict], rope_rows: list[dict]) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: tests, train, bench (both "
-                        "benchmarks), gmm_gpu, rope_swiglu_gpu")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: tests, train, bench (all three "
+                        "benchmarks), gmm_gpu, rope_swiglu_gpu, train_gpu")
     parser.add_argument("--quick", action="store_true", help="benchmarks at one token count per shape")
     args = parser.parse_args()
     import torch
@@ -162,7 +192,9 @@ def main() -> int:
     py = sys.executable
     if "tests" not in skip:
         tests = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "8", "tests/ops"]  # 8 compiling in parallel
-        record["steps"].append(run_step("tests", tests, out, timeout=400))
+        # MF_DS_COMPILE_ALL: tests/ops/test_compile.py compiles every launch at every config here (16 cores)
+        record["steps"].append(finish_step(start_step("tests", tests, out, env={"MF_DS_COMPILE_ALL": "1"}), out,
+                                           timeout=500))
         print("tests:", record["steps"][-1]["rc"], record["steps"][-1]["tail"][-1:], flush=True)
     if "train" not in skip:
         record["train"] = train_all(out)
@@ -173,16 +205,23 @@ def main() -> int:
     if "bench" not in skip:
         quick = ["--quick"] if args.quick else []
         for cmd in ([py, "bench/gmm_gpu.py", "--out", str(out), *quick],
-                    [py, "bench/rope_swiglu_gpu.py", "--out", str(out)]):
+                    [py, "bench/rope_swiglu_gpu.py", "--out", str(out)],
+                    [py, "bench/train_gpu.py", "--out", str(out), *(["--steps", "8"] if args.quick else [])]):
             if Path(cmd[1]).stem in skip:
                 continue
-            record["steps"].append(run_step(Path(cmd[1]).stem, cmd, out, timeout=900))
+            # train_gpu: 6 runs, each building a multi-GB model and autotuning its GEMMs once
+            record["steps"].append(run_step(Path(cmd[1]).stem, cmd, out, timeout=2400 if "train" in cmd[1] else 900))
             print(cmd[1], record["steps"][-1]["rc"], flush=True)
             print((out / f"{Path(cmd[1]).stem}.log").read_text()[-3000:], flush=True)
     device = record["device"]["name"].replace(" ", "_")
     results = [out / f"gmm-cuda-{device}.json", out / f"rope_swiglu-cuda-{device}.json"]
+    record["targets"] = []
     if "bench" not in skip and all(p.is_file() and p.stat().st_mtime >= started for p in results):  # this run's
         record["targets"] = target_verdicts(*(json.loads(p.read_text())["rows"] for p in results))
+    train_result = out / f"train_gpu-{device}.json"
+    if "bench" not in skip and train_result.is_file() and train_result.stat().st_mtime >= started:
+        record["targets"] += train_verdicts(json.loads(train_result.read_text()))
+    if record["targets"]:
         for t in record["targets"]:
             value = "--" if t["value"] is None else f"{t['value']:.2f}"
             print(f"target {'met    ' if t['met'] else 'NOT met'} {t['target']:40} {t['case']:28} {value} "

@@ -5,7 +5,9 @@
                       (the YAML's HF config), loadable by AutoModelForCausalLM.from_pretrained.
   HF -> MindFormers   SRC: an HF directory (an mf-ds checkpoint or a save_pretrained one); DST: a .ckpt written as
                       mindspore.save_checkpoint writes it, or a .safetensors with MindFormers names (metadata
-                      {"format": "ms"}, as MindSpore writes); MindFormers' load_checkpoint reads either.
+                      {"format": "ms"}, as MindSpore writes); MindFormers' load_checkpoint reads either. A DST
+                      without a suffix is written as a one-card MindFormers 2.x Checkpoint 2.0 directory
+                      (mf_ds/checkpoint2.py), which SRC may also be (any number of ranks: merged on reading).
 Every tensor is checked against the model the YAML describes (built on the meta device: shapes only), and the
 conversion is exact: the same bits, the dtype kept. The logic is in `to_hf` / `to_mindformers`; `cli` parses and
 prints.
@@ -132,7 +134,12 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
         out = dict(tensors())  # every tensor checked before the file is opened
         save_file(out, dst, metadata={"format": "ms"})
         return len(out)
-    raise RunError(f"{dst}: the MindFormers output must end in .ckpt or .safetensors")
+    if Path(dst).suffix:
+        raise RunError(f"{dst}: the MindFormers output must end in .ckpt or .safetensors, or be a directory "
+                       "(Checkpoint 2.0)")
+    from mf_ds import checkpoint2
+
+    return checkpoint2.write(dst, tensors())
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -201,10 +201,13 @@ def _router_biases(model: torch.nn.Module, files: dict[str, Path]) -> None:
 
 
 def is_mindformers_checkpoint(path: Path) -> bool:
-    """A file (.ckpt, .safetensors), or a directory without an HF config.json: MindFormers' layouts."""
+    """A file (.ckpt, .safetensors), or a directory without an HF config.json: MindFormers' layouts (a Checkpoint 2.0
+    root holds its safetensors in iteration_%08d/)."""
+    from mf_ds.checkpoint2 import is_checkpoint2
+
     return path.is_file() or (path.is_dir() and not (path / "config.json").is_file()
                               and ((path / "rank_0").is_dir() or any(path.glob("*.ckpt"))
-                                   or any(path.glob("*.safetensors"))))
+                                   or any(path.glob("*.safetensors")) or is_checkpoint2(path)))
 
 
 def weight_files(path: Path) -> dict[str, Path]:

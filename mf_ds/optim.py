@@ -23,7 +23,7 @@ import torch
 
 from mf_ds.lr import schedule
 from translators.lr import schedule_for
-from translators.plan_types import Optimizer
+from translators.plan_types import MuonOptimizer, Optimizer
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -110,10 +110,14 @@ class AdamWeightDecayX(_Fp32StateAdam):
         p.copy_(weight)
 
 
-def build_optimizer(model: torch.nn.Module, spec: Optimizer) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, spec: Optimizer | MuonOptimizer) -> torch.optim.Optimizer:
     """The optimizer plan.run.optimizer describes, over MindFormers' parameter groups."""
-    groups = param_groups(model, spec.weight_decay)
     kind = spec.type
+    if kind == "Muon":  # MindFormers' Muon with its AdamW part, over its own groups (mf_ds/muon.py)
+        from mf_ds.muon import build_muon
+
+        return build_muon(model, spec)
+    groups = param_groups(model, spec.weight_decay)
     if kind == "SGD":
         return torch.optim.SGD(groups, lr=spec.lr)
     betas = tuple(spec.betas)

@@ -166,7 +166,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                    moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel)
 
     opt_given = "optimizer" in tree
-    opt = Optimizer.parse(tree["optimizer"] if opt_given else Optimizer.TEMPLATE, ledger)
+    muon = opt_given and isinstance(tree["optimizer"], dict) and tree["optimizer"].get("type") == "Muon"
+    opt = Optimizer.parse(tree["optimizer"] if opt_given and not muon else Optimizer.TEMPLATE, ledger)
     sched_given = bool(tree.get("lr_schedule"))  # an empty or null section is the template, as in MindFormers
     sched = LrSchedule.parse(tree["lr_schedule"] if sched_given else LrSchedule.TEMPLATE, ledger)
     if "lr_schedule" in tree and not sched_given:
@@ -193,7 +194,14 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     data_size = steps_per_epoch * data["repeat"] if steps_per_epoch else None  # MindFormers' get_dataset_size()
     lr = lr_plan(sched, sched_given, lr_scale, runner.epochs, data_size, sink_size, ledger)
     total = lr["resolved"]["total_steps"] if lr["resolved"] else lr["total_steps"]
-    ds_optimizer, run_optimizer = ds.optimizer(opt, opt_given, peak_lr(lr), ledger)
+    if muon:  # its own keys and refusals (translators/muon.py)
+        from translators import muon as muon_optimizer
+
+        ds_optimizer, run_optimizer = muon_optimizer.plan(
+            tree["optimizer"], peak_lr(lr), zero_stage=zero["stage"], mla="kv_lora_rank" in (hf_config or {}),
+            mcore=family.mcore, pynative=False, ledger=ledger)
+    else:
+        ds_optimizer, run_optimizer = ds.optimizer(opt, opt_given, peak_lr(lr), ledger)
     if not opt_given:
         ledger.runtime("", "no optimizer section: MindFormers' template AdamW (betas 0.9/0.999, eps 1e-8)")
 

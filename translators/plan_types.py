@@ -219,6 +219,28 @@ class Optimizer:
 
 
 @dataclass(frozen=True)
+class MuonOptimizer:
+    """MindFormers' Muon with its AdamW part (translators/muon.py; mf_ds/muon.py runs it)."""
+
+    type: str = "Muon"
+    torch: str = "Muon"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    matched_adamw_rms: float = 0.2
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_schedule: tuple[tuple[float, ...], ...] = ()
+    """The Newton-Schulz steps' (a, b, c) coefficients."""
+    eps: float = 1e-7
+    adamw_betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    adamw_include: tuple[str, ...] = ()
+    """Globs of the MindFormers names that take AdamW instead of Muon."""
+    bias_correction: bool = True
+    weight_decay_on: str = ""
+
+
+@dataclass(frozen=True)
 class Data:
     """The training data (translators/data.py)."""
 
@@ -322,7 +344,7 @@ class Run:
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     gradient_clipping: float = 0.0
-    optimizer: Optimizer = field(default_factory=Optimizer)
+    optimizer: Optimizer | MuonOptimizer = field(default_factory=Optimizer)
     lr_schedule: Mapping[str, Any] = field(default_factory=dict)
     """MindFormers' LR class and its arguments by name; `resolved` holds translators.lr.resolve's numbers."""
     data: Data = field(default_factory=Data)
@@ -450,8 +472,12 @@ def from_json(hint: Any, value: Any, path: str, partial: bool = False) -> Any:
     if origin in (types.UnionType, typing.Union):
         if value is None:
             return None
-        (inner,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        return from_json(inner, value, path, partial)
+        inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if len(inner) > 1:  # dataclasses told apart by their `type` (Optimizer | MuonOptimizer)
+            kind = value.type if is_dataclass(value) else value.get("type")
+            chosen = [arg for arg in inner if dict((f.name, f.default) for f in fields(arg)).get("type") == kind]
+            inner = chosen or inner[:1]
+        return from_json(inner[0], value, path, partial)
     if isinstance(hint, type) and is_dataclass(hint):
         if isinstance(value, hint):
             return value

@@ -4,7 +4,6 @@
     perm   = permute(x, ids, E, capacity)         rows sorted by expert; MindFormers' k-drop / s-drop past C
     y      = down @ swiglu(gate_up @ perm.x)      two grouped matmuls (mf_ds/ops/gmm.py), fused SwiGLU between;
                                                   on CUDA the first one gathers x's rows itself (no perm.x copy);
-                                                  MF_DS_EXPERT_MLP=fused: SwiGLU in the GEMMs' epilogues
     out    = unpermute(y, perm, gates)            weighted combine; dropped pairs weigh 0, gates not renormalised
            + [sigmoid(shared_gate(x)) *] shared(x)
 
@@ -41,7 +40,7 @@ import torch
 from torch import nn
 
 from mf_ds.moe.router import MFRouter, Routing, aux_losses, aux_top_k, expert_fractions, route
-from mf_ds.ops.gmm import gather_supported, grouped_mm, grouped_mm_gather, swiglu_experts, swiglu_experts_supported
+from mf_ds.ops.gmm import gather_supported, grouped_mm, grouped_mm_gather
 from mf_ds.ops.permute import Permuted, permute, unpermute
 from mf_ds.ops.swiglu import fused_swiglu_packed
 from translators.plan_types import MoE
@@ -93,18 +92,12 @@ class MFExperts(nn.Module):
         """The same as `forward(permuted x, counts)`, with the permute folded into the first grouped matmul's loads
         (no [M, H] copy of the permuted rows, in the forward or kept for the backward). Triton path only."""
         x_TH = x_TH.to(self.gate_up_proj.dtype)
-        if self.act_fn is None and swiglu_experts_supported(x_TH):  # MF_DS_EXPERT_MLP=fused
-            return swiglu_experts(x_TH, self.gate_up_proj.transpose(1, 2), self.down_proj.transpose(1, 2),
-                                  perm.tokens_per_expert_E, perm.token_of_row_M, perm.row_of_pair_TK)
         gate_up_MI2 = grouped_mm_gather(x_TH, self.gate_up_proj.transpose(1, 2), perm.tokens_per_expert_E,
                                         perm.token_of_row_M, perm.row_of_pair_TK)
         return self._ffn(None, perm.tokens_per_expert_E, exact_rows, gate_up_MI2)
 
     def _ffn(self, x_MH: torch.Tensor | None, tokens_per_expert_E: torch.Tensor, exact_rows: bool,
              gate_up_MI2: torch.Tensor | None = None) -> torch.Tensor:
-        if gate_up_MI2 is None and self.act_fn is None and swiglu_experts_supported(x_MH):
-            return swiglu_experts(x_MH, self.gate_up_proj.transpose(1, 2), self.down_proj.transpose(1, 2),
-                                  tokens_per_expert_E)
         if gate_up_MI2 is None:
             gate_up_MI2 = grouped_mm(x_MH, self.gate_up_proj.transpose(1, 2), tokens_per_expert_E, exact_rows)
         if self.act_fn is None:

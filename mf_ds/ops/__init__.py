@@ -4,6 +4,7 @@ reference (test oracle and CPU path), launcher, autograd.Function, public functi
     rope.py      fused_rope(q, k, cos, sin, unsqueeze_dim=1, layout, out_dtype)     RoPE of q and k in one launch
     swiglu.py    fused_swiglu(gate, up), fused_swiglu_packed(gate_up)               silu(gate) * up, silu recomputed
     gmm.py       grouped_mm(x, w, tokens_per_expert)                                MoE experts' grouped matmul
+                 (its pointer kernels in gmm_triton.py, its TMA kernels in gmm_tma.py)
     permute.py   permute(...), unpermute(...)                                       MoE token permutation
     dispatch.py  use_triton(*tensors), on_device(kernel, *tensors), CompiledCPU     CUDA -> Triton, CPU -> torch
 

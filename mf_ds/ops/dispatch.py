@@ -38,6 +38,18 @@ FORCE_ENV = "MF_DS_FORCE_TRITON"
 COMPILE_ENV = "MF_DS_CPU_COMPILE"
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of 2 >= n (1 for n <= 1). Plain Python: triton.next_power_of_2 and triton.cdiv are
+    ConstexprFunctions in Triton 3.7, whose Python call costs ~5 us; a RoPE forward + backward computed six of them
+    (tests/ops/test_rope.py counts what the production call runs around its kernel)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints, as triton.cdiv (see next_power_of_2)."""
+    return -(-a // b)
+
+
 def force_triton() -> bool:
     """`MF_DS_FORCE_TRITON=1`: every mf_ds op takes its Triton kernel, on CPU tensors too."""
     return os.environ.get(FORCE_ENV, "0") not in ("", "0")

@@ -1,12 +1,12 @@
-"""Grouped matmul through Hopper's tensor memory accelerator (TMA): the same products as mf_ds/ops/gmm.py, with the
-operand tiles moved by TMA descriptors instead of per-thread pointer loads.
+"""Grouped matmul through Hopper's tensor memory accelerator (TMA): the same products as mf_ds/ops/gmm_triton.py's,
+with the operand tiles moved by TMA descriptors instead of per-thread pointer loads.
 
     y[rows of e] = x[rows of e] @ w[e]         dW[e] = X_e^T @ dY_e         (padding rows: zero)
 
 x (and dY) are 2-D descriptors over all rows: a tile that runs past its group reads the next expert's rows, which
 the forward computes and does not store, and which dW zeroes in registers before its product (its reduction runs
 over rows). The weights are a 3-D descriptor [E, rows, cols], so the K and N edges load as zeros per expert. The tile
-schedule is gmm.py's: the static tile bound, the per-program scan of the offsets, the L2 swizzle (GROUP_M /
+schedule is gmm_triton.py's: the static tile bound, the per-program scan of the offsets, the L2 swizzle (GROUP_M /
 GROUP_K), the expert-major dW order. Stores go through pointers, masked at the group's end.
 
 CUDA (sm90+, bf16/fp16, 16-byte aligned rows): gmm.py's `_product` times these against the pointer kernels and
@@ -21,15 +21,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from mf_ds.ops.dispatch import on_device
+from mf_ds.ops.dispatch import cdiv, next_power_of_2, on_device
+from mf_ds.ops.gmm_triton import _small_first
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # an older Triton: gmm.py keeps its pointer kernels
+except ImportError:  # an older Triton: gmm.py keeps to its pointer kernels
     TensorDescriptor = None
 
 
-_sum = tl.standard._sum_combine  # tl.reduce's combine, as in gmm.py
+_sum = tl.standard._sum_combine  # tl.reduce's combine, as in gmm_triton.py
 
 
 @triton.jit
@@ -41,7 +42,7 @@ def _gmm_fwd_tma_kernel(
 ):
     """y[rows of group g] = x[rows] @ w[g]; the padding tail (group E) stored as zeros. W_TRANSPOSED: w's storage is
     [E, N, K] (HF's layout, K contiguous), else [E, K, N]."""
-    # The schedule repeats gmm._gmm_fwd_kernel's line for line: dispatch.on_device interprets only self-contained
+    # The schedule repeats gmm_triton._gmm_fwd_kernel's line for line: dispatch.on_device interprets only self-contained
     # kernels (no calls to other @triton.jit functions), so it cannot be one shared helper.
     pid = tl.program_id(0)
     num_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -145,14 +146,13 @@ _DW_SHAPES = [(64, 128, 128, 8, 3), (64, 256, 128, 8, 3), (64, 128, 128, 4, 4), 
 
 
 def _tuned(kernel, shapes, hook, group, key):
-    from mf_ds.ops.gmm import _small_first
-
     return triton.autotune(_configs(shapes, hook, group), key=key,
                            prune_configs_by={"early_config_prune": _small_first})(kernel)
 
 
 _fwd_tuned = _tuned(_gmm_fwd_tma_kernel, _FWD_SHAPES, _fwd_blocks, "GROUP_M", ["M", "N", "K", "E", "W_TRANSPOSED"])
 _dw_tuned = _tuned(_gmm_dw_tma_kernel, _DW_SHAPES, _dw_blocks, "GROUP_K", ["M", "N", "K", "stride_wk"])
+
 
 def available(*tensors: Tensor) -> bool:
     """Whether the TMA kernels can run on these tensors: this Triton has tensor descriptors, sm90+, bf16/fp16,
@@ -186,15 +186,15 @@ def gmm_fwd(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, config: triton.Config |
         _fwd_blocks({**args, **meta})
 
     def grid(m):
-        return ((triton.cdiv(M, m["BLOCK_M"]) + E + 1) * triton.cdiv(N, m["BLOCK_N"]),)
+        return ((cdiv(M, m["BLOCK_M"]) + E + 1) * cdiv(N, m["BLOCK_N"]),)
 
     kernel[grid](args["x_desc"], args["w_desc"], y_MN, offs_E, M, N, K, E, y_MN.stride(0),
-                 W_TRANSPOSED=transposed, G_POW2=triton.next_power_of_2(E + 1), **meta)
+                 W_TRANSPOSED=transposed, G_POW2=next_power_of_2(E + 1), **meta)
     return y_MN
 
 
 def gmm_dw(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor, config: triton.Config | None = None) -> Tensor:
-    """dW in w's own layout (see gmm._gmm_dw_triton)."""
+    """dW in w's own layout (see gmm_triton._gmm_dw_triton)."""
     M, K = x_MK.shape
     N, E = dy_MN.shape[1], offs_E.shape[0]
     if w_EKN.stride(1) == 1:
@@ -210,7 +210,7 @@ def gmm_dw(x_MK: Tensor, dy_MN: Tensor, offs_E: Tensor, w_EKN: Tensor, config: t
         _dw_blocks({"x_desc": x_desc, "dy_desc": dy_desc, **meta})
 
     def grid(m):  # one program per (expert, K-tile, N-tile), expert slowest
-        return (E * triton.cdiv(K, m["BLOCK_K"]) * triton.cdiv(N, m["BLOCK_N"]),)
+        return (E * cdiv(K, m["BLOCK_K"]) * cdiv(N, m["BLOCK_N"]),)
 
     kernel[grid](x_desc, dy_desc, dw_EKN, offs_E, M, N, K, dw_EKN.stride(0), dw_EKN.stride(1), dw_EKN.stride(2),
                  **meta)

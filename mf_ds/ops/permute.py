@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from mf_ds.ops.dispatch import on_device, use_triton
+from mf_ds.ops.dispatch import cdiv, next_power_of_2, on_device, use_triton
 
 DROP_POLICIES = ("kdrop", "sdrop")
 _empty = torch.empty  # tests poison the outputs through this hook
@@ -301,14 +301,14 @@ def _route_triton(expert_ids_TK: Tensor, num_experts: int, capacity: int | None,
     T, K = expert_ids_TK.shape
     P, E, dev = T * K, num_experts, expert_ids_TK.device
     ids = expert_ids_TK.contiguous()
-    block_p = min(ROUTE_BLOCK_P, triton.next_power_of_2(max(P, 1)))
+    block_p = min(ROUTE_BLOCK_P, next_power_of_2(max(P, 1)))
     if chunk is None:  # a multiple of BLOCK_P giving at most ROUTE_CHUNKS chunks
-        chunk = block_p * triton.cdiv(triton.cdiv(max(P, 1), ROUTE_CHUNKS), block_p)
+        chunk = block_p * cdiv(cdiv(max(P, 1), ROUTE_CHUNKS), block_p)
     else:  # tests: small chunks, so that a few pairs span several programs
         block_p = min(block_p, chunk)
     assert chunk % block_p == 0, (chunk, block_p)
-    chunks = triton.cdiv(P, chunk)
-    e_pow2 = triton.next_power_of_2(E + 1)
+    chunks = cdiv(P, chunk)
+    e_pow2 = next_power_of_2(E + 1)
     counts = _empty((chunks, e_pow2), dtype=torch.int32, device=dev)
     tokens_per_expert_E = _empty((E,), dtype=torch.int64, device=dev)
     row_of_pair_TK = _empty((T, K), dtype=torch.int32, device=dev)
@@ -318,7 +318,7 @@ def _route_triton(expert_ids_TK: Tensor, num_experts: int, capacity: int | None,
         return tokens_per_expert_E.zero_(), row_of_pair_TK, token_of_row_M
     on_device(_route_count_kernel, ids)[(chunks,)](ids, counts, T, K, E, chunk, KDROP=kdrop, E_POW2=e_pow2,
                                                    BLOCK_P=block_p)
-    on_device(_route_place_kernel, ids)[(max(chunks, triton.cdiv(M, chunk)),)](
+    on_device(_route_place_kernel, ids)[(max(chunks, cdiv(M, chunk)),)](
         ids, counts, tokens_per_expert_E, row_of_pair_TK, token_of_row_M, T, K, E, M, chunks, chunk,
         -1 if capacity is None else capacity, KDROP=kdrop, CAPPED=capacity is not None, E_POW2=e_pow2,
         BLOCK_P=block_p, BLOCK_C=16)
@@ -337,7 +337,7 @@ def _pair_of_row(row_of_pair_TK: Tensor, M: int) -> Tensor:
 # Launchers and autograd
 # ----------------------------------------------------------------------------------------------------------------
 def _block_h(H: int) -> int:
-    return min(triton.next_power_of_2(max(H, 16)), 1024)
+    return min(next_power_of_2(max(H, 16)), 1024)
 
 
 def _launch_gather_rows(x_TH: Tensor, token_of_row_M: Tensor, row_of_pair_TK: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from mf_ds.ops.dispatch import on_device, use_triton
+from mf_ds.ops.dispatch import next_power_of_2, on_device, use_triton
 
 LAYOUTS = {  # layout: (input interleaved, output interleaved)
     "split_half": (False, False),
@@ -223,16 +223,15 @@ def _launch(q_in, k_in, q_out, k_out, cos, sin, layout: str, backward: bool) -> 
     src, dst = LAYOUTS[layout]
     if backward:
         src, dst = dst, src
-    block_half = triton.next_power_of_2(rot // 2)
-    block_h = min(triton.next_power_of_2(max(n_q, n_k, 1)), max(1, 1024 // block_half))  # <= 2048 elements a tile
+    block_half = next_power_of_2(rot // 2)
+    block_h = min(next_power_of_2(max(n_q, n_k, 1)), max(1, 1024 // block_half))  # <= 2048 elements a tile
+    strides = (*qi.stride()[:3], *ki.stride()[:3], *qo.stride()[:3], *ko.stride()[:3])  # one call per tensor
     on_device(_rope_kernel, qi)[(batch * seq_len,)](
-        qi, ki, qo, ko, cos, sin, seq_len, n_q, n_k,
-        qi.stride(0), qi.stride(1), qi.stride(2), ki.stride(0), ki.stride(1), ki.stride(2),
-        qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
+        qi, ki, qo, ko, cos, sin, seq_len, n_q, n_k, *strides,
         cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1),
         HALF=rot // 2, COS2=rot // 2 if layout == "split_half" else 0, N_PASS=head_dim - rot,
         SRC_INTERLEAVED=src, DST_INTERLEAVED=dst, BACKWARD=backward, BLOCK_H=block_h, BLOCK_HALF=block_half,
-        BLOCK_PASS=triton.next_power_of_2(max(head_dim - rot, 1)), num_warps=4)
+        BLOCK_PASS=next_power_of_2(max(head_dim - rot, 1)), num_warps=4)
 
 
 def _rotate(q, k, cos, sin, layout: str, backward: bool, out_dtype: torch.dtype):

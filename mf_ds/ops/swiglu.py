@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from mf_ds.ops.dispatch import CompiledCPU, on_device, use_triton
+from mf_ds.ops.dispatch import CompiledCPU, cdiv, next_power_of_2, on_device, use_triton
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -125,7 +125,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def _block(n_cols: int) -> tuple[int, int]:
     """(BLOCK, num_warps): whole rows up to 2048 columns per program, 8 bf16 elements (16 bytes) per thread."""
-    block = min(2048, triton.next_power_of_2(max(n_cols, 16)))
+    block = min(2048, next_power_of_2(max(n_cols, 16)))
     return block, max(1, min(8, block // 256))
 
 
@@ -140,7 +140,7 @@ def _launch_fwd(gate_RI: torch.Tensor, up_RI: torch.Tensor, out_RI: torch.Tensor
         return
     _check_kernel_dtype(gate_RI)
     block, warps = _block(n_cols)
-    on_device(_swiglu_fwd_kernel, gate_RI)[(rows, triton.cdiv(n_cols, block))](
+    on_device(_swiglu_fwd_kernel, gate_RI)[(rows, cdiv(n_cols, block))](
         gate_RI, up_RI, out_RI, n_cols, gate_RI.stride(0), up_RI.stride(0), out_RI.stride(0),
         BLOCK=block, num_warps=warps)
 
@@ -151,7 +151,7 @@ def _launch_bwd(grad_RI, gate_RI, up_RI, grad_gate_RI, grad_up_RI) -> None:
         return
     _check_kernel_dtype(gate_RI)
     block, warps = _block(n_cols)
-    on_device(_swiglu_bwd_kernel, gate_RI)[(rows, triton.cdiv(n_cols, block))](
+    on_device(_swiglu_bwd_kernel, gate_RI)[(rows, cdiv(n_cols, block))](
         grad_RI, gate_RI, up_RI, grad_gate_RI, grad_up_RI, n_cols, grad_RI.stride(0), gate_RI.stride(0),
         up_RI.stride(0), grad_gate_RI.stride(0), grad_up_RI.stride(0), BLOCK=block, num_warps=warps)
 

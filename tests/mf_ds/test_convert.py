@@ -246,7 +246,8 @@ def test_cli(tmp_path, capsys):
                                                    "output": str(tmp_path / "hf")}
     assert cli(["--mf-config", str(TINY), str(tmp_path / "hf"), str(tmp_path / "x.bin")]) == 2
     err = capsys.readouterr().err
-    assert err == f"mf-convert: error: {tmp_path / 'x.bin'}: the MindFormers output must end in .ckpt or .safetensors\n"
+    assert err == (f"mf-convert: error: {tmp_path / 'x.bin'}: the MindFormers output must end in .ckpt or "
+                   ".safetensors, or be a directory (Checkpoint 2.0)\n")
     assert cli(["--mf-config", str(TINY), str(MF / "qwen2" / "model.ckpt"), str(tmp_path / "q")]) == 2
     assert "is not a weight of this llama model" in capsys.readouterr().err
 

@@ -41,7 +41,8 @@ def test_suite_family_patched_equals_unpatched(family):
 
 
 @pytest.mark.parametrize("script,rows", [
-    ("bench/gmm_gpu.py", ("gmm       smoke", "index_maps smoke", "moe_block smoke            T8      mf_ds_fused_mlp")),
+    ("bench/gmm_gpu.py", ("gmm       smoke", "index_maps smoke",
+                          "moe_block smoke            T8      mf_ds_torch_gemm")),
     ("bench/rope_swiglu_gpu.py", ("rope", "swiglu_packed packed                     mf_ds")),
 ])
 def test_gpu_benchmark_smoke_runs_every_row(script, rows):
@@ -74,3 +75,60 @@ def test_target_verdicts_on_the_recorded_h100_run():
     assert all(got["moe_block peak memory vs hf_grouped_mm", f"qwen3_30b_a3b T{t}"]["met"] for t in (4096, 16384))
     assert not got["kernel fraction of copy bandwidth", "rope deepseek_v3_mla"]["met"]
     assert got["kernel fraction of copy bandwidth", "rope llama3_8b"]["met"]
+
+
+def test_train_gpu_smoke_and_its_verdicts(tmp_path):
+    """bench/train_gpu.py --smoke: both models, mf_ds and the HF grouped_mm loop through mf_ds/train.py's loop on CPU
+    (Liger skipped with its reason), the same losses where both train the same function (fp32, aux losses off), each
+    run's profile beside the result JSON; and the suite's end-to-end verdicts computed from that JSON."""
+    from bench.gpu_suite import E2E_SPEEDUP, train_verdicts
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "bench/train_gpu.py", "--smoke", "--out", str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "train_gpu-cpu.json").read_text())
+    assert record["device"] == {"kind": "cpu"} and record["versions"]["torch"] == torch.__version__
+    for model in ("qwen3_30b_a3b", "deepseek_v3"):
+        runs = record["models"][model]["runs"]
+        assert runs["hf_liger"]["skipped"]
+        for impl in ("mf_ds", "hf_grouped_mm"):
+            run = runs[impl]
+            assert run["rc"] == 0 and run["steps"] == 3 and run["tokens_per_s"] > 0, (model, impl)
+            assert run["flops_per_token"] > 6 * run["params"]["active"] > 0, (model, impl)
+            assert run["params"]["routed_active"] == pytest.approx(
+                run["params"]["routed"] * run["params"]["top_k"] / run["params"]["experts"])
+            profile = json.loads((tmp_path / f"train_gpu-{model}-{impl}.profile.json").read_text())
+            assert profile["ms"]["gemm"] > 0 and profile["step_wall_ms"] > 0, profile
+        assert runs["mf_ds"]["losses"] == pytest.approx(runs["hf_grouped_mm"]["losses"], abs=1e-4), model
+    verdicts = {(t["target"], t["case"]): t for t in train_verdicts(record)}
+    runs = record["models"]["qwen3_30b_a3b"]["runs"]
+    speed = verdicts["e2e tokens/s vs hf_grouped_mm", "qwen3_30b_a3b"]
+    assert speed["value"] == pytest.approx(runs["mf_ds"]["tokens_per_s"] / runs["hf_grouped_mm"]["tokens_per_s"])
+    assert speed["met"] == (speed["value"] >= E2E_SPEEDUP)
+    assert not verdicts["e2e MFU", "qwen3_30b_a3b"]["met"]  # no chip peak on CPU: no MFU, so not met
+    assert ("e2e peak memory vs hf_grouped_mm", "qwen3_30b_a3b") not in verdicts  # no device memory on CPU
+
+
+def test_train_gpu_full_shapes_translate_to_the_published_models():
+    """The GPU run's YAML overrides (never run on CPU at full size) give the published shapes through the translator:
+    a typo would otherwise cost a GPU session its first run."""
+    from bench.train_gpu import MODELS, overrides
+
+    want = {
+        "qwen3_30b_a3b": {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                          "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+                          "vocab_size": 151936},
+        "deepseek_v3": {"hidden_size": 7168, "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                        "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+                        "moe_intermediate_size": 2048, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+                        "vocab_size": 129280},
+    }
+    for name, fields in want.items():
+        plan = translate_file(MODELS[name][0], overrides(name, smoke=False)).plan
+        assert {k: plan.hf_config[k] for k in fields} == fields, name
+        assert plan.hf_config["dtype"] == "bfloat16"
+        assert plan.run.seq_length * plan.deepspeed["train_micro_batch_size_per_gpu"] >= 16384
+        assert plan.deepspeed["gradient_accumulation_steps"] * 16384 >= 65536
+        # the MoE block's grouped matmul and permute always run fused (the Plan has no switch for them)
+        assert plan.kernels.fused_rope and plan.moe.dropless, (name, plan.kernels, plan.moe.path)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mf_ds.ops import gmm
+from mf_ds.ops import gmm, gmm_triton
 from mf_ds.ops.gmm import grouped_mm, grouped_mm_reference
-from tests.ops.conftest import DEVICE, select_path
+from tests.ops.conftest import DEVICE
 
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 2e-2, 2e-2), (torch.float16, 2e-3, 2e-3)]
 # (tokens per expert, rows M): odd sizes, an empty expert, all rows on one expert, padding rows, nothing routed
@@ -91,7 +91,7 @@ def _poisoned_empty(*args, **kwargs):
 @pytest.mark.parametrize("name", COUNTS)
 @pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
 def test_triton_grouped_mm_matches_reference(name, dtype, atol, rtol, monkeypatch):
-    monkeypatch.setattr(gmm, "_empty", _poisoned_empty)  # an element the kernels leave unwritten fails
+    monkeypatch.setattr(gmm_triton, "_empty", _poisoned_empty)  # an element the kernels leave unwritten fails
     monkeypatch.setenv(gmm.BACKEND_ENV, "triton")  # on CUDA bf16, `auto` may pick torch's grouped_mm instead
     _check_against_reference(gmm.GroupedMMFunction.apply, name, dtype, atol, rtol, device=DEVICE,
                              w_transposed=name == "one_expert")
@@ -132,7 +132,7 @@ def test_gather_matches_permute_then_grouped_mm(capacity, dtype, atol, rtol, bac
     from mf_ds.ops.permute import permute, permute_reference
 
     monkeypatch.setenv(gmm.BACKEND_ENV, backend)
-    monkeypatch.setattr(gmm, "_empty", _poisoned_empty)
+    monkeypatch.setattr(gmm_triton, "_empty", _poisoned_empty)
     T, top_k, E = 9, 2, 4
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(T, K, generator=g) / K**0.5).to(DEVICE, dtype).requires_grad_()
@@ -160,67 +160,6 @@ def test_gather_matches_permute_then_grouped_mm(capacity, dtype, atol, rtol, bac
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The expert MLP with SwiGLU in the first GEMM's epilogue and dSwiGLU in the second's dX (gmm.swiglu_experts): the
-# same numbers as the split path on the same kernels (bit for bit in bf16)
-# ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("gather", [False, True])
-@pytest.mark.parametrize("capacity", [None, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_swiglu_experts_equals_split_path(gather, capacity, dtype, backend, monkeypatch):
-    from mf_ds.ops.permute import permute
-    from mf_ds.ops.swiglu import fused_swiglu_packed
-
-    select_path("triton", monkeypatch)
-    monkeypatch.setenv(gmm.BACKEND_ENV, backend)
-    monkeypatch.setattr(gmm, "_empty", _poisoned_empty)
-    T, top_k, E, H, I = 9, 2, 4, 40, 24  # noqa: E741 - I: the expert width; not a multiple of the tile
-    g = torch.Generator().manual_seed(5)
-    x = (torch.randn(T, H, generator=g) / H**0.5).to(DEVICE, dtype)
-    w13 = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).to(DEVICE, dtype).transpose(1, 2)  # HF layouts
-    w2 = (torch.randn(E, H, I, generator=g) / I**0.5).to(DEVICE, dtype).transpose(1, 2)
-    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(T)])
-    ids[:5, 0] = 1  # a hot expert, so the capacity drops pairs and leaves padding rows
-    perm = permute(x, ids.to(DEVICE), E, capacity=capacity, materialize=not gather)
-    dy = torch.randn(perm.token_of_row_M.shape[0], H, generator=g).to(DEVICE, dtype)
-
-    def run(fused: bool):
-        xs, a, b = x.clone().requires_grad_(), w13.detach().requires_grad_(), w2.detach().requires_grad_()
-        counts = perm.tokens_per_expert_E
-        if gather:
-            maps = (perm.token_of_row_M, perm.row_of_pair_TK)
-            y = gmm.swiglu_experts(xs, a, b, counts, *maps) if fused else \
-                gmm.grouped_mm(fused_swiglu_packed(gmm.grouped_mm_gather(xs, a, counts, *maps)), b, counts)
-        else:
-            rows = xs[perm.token_of_row_M.clamp_min(0)] * (perm.token_of_row_M >= 0)[:, None]  # the permuted x
-            y = gmm.swiglu_experts(rows, a, b, counts) if fused else \
-                gmm.grouped_mm(fused_swiglu_packed(gmm.grouped_mm(rows, a, counts)), b, counts)
-        return (y, *torch.autograd.grad(y, (xs, a, b), dy))
-
-    split, fused = run(False), run(True)
-    same_kernels = DEVICE == "cpu" or backend == "triton"  # else a split product may run on another backend
-    for label, want, got in zip(("y", "dx", "dw13", "dw2"), split, fused, strict=True):
-        assert got.dtype == dtype and got.shape == want.shape, label
-        if dtype == torch.bfloat16 and same_kernels:  # every product rounded where the split path rounds it
-            assert torch.equal(got, want), (label, _rel_err(got, want))
-        elif dtype == torch.bfloat16:  # other kernels: another summation order, bf16 rounding apart
-            assert _rel_err(got, want) < 1e-2, label
-        else:  # fp32: the interpreter's dots over a tile of gate columns vs one spanning both halves (BLAS order)
-            assert _rel_err(got, want) < 1e-6, label  # measured 4e-8 to 7e-8
-    assert fused[2].stride() == w13.stride() and fused[3].stride() == w2.stride()
-    assert torch.all(fused[0][int(perm.tokens_per_expert_E.sum()):] == 0), "padding rows must be zero"
-
-
-def test_swiglu_experts_off_by_default(monkeypatch):
-    monkeypatch.delenv(gmm.EXPERT_MLP_ENV, raising=False)
-    select_path("triton", monkeypatch)
-    x = torch.ones(2, 2, device=DEVICE)
-    assert not gmm.swiglu_experts_supported(x)
-    monkeypatch.setenv(gmm.EXPERT_MLP_ENV, "fused")
-    assert gmm.swiglu_experts_supported(x)
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # CUDA at production tiles: every autotune config, bf16 and fp16, > 128 rows per expert, N > 128, skewed and empty
 # experts, odd K (the masked-K path), and row offsets past 2^31 elements
 # ----------------------------------------------------------------------------------------------------------------
@@ -238,7 +177,7 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k_in", [512, 520])  # 520: K % BLOCK_K != 0, the masked path
 def test_cuda_every_config_at_production_tiles(dtype, k_in, monkeypatch):
-    monkeypatch.setattr(gmm, "_empty", _poisoned_empty)
+    monkeypatch.setattr(gmm_triton, "_empty", _poisoned_empty)
     counts = [0, 1, 129, 700, 0, 3, 2000, 257]  # skewed, empty experts, > 128 rows
     E, n_out, M = len(counts), 384, sum(counts) + 37  # 37 padding rows
     g = torch.Generator().manual_seed(7)
@@ -252,13 +191,13 @@ def test_cuda_every_config_at_production_tiles(dtype, k_in, monkeypatch):
     want_dw = torch.stack([x[s:s + n].double().t() @ dy[s:s + n].double() for s, n in
                            zip(torch.tensor([0, *counts]).cumsum(0).tolist(), counts, strict=False)])
     tol = CUDA_TOL[dtype]
-    for config in [None, *gmm._FWD_CONFIGS]:
-        y = gmm._gmm_triton(x, w, offs, config=config)
-        dx = gmm._gmm_triton(dy, w.transpose(1, 2), offs, config=config)
+    for config in [None, *gmm_triton._FWD_CONFIGS]:
+        y = gmm_triton._gmm_triton(x, w, offs, config=config)
+        dx = gmm_triton._gmm_triton(dy, w.transpose(1, 2), offs, config=config)
         assert _rel_err(y, want_y) < tol and _rel_err(dx, want_dx) < tol, config
         assert torch.all(y[sum(counts):] == 0) and torch.all(dx[sum(counts):] == 0), config
-    for config in [None, *gmm._DW_CONFIGS]:
-        dw = gmm._gmm_dw_triton(x, dy, offs, w, config=config)
+    for config in [None, *gmm_triton._DW_CONFIGS]:
+        dw = gmm_triton._gmm_dw_triton(x, dy, offs, w, config=config)
         assert dw.stride() == w.stride()
         assert _rel_err(dw, want_dw) < tol, config
         assert torch.all(dw[0] == 0) and torch.all(dw[4] == 0), "empty experts get zero dW"
@@ -275,8 +214,8 @@ def test_cuda_rows_past_2_31_elements():
     dy = torch.randn(M, n_out, device="cuda", dtype=torch.bfloat16)
     tpe = torch.tensor(counts, device="cuda")
     offs = gmm._offsets(tpe)
-    y = gmm._gmm_triton(x, w, offs)
-    dw = gmm._gmm_dw_triton(x, dy, offs, w)
+    y = gmm_triton._gmm_triton(x, w, offs)
+    dw = gmm_triton._gmm_dw_triton(x, dy, offs, w)
     tail = slice(M - 4096, M)  # the last expert: its rows start past 2^31 elements
     assert _rel_err(y[tail], x[tail].float() @ w[2].float()) < 1e-2
     assert _rel_err(dw[2], x[tail].double().t() @ dy[tail].double()) < 1e-2

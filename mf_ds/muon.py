@@ -1,0 +1,228 @@
+"""Muon as MindFormers 2.1.0 computes it (mindformers/pynative/optimizer/muon.py, the `allgather` path, one card's
+arithmetic; the model's split schema from pynative/base_models/gpt/gpt_model.py make_model_muon_fns), on an HF
+MLA model's parameters (DeepSeek-V3 naming).
+
+Which parameters (Muon._build_muon_filter): 2-D and 3-D weights whose MindFormers name matches no `adamw_include`
+glob (default `*word_embeddings*`, `*output_layer*`) take Muon; every other parameter takes AdamW.
+
+Muon, per parameter (`_apply_muon_update`, `_apply_muon_ns`, `newton_schulz`), all in fp32 unless said:
+    next_m = m * momentum + g                                       (m: the momentum, "muon_m", fp32)
+    u      = g + next_m * momentum   if nesterov   else next_m
+    pieces = split(u)                 MLA weights per head: q rows [nope | rope] -> (nope rows, rope rows),
+                                      kv_b rows [k_nope | v] -> (k_nope, v), kv_a rows [kv_lora | rope] -> two;
+                                      stacked experts gate_up [E, 2I, H] -> gate, up (3-D, batched)
+    each piece X [.., A, B]:  transposed when A > B
+        X = bf16(X / max(||X||_F, eps))                 the Frobenius norm in fp32, over the last two dims
+        for (a, b, c) in the schedule:                  ns_coefficients: one triple x ns_steps, or segments
+            G = X X^T;  G = b G + c G G;  X = a X + G X (bf16 matmuls, each addmm's sum in fp32 then bf16:
+                                                        MindSpore's cube_math_type(4), what torch.addmm does)
+        X = (lr * sqrt(max(A, B)) * matched_adamw_rms) * X   (per piece, in fp32)
+    W = W * (1 - lr * wd) - merge(pieces)
+AdamW (pynative/optimizer/adamw.py `_run_adamw_opt`, the same in graph mode):
+    W = W * (1 - lr wd);  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+    W = W - lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
+
+torch.optim.Muon (2.13) runs the same Newton-Schulz loop body (X X^T, addmm, addmm) but differs in what MindFormers
+does around it: it normalizes in bf16 (MindFormers in fp32, then casts), takes one coefficient triple (no segmented
+schedule), 2-D matrices only (no 3-D experts, no per-head split: it orthogonalizes a fused MLA projection whole),
+a fixed 0.2 in `adjust_lr_fn="match_rms_adamw"` (MindFormers' matched_adamw_rms is a setting) and keeps an EMA
+momentum (buf.lerp_(g, 1 - momentum): MindFormers' m scaled by 1 - momentum, so their states do not interchange).
+Hence its own loop here; tests/mf_ds/test_muon.py checks that on an unsplit 2-D weight both agree to bf16 rounding.
+
+MindFormers' graph-mode Muon (core/optim/muon.py, 2.0.0 / 2.1.0) differs again (fixed coefficients x 5 whatever
+ns_steps says, bf16 normalization with + 1e-7, one lr scale from the last piece) and always applies QK-clip; mf-ds
+does not run it (translators/muon.py says why).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from fnmatch import fnmatch
+
+import torch
+
+from translators.plan_types import MuonOptimizer
+
+# HF name suffix -> the MindFormers piece layout along dim 0 (periodic: (a, b, blocks) rows repeated per block)
+_PERIODIC = {
+    "self_attn.q_proj.weight": lambda c: (c.qk_nope_head_dim, c.qk_rope_head_dim, c.num_attention_heads),
+    "self_attn.q_b_proj.weight": lambda c: (c.qk_nope_head_dim, c.qk_rope_head_dim, c.num_attention_heads),
+    "self_attn.kv_a_proj_with_mqa.weight": lambda c: (c.kv_lora_rank, c.qk_rope_head_dim, 1),
+    "self_attn.kv_b_proj.weight": lambda c: (c.qk_nope_head_dim, c.v_head_dim, c.num_attention_heads),
+}
+# HF DeepSeek-V3 names -> MindFormers' mcore names, in order, for adamw_include's globs only (MindFormers matches
+# them against its own names: parallel_core/.../multi_latent_attention.py, moe/*.py, gpt_model.py)
+_MCORE_NAMES = (("model.embed_tokens.", "embedding.word_embeddings."), ("lm_head.", "output_layer."),
+                ("model.norm.", "decoder.final_layernorm."), ("model.layers.", "decoder.layers."),
+                (".self_attn.q_a_proj.", ".self_attention.linear_q_down_proj."),
+                (".self_attn.q_b_proj.", ".self_attention.linear_q_up_proj."),
+                (".self_attn.q_proj.", ".self_attention.linear_q_proj."),
+                (".self_attn.kv_a_proj_with_mqa.", ".self_attention.linear_kv_down_proj."),
+                (".self_attn.kv_b_proj.", ".self_attention.linear_kv_up_proj."),
+                (".self_attn.o_proj.", ".self_attention.linear_proj."),
+                (".self_attn.q_a_layernorm.", ".self_attention.q_layernorm."),
+                (".self_attn.kv_a_layernorm.", ".self_attention.kv_layernorm."),
+                (".post_attention_layernorm.", ".pre_mlp_layernorm."),
+                (".mlp.experts.gate_up_proj", ".mlp.experts.weight1"),
+                (".mlp.experts.down_proj", ".mlp.experts.weight2"),
+                (".mlp.gate.weight", ".mlp.router.weight"),
+                (".mlp.shared_experts.gate_proj.", ".mlp.shared_experts.linear_fc1."),
+                (".mlp.shared_experts.up_proj.", ".mlp.shared_experts.linear_fc1."),
+                (".mlp.shared_experts.down_proj.", ".mlp.shared_experts.linear_fc2."),
+                (".mlp.gate_proj.", ".mlp.linear_fc1."), (".mlp.up_proj.", ".mlp.linear_fc1."),
+                (".mlp.down_proj.", ".mlp.linear_fc2."))
+
+
+def mindformers_name(name: str) -> str:
+    """The MindFormers (mcore) name of an HF DeepSeek-V3 parameter, as adamw_include's globs see it."""
+    for hf, mf in _MCORE_NAMES:
+        name = name.replace(hf, mf)
+    return name
+
+
+def split_rule(name: str, config) -> tuple:
+    """How MindFormers cuts this parameter before Newton-Schulz: ("whole",), ("periodic", a, b, blocks) or
+    ("halves",) (stacked experts gate_up [E, 2I, H]: gate rows, up rows)."""
+    for suffix, parts in _PERIODIC.items():
+        if name.endswith(suffix):
+            return ("periodic", *parts(config))
+    if name.endswith("experts.gate_up_proj"):
+        return ("halves",)
+    return ("whole",)
+
+
+def split(x: torch.Tensor, rule: tuple) -> list[torch.Tensor]:
+    if rule[0] == "periodic":
+        _, a, b, blocks = rule
+        grouped = x.reshape(blocks, a + b, x.shape[-1])
+        return [grouped[:, :a].reshape(blocks * a, -1), grouped[:, a:].reshape(blocks * b, -1)]
+    if rule[0] == "halves":
+        return list(x.chunk(2, dim=-2))
+    return [x]
+
+
+def merge(pieces: list[torch.Tensor], rule: tuple) -> torch.Tensor:
+    if rule[0] == "periodic":
+        _, a, b, blocks = rule
+        return torch.cat([pieces[0].reshape(blocks, a, -1), pieces[1].reshape(blocks, b, -1)], dim=1).reshape(
+            blocks * (a + b), -1)
+    if rule[0] == "halves":
+        return torch.cat(pieces, dim=-2)
+    return pieces[0]
+
+
+def newton_schulz(x: torch.Tensor, schedule: tuple[tuple[float, float, float], ...], eps: float) -> torch.Tensor:
+    """MindFormers 2.1.0 `newton_schulz` on a 2-D or stacked 3-D fp32 input; returns bf16."""
+    wide = x.shape[-2] > x.shape[-1]
+    if wide:
+        x = x.mT
+    norm = torch.linalg.matrix_norm(x.float(), ord="fro", keepdim=True)
+    x = (x / norm.clamp(min=eps)).to(torch.bfloat16)
+    for a, b, c in schedule:
+        if x.dim() == 2:
+            gram = x @ x.mT
+            gram = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.addmm(x, gram, x, beta=a, alpha=1.0)
+        else:
+            gram = torch.bmm(x, x.mT)
+            gram = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.baddbmm(x, gram, x, beta=a, alpha=1.0)
+    return x.mT if wide else x
+
+
+def schedule_of(ns_coefficients, ns_steps: int) -> tuple[tuple[float, float, float], ...]:
+    """Muon._normalize_ns_schedule: a flat triple x ns_steps, or segments [[[a, b, c], count], ...]."""
+    first = ns_coefficients[0]
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return tuple(tuple(float(v) for v in ns_coefficients) for _ in range(ns_steps))
+    return tuple(tuple(float(v) for v in triple) for triple, count in ns_coefficients for _ in range(int(count)))
+
+
+class Muon(torch.optim.Optimizer):
+    """MindFormers' Muon with its AdamW part. Each group has `muon` (bool) and `rules` (split_rule per parameter);
+    the state per parameter is `momentum_buffer` (Muon) or `exp_avg`, `exp_avg_sq`, `step` (AdamW), fp32."""
+
+    def __init__(self, params, lr: float = 2e-2, weight_decay: float = 0.1, matched_adamw_rms: float = 0.2,
+                 momentum: float = 0.95, nesterov: bool = True, schedule=((3.4445, -4.7750, 2.0315),) * 5,
+                 eps: float = 1e-7, adamw_betas: tuple[float, float] = (0.95, 0.95), adamw_eps: float = 1e-8):
+        defaults = {"lr": lr, "weight_decay": weight_decay, "matched_adamw_rms": matched_adamw_rms,
+                    "momentum": momentum, "nesterov": nesterov, "schedule": tuple(map(tuple, schedule)), "eps": eps,
+                    "adamw_betas": tuple(adamw_betas), "adamw_eps": adamw_eps, "muon": False, "rules": None}
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable | None = None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            rules = group["rules"] or [("whole",)] * len(group["params"])
+            for p, rule in zip(group["params"], rules, strict=True):
+                if p.grad is None:
+                    continue
+                (self._muon if group["muon"] else self._adamw)(p, p.grad.float(), self.state[p], rule, group)
+        return loss
+
+    @staticmethod
+    def _muon(p: torch.Tensor, g: torch.Tensor, state: dict, rule: tuple, group: dict) -> None:
+        lr, mu = group["lr"], group["momentum"]
+        if p.dim() not in (2, 3):  # a ZeRO-1/2/3 flat partition (translators/muon.py refuses those stages)
+            from mf_ds.errors import RunError
+
+            raise RunError(f"Muon got a {p.dim()}-D parameter of {p.numel()} elements: a ZeRO partition? Muon needs "
+                           "whole weights (ZeRO stage 0)")
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+        m = state["momentum_buffer"]
+        next_m = m * mu + g
+        u = g + next_m * mu if group["nesterov"] else next_m
+        pieces = []
+        for piece in split(u, tuple(rule)):
+            scale = lr * math.sqrt(max(piece.shape[-2], piece.shape[-1])) * group["matched_adamw_rms"]
+            pieces.append(newton_schulz(piece, group["schedule"], group["eps"]).float() * scale)
+        weight = p.float() * (1 - lr * group["weight_decay"]) - merge(pieces, tuple(rule)).reshape(p.shape)
+        p.copy_(weight)
+        m.copy_(next_m)
+
+    @staticmethod
+    def _adamw(p: torch.Tensor, g: torch.Tensor, state: dict, rule: tuple, group: dict) -> None:
+        lr, (beta1, beta2) = group["lr"], group["adamw_betas"]
+        if "exp_avg" not in state:
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+            state["step"] = 0
+        state["step"] += 1
+        m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+        weight = p.float() * (1.0 - lr * group["weight_decay"])
+        m.copy_(m * beta1 + g * (1.0 - beta1))
+        v.copy_(torch.addcmul(v * beta2, g, g, value=1.0 - beta2))
+        denom = (v / (1.0 - beta2**t)).sqrt() + group["adamw_eps"]
+        p.copy_(weight - (m / denom) * (lr / (1.0 - beta1**t)))
+
+
+def uses_muon(name: str, param: torch.Tensor, adamw_include: tuple[str, ...]) -> bool:
+    """Muon._build_muon_filter: 2-D / 3-D, and no adamw_include glob matches its MindFormers name (or its HF one)."""
+    if param.dim() not in (2, 3):
+        return False
+    return not any(fnmatch(mindformers_name(name), pat) or fnmatch(name, pat) for pat in adamw_include)
+
+
+def build_muon(model: torch.nn.Module, spec: MuonOptimizer) -> Muon:
+    """Muon over MindFormers' groups: Muon weights (decayed), AdamW matrices (decayed), AdamW vectors (not)."""
+    include = tuple(spec.adamw_include)
+    muon, decay, no_decay = [], [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if uses_muon(name, param, include):
+            muon.append((name, param))
+        else:
+            (decay if param.dim() > 1 and not name.endswith(".bias") else no_decay).append((name, param))
+    wd = spec.weight_decay
+    groups = [{"params": [p for _, p in muon], "muon": True, "weight_decay": wd, "name": "muon",
+               "rules": [split_rule(n, model.config) for n, _ in muon]},
+              {"params": [p for _, p in decay], "weight_decay": wd, "name": "adamw_decay"},
+              {"params": [p for _, p in no_decay], "weight_decay": 0.0, "name": "adamw_no_decay"}]
+    return Muon([g for g in groups if g["params"]], lr=spec.lr, weight_decay=wd,
+                matched_adamw_rms=spec.matched_adamw_rms, momentum=spec.momentum, nesterov=spec.nesterov,
+                schedule=spec.ns_schedule, eps=spec.eps, adamw_betas=tuple(spec.adamw_betas),
+                adamw_eps=spec.adamw_eps)

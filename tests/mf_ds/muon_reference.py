@@ -1,0 +1,130 @@
+"""MindFormers 2.1.0's Muon transcribed into numpy, line by line, as the golden for tests/mf_ds/test_muon.py.
+
+MindFormers' own Muon does not run on this CPU: in the 2.1.0 wheel (with MindSpore 2.10.0) `newton_schulz` stops at
+`mint.norm` ("The kernel LinalgVectorNorm unregistered"); in 2.0.0 at the bf16 Square ("Select CPU operator[Square]
+fail! Unsupported data type", bf16). So this is a transcription, reviewed against the source; each line cites it
+(P = mindformers/pynative/optimizer/muon.py, A = mindformers/pynative/optimizer/adamw.py, U =
+mindformers/pynative/optimizer/muon_utils.py via make_muon_fns, G = mindformers/pynative/base_models/gpt/
+gpt_model.py make_model_muon_fns). BF16 rounding (round to nearest even) stands in for the MindSpore casts; a
+matmul or fused addmm rounds once, after an fp32 accumulation and an fp32 addition (MindSpore's cube_math_type(4),
+which P's docstring says Muon enables).
+
+Independent of mf_ds/muon.py: numpy only, names and layout as MindFormers has them (weights in MindFormers' own
+orientation: a fused MLA q_up weight [heads * (nope + rope), q_lora]; experts weight1 [E, H, 2I], not HF's).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """op_cast(x, mstype.bfloat16) and back: round-to-nearest-even to bf16, held as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def mT(x: np.ndarray) -> np.ndarray:
+    return np.swapaxes(x, -1, -2)
+
+
+def newton_schulz(x, dim_a, dim_b, eps, ns_steps, ns_coefficients):
+    """P newton_schulz (lines 1192-1216)."""
+    if dim_a > dim_b:                                                    # if dim_a > dim_b: x = x.mT
+        x = mT(x)
+    # P _normalize_newton_schulz_input: norm = mint.norm(x, p="fro", dim=(-2, -1), keepdim=True, dtype=float32);
+    # normalized = x / mint.clamp(norm, min=eps); op_cast(normalized, bfloat16)
+    norm = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=(-2, -1), keepdims=True)).astype(np.float32)
+    x = bf16(x / np.maximum(norm, np.float32(eps)))
+    for step in range(ns_steps):                                         # for step in range(ns_steps):
+        a, b, c = ns_coefficients[step]                                  #     a, b, c = ns_coefficients[step]
+        a_mat = bf16(x @ mT(x))                                          #     a_mat = matmul_op(x, x.mT)
+        b_mat = bf16(np.float32(b) * a_mat + np.float32(c) * (a_mat @ a_mat))  # addmm(a_mat, a_mat, a_mat, b, c)
+        x = bf16(np.float32(a) * x + b_mat @ x)                          #     x = addmm(x, b_mat, x, beta=a, alpha=1)
+    if dim_a > dim_b:
+        x = mT(x)
+    return x
+
+
+def muon_split(tensor, part_a, part_b):
+    """U muon_split: tensor.T, blocks of part_a + part_b along the rows, each part's rows gathered, .T back."""
+    t = tensor.T
+    prefix = t.shape[0]
+    t = t.reshape(prefix, -1, part_a + part_b)
+    return t[..., :part_a].reshape(prefix, -1).T, t[..., part_a:].reshape(prefix, -1).T
+
+
+def muon_merge(first, second, part_a, part_b):
+    """U muon_merge."""
+    a, b = first.T, second.T
+    prefix = a.shape[0]
+    t = np.concatenate([a.reshape(prefix, -1, part_a), b.reshape(prefix, -1, part_b)], axis=-1)
+    return t.reshape(prefix, -1).T
+
+
+def split_fn(kind, tensor, parts):
+    """U make_muon_fns split_fn for the G schema kinds used here."""
+    if kind == "periodic":                      # linear_qb (nope, rope, heads), linear_kvb (nope, v, heads), fc1 (1, 1)
+        return list(muon_split(tensor, parts[0], parts[1]))
+    if kind == "reshape_concat":                # experts.weight1 -> [E, H, 2I], halves along the last dimension
+        e, h, two_i = parts
+        t3 = tensor.reshape(-1, h, two_i)
+        return [t3[..., : two_i // 2], t3[..., two_i // 2:]]
+    return [tensor]
+
+
+def merge_fn(kind, pieces, parts):
+    if kind == "periodic":
+        return muon_merge(pieces[0], pieces[1], parts[0], parts[1])
+    if kind == "reshape_concat":
+        return np.concatenate(pieces, axis=-1).reshape(-1, parts[2])
+    return pieces[0]
+
+
+def apply_muon_update(gradient, muon_m, momentum, use_nesterov, param, lr, weight_decay, matched_adamw_rms,
+                      kind, parts, eps, ns_steps, ns_coefficients):
+    """P _apply_muon_update (single card: no DTensor redistribution) with P _apply_muon_ns."""
+    m_fp32 = muon_m.astype(np.float32)                                   # m_fp32 = op_cast(muon_m, float32)
+    gradient_fp32 = gradient.astype(np.float32)
+    next_m = m_fp32 * np.float32(momentum) + gradient_fp32               # next_m = m_fp32 * momentum + gradient_fp32
+    if use_nesterov:
+        gradient_fp32 = gradient_fp32 + next_m * np.float32(momentum)    # gradient_fp32 + next_m * momentum
+    else:
+        gradient_fp32 = next_m
+    x_list = []
+    for item in split_fn(kind, gradient_fp32, parts):                    # _apply_muon_ns
+        dim_a, dim_b = item.shape[-2:]
+        x = newton_schulz(item, dim_a, dim_b, eps, ns_steps, ns_coefficients)
+        base_scale = math.sqrt(max(int(dim_a), int(dim_b))) * matched_adamw_rms
+        x_list.append(np.float32(lr * base_scale) * x)                   # x = (lr * base_scale) * x (fp32 lr)
+    x_ret = merge_fn(kind, x_list, parts)
+    param_fp32 = param * np.float32(1 - lr * weight_decay)               # param * (1 - lr * weight_decay)
+    next_param = param_fp32 - x_ret.reshape(param_fp32.shape)            # param_fp32 - x_ret.reshape(...)
+    return next_param.astype(np.float32), next_m
+
+
+def run_adamw(beta1, beta2, eps, lr, weight_decay, param, grad, exp_avg, exp_avg_sq, step):
+    """A _run_adamw_opt with P construct's bias corrections (global_step incremented first: step 1, 2, ...)."""
+    bias_correction1 = 1.0 - beta1**step
+    bias_correction2 = 1.0 - beta2**step
+    next_param = param * np.float32(1.0 - lr * weight_decay)
+    exp_avg = exp_avg * np.float32(beta1) + grad * np.float32(1.0 - beta1)
+    exp_avg_sq = exp_avg_sq * np.float32(beta2) + grad * grad * np.float32(1.0 - beta2)
+    step_size = lr / bias_correction1
+    denom = np.sqrt(exp_avg_sq / np.float32(bias_correction2)) + np.float32(eps)
+    return (next_param - (exp_avg / denom) * np.float32(step_size)).astype(np.float32), exp_avg, exp_avg_sq
+
+
+def normalize_ns_schedule(ns_coefficients, ns_steps):
+    """P Muon._normalize_ns_schedule."""
+    first = ns_coefficients[0]
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        triple = tuple(float(v) for v in ns_coefficients)
+        return tuple(triple for _ in range(ns_steps)), ns_steps
+    schedule = []
+    for triple_raw, count in ns_coefficients:
+        schedule.extend(tuple(float(v) for v in triple_raw) for _ in range(int(count)))
+    return tuple(schedule), len(schedule)

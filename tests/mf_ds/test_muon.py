@@ -1,0 +1,265 @@
+"""mf_ds/muon.py against MindFormers 2.1.0's Muon transcribed into numpy (tests/mf_ds/muon_reference.py): golden
+steps on an MLA-shaped parameter set (per-head split q_b / kv_b / kv_a, stacked experts, AdamW part), segmented and
+flat coefficient schedules, adamw_include, torch.optim.Muon where it computes the same, exact resume."""
+
+from __future__ import annotations
+
+import copy
+import io
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from mf_ds.muon import Muon, build_muon, merge, mindformers_name, schedule_of, split, split_rule, uses_muon
+from tests.mf_ds import muon_reference as ref
+from translators.plan_types import MuonOptimizer, from_json
+
+# a tiny MLA layer as transformers' DeepseekV3 names it
+CONFIG = SimpleNamespace(num_attention_heads=2, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4,
+                         kv_lora_rank=6, q_lora_rank=8, hidden_size=12)
+E, I_ = 3, 5
+SHAPES = {
+    "model.embed_tokens.weight": (20, 12),
+    "model.layers.0.self_attn.q_a_proj.weight": (8, 12),
+    "model.layers.0.self_attn.q_b_proj.weight": (2 * (4 + 2), 8),
+    "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": (6 + 2, 12),
+    "model.layers.0.self_attn.kv_b_proj.weight": (2 * (4 + 4), 6),
+    "model.layers.0.self_attn.o_proj.weight": (12, 8),
+    "model.layers.0.mlp.experts.gate_up_proj": (E, 2 * I_, 12),
+    "model.layers.0.mlp.experts.down_proj": (E, 12, I_),
+    "model.layers.0.input_layernorm.weight": (12,),
+    "lm_head.weight": (20, 12),
+}
+# each HF parameter as MindFormers holds it (orientation) and the split kind its schema gives it (G make_model_muon_fns)
+REFERENCE = {
+    "model.layers.0.self_attn.q_b_proj.weight": ("periodic", (4, 2, 2), None),
+    "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": ("periodic", (6, 2, 1), None),
+    "model.layers.0.self_attn.kv_b_proj.weight": ("periodic", (4, 4, 2), None),
+    "model.layers.0.mlp.experts.gate_up_proj": ("reshape_concat", (E, 12, 2 * I_), (0, 2, 1)),  # weight1 [E, H, 2I]
+    "model.layers.0.mlp.experts.down_proj": ("whole", None, (0, 2, 1)),  # weight2 [E, I, H]
+}
+SEGMENTED = [[[3.4445, -4.7750, 2.0315], 3], [[2.0, -1.5, 0.5], 2]]
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        self.config = CONFIG
+        gen = torch.Generator().manual_seed(seed)
+        self.names = list(SHAPES)
+        self.params = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(s, generator=gen) * 0.5)
+                                             for s in SHAPES.values())
+
+    def named_parameters(self, *args, **kwargs):
+        return iter(zip(self.names, self.params, strict=True))
+
+
+def typed(s: dict) -> MuonOptimizer:
+    """The Plan's run.optimizer for these settings (what translators/muon.py writes)."""
+    return from_json(MuonOptimizer, {"type": "Muon", **s}, "run.optimizer", partial=True)
+
+
+def spec(**over) -> dict:
+    base = {"lr": 0.02, "weight_decay": 0.1, "matched_adamw_rms": 0.2, "momentum": 0.95, "nesterov": True,
+            "ns_schedule": schedule_of(SEGMENTED, 5), "eps": 1e-7, "adamw_betas": [0.9, 0.95], "adamw_eps": 1e-8,
+            "adamw_include": ["*word_embeddings*", "*output_layer*"]}
+    return base | over
+
+
+def grads(step: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    return {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+
+
+def reference_run(model: Tiny, s: dict, steps: int) -> dict[str, np.ndarray]:
+    """The transcription, each HF parameter turned into MindFormers' orientation and back."""
+    params = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    state: dict[str, dict] = {n: {} for n in params}
+    for t in range(1, steps + 1):
+        for name, g in grads(t).items():
+            g = g.numpy()
+            if uses_muon(name, torch.empty(SHAPES[name]), tuple(s["adamw_include"])):
+                kind, parts, perm = REFERENCE.get(name, ("whole", None, None))
+                w, gm = (params[name], g) if perm is None else (params[name].transpose(perm), g.transpose(perm))
+                m = state[name].get("m", np.zeros_like(gm))
+                w, m = ref.apply_muon_update(gm, m, s["momentum"], s["nesterov"], w, s["lr"], s["weight_decay"],
+                                             s["matched_adamw_rms"], kind, parts, s["eps"], len(s["ns_schedule"]),
+                                             s["ns_schedule"])
+                params[name] = w if perm is None else w.transpose(perm)
+                state[name]["m"] = m
+            else:
+                wd = s["weight_decay"] if g.ndim > 1 else 0.0
+                st = state[name]
+                params[name], st["m"], st["v"] = ref.run_adamw(*s["adamw_betas"], s["adamw_eps"], s["lr"], wd,
+                                                               params[name], g, st.get("m", np.zeros_like(g)),
+                                                               st.get("v", np.zeros_like(g)), t)
+    return params
+
+
+def ours_run(model: Tiny, s: dict, steps: int, optimizer: Muon | None = None, first: int = 1) -> Muon:
+    optimizer = optimizer or build_muon(model, typed(s))
+    for t in range(first, first + steps):
+        for (_, p), g in zip(model.named_parameters(), grads(t).values(), strict=True):
+            p.grad = g.clone()
+        optimizer.step()
+    return optimizer
+
+
+@pytest.mark.parametrize("schedule", ["segmented", "flat", "no_nesterov"])
+def test_golden_steps(schedule):
+    """Three steps of every kind of parameter equal the transcription. Measured here: the Muon weights bit for bit
+    (torch's CPU bf16 matmul rounds as numpy's fp32 product rounded to bf16), the AdamW ones within 2e-6 of their
+    step; the bound leaves room for another BLAS's summation order. Orthogonalizing the fused MLA / expert weights
+    whole instead of per piece misses by a third of the step."""
+    s = spec() if schedule == "segmented" else spec(ns_schedule=schedule_of([3.4445, -4.7750, 2.0315], 5)) \
+        if schedule == "flat" else spec(nesterov=False)
+    model = Tiny()
+    want = reference_run(Tiny(), s, 3)
+    ours_run(model, s, 3)
+    start = {n: p.detach() for n, p in Tiny().named_parameters()}
+    for name, p in model.named_parameters():
+        got = p.detach().numpy()
+        if uses_muon(name, p, tuple(s["adamw_include"])):
+            moved = np.abs(want[name] - start[name].numpy()).max()
+            assert moved > 1e-3, name  # the step did something
+            np.testing.assert_allclose(got, want[name], atol=1e-3 * moved, rtol=0, err_msg=name)
+        else:
+            np.testing.assert_allclose(got, want[name], atol=1e-6, rtol=1e-6, err_msg=name)
+
+
+def test_parameter_split_and_include():
+    """2-D / 3-D weights take Muon except MindFormers' word_embeddings / output_layer; adamw_include globs match the
+    MindFormers names; the per-head split puts each head's rows back where they were."""
+    model = Tiny()
+    groups = {g["name"]: g for g in build_muon(model, typed(spec())).param_groups}
+    muon_names = [n for n, p in model.named_parameters() if any(p is q for q in groups["muon"]["params"])]
+    assert muon_names == [n for n in SHAPES if len(SHAPES[n]) > 1 and n not in ("model.embed_tokens.weight",
+                                                                                 "lm_head.weight")]
+    assert (mindformers_name("model.layers.0.self_attn.o_proj.weight")
+            == "decoder.layers.0.self_attention.linear_proj.weight")
+    narrowed = build_muon(Tiny(), typed(spec(adamw_include=["*word_embeddings*", "*output_layer*",
+                                                              "*linear_proj*"])))
+    assert len([g for g in narrowed.param_groups if g["muon"]][0]["params"]) == len(muon_names) - 1
+    x = torch.arange(12 * 8.0).reshape(12, 8)
+    rule = split_rule("model.layers.0.self_attn.q_b_proj.weight", CONFIG)
+    nope, rope = split(x, rule)
+    assert torch.equal(nope[:4], x[:4]) and torch.equal(rope[:2], x[4:6]) and torch.equal(nope[4:], x[6:10])
+    assert torch.equal(merge([nope, rope], rule), x)
+    ours = [t.numpy() for t in split(x, rule)]
+    theirs = ref.split_fn("periodic", x.numpy(), (4, 2, 2))
+    assert all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_schedules():
+    assert schedule_of([1, 2, 3], 4) == ((1.0, 2.0, 3.0),) * 4
+    assert schedule_of(SEGMENTED, 99) == ref.normalize_ns_schedule(SEGMENTED, 99)[0]
+    assert len(schedule_of([[[3.4445, -4.7750, 2.0315], 8], [[2.0, -1.5, 0.5], 2]], 5)) == 10  # DeepSeek-V4's
+
+
+def test_torch_muon_agrees_on_a_plain_matrix():
+    """On a 2-D weight MindFormers does not split, with one triple and matched_adamw_rms 0.2, torch.optim.Muon
+    (adjust_lr_fn match_rms_adamw) gives the same step to bf16 rounding (it normalizes in bf16); its momentum is an
+    EMA, MindFormers' m scaled by 1 - momentum, so the two states are not interchangeable."""
+    w0 = torch.randn(12, 8, generator=torch.Generator().manual_seed(3))
+    a, b = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
+    ours = Muon([{"params": [a], "muon": True, "rules": [("whole",)]}], lr=0.02, weight_decay=0.1,
+                schedule=schedule_of([3.4445, -4.7750, 2.0315], 5))
+    theirs = torch.optim.Muon([b], lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
+                              adjust_lr_fn="match_rms_adamw")
+    for step in range(3):
+        g = torch.randn(12, 8, generator=torch.Generator().manual_seed(10 + step))
+        a.grad, b.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+    moved = (a.detach() - w0).abs().max()
+    torch.testing.assert_close(a.detach(), b.detach(), atol=2e-2 * moved, rtol=0)
+    assert not torch.allclose(ours.state[a]["momentum_buffer"], theirs.state[b]["momentum_buffer"])
+    torch.testing.assert_close(theirs.state[b]["momentum_buffer"], ours.state[a]["momentum_buffer"] * (1 - 0.95))
+
+
+def test_resume_is_exact():
+    """Two steps, the optimizer state saved and loaded into a fresh optimizer over a copy of the model, two more:
+    bit for bit the four-step run (the state: Muon momentum, AdamW moments and step counts)."""
+    straight = Tiny()
+    ours_run(straight, spec(), 4)
+    first = Tiny()
+    opt = ours_run(first, spec(), 2)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    resumed = copy.deepcopy(first)
+    fresh = build_muon(resumed, typed(spec()))
+    buffer.seek(0)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    ours_run(resumed, spec(), 2, optimizer=fresh, first=3)
+    for (name, a), (_, b) in zip(straight.named_parameters(), resumed.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def tiny_deepseek():
+    from transformers import AutoModelForCausalLM, DeepseekV3Config
+
+    config = DeepseekV3Config(vocab_size=32, hidden_size=16, intermediate_size=16, moe_intermediate_size=8,
+                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=8,
+                              kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4,
+                              n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                              n_group=1, topk_group=1, max_position_embeddings=32, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def engine_run(steps_before: int, steps_after: int, root: str, resume: bool) -> dict:
+    """The DeepSpeed engine (ZeRO 0) with MindFormers' Muon on a tiny DeepSeek-V3 (MLA, experts): losses, and the
+    weights after; `resume` loads the checkpoint saved after `steps_before` steps first."""
+    from pathlib import Path
+
+    import deepspeed
+
+    from mf_ds import checkpoint
+    from mf_ds.optim import build_optimizer
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = tiny_deepseek()
+    optimizer = build_optimizer(model, typed(spec(lr=0.01, adamw_betas=[0.9, 0.95])))
+    assert isinstance(optimizer, Muon) and any(g["muon"] for g in optimizer.param_groups)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0, "steps_per_print": 10**9,
+              "zero_optimization": {"stage": 0}, "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    ids = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    losses = []
+    if resume:
+        checkpoint.load(engine, checkpoint.latest(Path(root)))
+    for step in range(steps_after if resume else steps_before + steps_after):
+        loss = engine(input_ids=ids, labels=ids, use_cache=False).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+        if not resume and step + 1 == steps_before:
+            checkpoint.save(engine, Path(root), "muon", steps_before, {}, keep=1)
+    return {"losses": losses, "weights": {n: p.detach().tolist() for n, p in engine.module.named_parameters()}}
+
+
+@pytest.mark.deepspeed
+def test_deepspeed_engine_trains_and_resumes_exactly(tmp_path):
+    """Under the DeepSpeed engine at ZeRO stage 0: the loss falls over 6 steps, and a run killed after 3 and resumed
+    from its checkpoint (Muon momentum, AdamW moments and steps in the engine state) ends on the same weights."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, free_port
+
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "DS_ACCELERATOR": "cpu"}
+    script = ("import json, sys; from tests.mf_ds.test_muon import engine_run; "
+              f"print(json.dumps([engine_run(3, 3, {str(tmp_path)!r}, False), "
+              f"engine_run(3, 3, {str(tmp_path)!r}, True)]))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    straight, resumed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert straight["losses"][-1] < 0.8 * straight["losses"][0], straight["losses"]
+    assert resumed["losses"] == straight["losses"][3:]
+    assert resumed["weights"] == straight["weights"]

@@ -1,0 +1,93 @@
+"""`optimizer: type: Muon` (translators/muon.py): MindFormers' keys and defaults, its refusals in its words, what mf-ds
+refuses (QK-clip, ZeRO >= 1, graph-mode Muon), and a ledger note for every key."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.conftest import CONFIGS
+from translators import muon
+from translators.errors import ConfigError
+from translators.loader import load_yaml
+from translators.notes import Ledger
+from translators.plan import translate
+
+# configs/deepseek4/pretrain_deepseek4_flash.yaml (MindFormers 2.1.0), with QK-clip off
+FLASH = {"type": "Muon", "weight_decay": 0.1, "matched_adamw_rms": 0.2, "momentum": 0.95, "nesterov": True,
+         "adamw_betas": [0.9, 0.95], "adamw_eps": 1.e-8, "qk_clip_enabled": False, "qk_clip_threshold": 100,
+         "ns_coefficients": [[[3.4445, -4.7750, 2.0315], 8], [[2.0, -1.5, 0.5], 2]],
+         "comm_strategy": "allgather_deredundency", "use_fused_adamw": True}
+
+
+def plan(section: dict, **over):
+    ledger = Ledger({"optimizer": section})
+    args = {"zero_stage": 0, "mla": True, "mcore": True, "pynative": True} | over
+    ds, run = muon.plan(section, 1e-5, ledger=ledger, **args)
+    return ds, run, ledger
+
+
+def test_deepseek4_flash_section():
+    _, run, ledger = plan(FLASH)
+    assert run["ns_schedule"] == [[3.4445, -4.7750, 2.0315]] * 8 + [[2.0, -1.5, 0.5]] * 2
+    assert run["adamw_include"] == ["*word_embeddings*", "*output_layer*"] and run["eps"] == 1e-7
+    assert run["adamw_betas"] == [0.9, 0.95] and run["lr"] == 1e-5
+    kinds = {note.key: note.kind for note in ledger._notes}
+    for key in FLASH:
+        assert ledger.accounted(f"optimizer.{key}"), key
+    assert kinds["optimizer.ns_coefficients"] == "mapped" and kinds["optimizer.qk_clip_threshold"] == "dropped"
+    assert kinds["optimizer.use_fused_adamw"] == "differs"
+
+
+def test_defaults_are_mindformers():
+    _, run, _ = plan({"type": "Muon", "qk_clip_enabled": False})
+    assert run["ns_schedule"] == [[3.4445, -4.7750, 2.0315]] * 5
+    assert (run["weight_decay"], run["matched_adamw_rms"], run["momentum"], run["nesterov"], run["adamw_betas"],
+            run["adamw_eps"]) == (0.1, 0.2, 0.95, True, [0.95, 0.95], 1e-8)
+
+
+@pytest.mark.parametrize("change,path,words", [
+    ({"qk_clip_enabled": True}, "optimizer.qk_clip_enabled", "does not track"),
+    ({"ns_coefficients": [1.0, 2.0]}, "optimizer.ns_coefficients", "flat ns_coefficients must have 3 elements"),
+    ({"ns_coefficients": [[[1.0, 2.0, 3.0], 0]]}, "optimizer.ns_coefficients", "count must be positive"),
+    ({"ns_coefficients": [[1.0, 2.0, 3.0]]}, "optimizer.ns_coefficients", "must be [[a, b, c], count]"),
+    ({"ns_steps": 0, "ns_coefficients": [1, 2, 3]}, "optimizer.ns_steps", "ns_steps must be positive"),
+    ({"adamw_include": [1]}, "optimizer.adamw_include", "list of glob strings"),
+    ({"comm_strategy": "ring"}, "optimizer.comm_strategy", "comm_strategy must be"),
+    ({"swap": True}, "optimizer.swap", "Muon does not support swap."),
+    ({"ns_batch_memory_gb": 0}, "optimizer.ns_batch_memory_gb", "must be > 0"),
+])
+def test_refusals(change, path, words):
+    with pytest.raises(ConfigError) as info:
+        plan({**FLASH, **change})
+    assert info.value.path == path and words in str(info.value)
+
+
+@pytest.mark.parametrize("over,words", [
+    ({"zero_stage": 1}, "ZeRO-1 gives the optimizer flat partitions"),
+    ({"mla": False}, "only supports models with Multi-Latent Attention enabled."),
+    ({"mcore": False}, "Muon does not support Legacy Model."),
+    ({"pynative": False}, "graph-mode Muon"),
+])
+def test_what_cannot_run(over, words):
+    with pytest.raises(ConfigError, match=words.replace(".", r"\.").replace("(", r"\(")):
+        plan(FLASH, **over)
+
+
+def test_unknown_key_is_ignored_as_mindformers_ignores_it():
+    _, _, ledger = plan({**FLASH, "nonsense": 3})
+    assert any(n.key == "optimizer.nonsense" and n.kind == "dropped" and "**kwargs" in n.message
+               for n in ledger._notes)
+
+
+@pytest.mark.parametrize("yaml,words", [("tiny_deepseek_v3.yaml", "Legacy Model"),
+                                        ("tiny_qwen3_moe.yaml", "Multi-Latent Attention")])
+def test_graph_mode_yamls_name_it(yaml, words):
+    """A graph-mode YAML naming Muon reaches translators/muon.py (not "'Muon' is not supported") and gets
+    MindFormers' own refusal for its model."""
+    tree = copy.deepcopy(load_yaml(str(CONFIGS / yaml)))
+    tree["optimizer"] = {"type": "Muon", "momentum": 0.9}
+    with pytest.raises(ConfigError) as info:
+        translate(tree)
+    assert info.value.path == "optimizer.type" and words in str(info.value)
