@@ -99,11 +99,11 @@ class RecordedObject:
         raise dataclasses.FrozenInstanceError(name)
 
 
-class RecordedTuple(tuple):
-    def __new__(cls, data: tuple, path: str, reads: set[str]):
-        self = super().__new__(cls, (wrap(v, _index(path, i), reads) for i, v in enumerate(data)))
-        self._path, self._reads = path, reads
-        return self
+class _RecordedSequence:
+    """Indexing or iterating a sequence of the Plan reads the sequence (its items are wrapped on their own)."""
+
+    _path: str
+    _reads: set[str]
 
     def __getitem__(self, i):
         self._reads.add(self._path)
@@ -112,24 +112,23 @@ class RecordedTuple(tuple):
     def __iter__(self):
         self._reads.add(self._path)
         return super().__iter__()
+
+
+class RecordedTuple(_RecordedSequence, tuple):
+    def __new__(cls, data: tuple, path: str, reads: set[str]):
+        self = super().__new__(cls, (wrap(v, _index(path, i), reads) for i, v in enumerate(data)))
+        self._path, self._reads = path, reads
+        return self
 
     def __len__(self):
         self._reads.add(self._path)
         return super().__len__()
 
 
-class RecordedList(list):
+class RecordedList(_RecordedSequence, list):
     def __init__(self, data: list, path: str, reads: set[str]):
         super().__init__(wrap(v, _index(path, i), reads) for i, v in enumerate(data))
         self._path, self._reads = path, reads
-
-    def __getitem__(self, i):
-        self._reads.add(self._path)
-        return super().__getitem__(i)
-
-    def __iter__(self):
-        self._reads.add(self._path)
-        return super().__iter__()
 
     def __deepcopy__(self, memo):
         self._reads.add(_join(self._path, "**"))
