@@ -5,6 +5,7 @@ run's losses with. Everything else (data, optimizer, LR formula, DeepSpeed confi
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -12,12 +13,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mf_ds import patch  # noqa: E402
 from mf_ds.train import main  # noqa: E402
+from translators.plan_types import Kernels  # noqa: E402
+
+_apply = patch.apply
 
 
-def _unpatched(model, plan):
-    return [f"reference run: {type(model).__name__} unpatched (transformers' own MoE blocks, RoPE and MLPs)"]
+def _unpatched(model, plan, checkpoint_fn=None):
+    """mf_ds.patch.apply with the MoE layer and the fused kernels off: the recompute plan still applies."""
+    plain = dataclasses.replace(plan, moe=None, kernels=Kernels())
+    return [f"reference run: {type(model).__name__} unpatched (transformers' own MoE blocks, RoPE and MLPs)"] + \
+        _apply(model, plain, checkpoint_fn=checkpoint_fn)
 
 
 if __name__ == "__main__":
-    patch.apply = _unpatched  # the loop calls mf_ds.patch.apply(model, plan) before deepspeed.initialize
+    patch.apply = _unpatched  # mf_ds.model.prepare calls mf_ds.patch.apply(model, plan) before deepspeed.initialize
     sys.exit(main(prog="bench/gpu_train_reference.py"))

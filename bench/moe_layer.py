@@ -15,6 +15,8 @@ Targets (issue 4): mf_ds no slower than hf_grouped_mm, well ahead of hf_eager.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import platform
 import statistics
@@ -33,7 +35,7 @@ SHAPE = dict(E=64, K=4, H=512, I=192, T=2048)  # Qwen3-30B-A3B (E 128, K 8, H 20
 ROUNDS, WARMUP = 15, 2
 
 
-def _plan(capacity_factor: float, E: int = SHAPE["E"], K: int = SHAPE["K"]) -> dict:
+def _plan(capacity_factor: float, E: int = SHAPE["E"], K: int = SHAPE["K"]):
     """The Plan's moe section as the translator writes it for a MindFormers MoE YAML of this shape (MoEV2, softmax
     top-K renormalised like Qwen3-MoE's router, float32 routing, aux losses off; capacity_factor <= 0: dropless), so
     the benchmark runs what a run of that YAML runs. Its one MoE block is layer 0."""
@@ -43,8 +45,8 @@ def _plan(capacity_factor: float, E: int = SHAPE["E"], K: int = SHAPE["K"]) -> d
         f"moe_config.expert_num={E}", f"moe_config.num_experts_chosen={K}", "moe_config.routing_policy=TopkRouterV2",
         f"moe_config.capacity_factor={capacity_factor}", "moe_config.aux_loss_factor=0.0", "moe_config.use_gmm=True",
         "moe_config.use_fused_ops_permute=True"]).plan
-    assert plan["moe"]["router"]["norm_topk_prob"], "Qwen3-MoE's router renormalises its top-k"
-    return {"moe": {**plan["moe"], "layers": [0]}}
+    assert plan.moe.router.norm_topk_prob, "Qwen3-MoE's router renormalises its top-k"
+    return dataclasses.replace(plan, moe=dataclasses.replace(plan.moe, layers=(0,)))
 
 
 def _hf_block(dtype: torch.dtype):

@@ -185,20 +185,25 @@ def child(impl: str, result_path: Path, profile_step: int, train_args: list[str]
     captured = {}
     real_apply = patch.apply
 
-    def apply(model, plan):
-        captured["model"], captured["seq"] = model, plan["run"]["seq_length"]
+    def apply(model, plan, checkpoint_fn=None):
+        captured["model"], captured["seq"] = model, plan.run.seq_length
         if impl == "mf_ds":
-            return real_apply(model, plan)
-        from bench.gpu_train_reference import _unpatched
+            return real_apply(model, plan, checkpoint_fn=checkpoint_fn)
+        import dataclasses
+
+        from translators.plan_types import Kernels
 
         model.config._experts_implementation = "grouped_mm"  # HF's default, stated: the peer the targets name
-        lines = [*_unpatched(model, plan), f"{impl}: experts on grouped_mm"]
+        lines = [f"reference run: {type(model).__name__} unpatched (transformers' own MoE blocks, RoPE and MLPs)",
+                 f"{impl}: experts on grouped_mm"]
         if impl == "hf_liger":
             from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
             _apply_liger_kernel_to_instance(model=model)
             lines.append("hf_liger: Liger's kernels applied to the instance")
-        return lines
+        # then the recompute plan, which wraps the forwards in place (mf_ds.patch.apply with its own patches off)
+        plain = dataclasses.replace(plan, moe=None, kernels=Kernels())
+        return lines + real_apply(model, plain, checkpoint_fn=checkpoint_fn)
 
     patch.apply = apply
     device_kind = "cuda" if torch.cuda.is_available() else "cpu"

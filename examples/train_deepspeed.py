@@ -19,10 +19,9 @@ for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("M
 
 import deepspeed  # noqa: E402
 
-from mf_ds.data import batches, build_train_dataset  # noqa: E402
-from mf_ds.model import build_model  # noqa: E402
+from mf_ds.data import batches  # noqa: E402
+from mf_ds.model import prepare  # noqa: E402
 from mf_ds.optim import build_optimizer, build_scheduler  # noqa: E402
-from mf_ds.recompute import apply_recompute  # noqa: E402
 from translators import translate_file  # noqa: E402
 
 
@@ -33,21 +32,21 @@ def main() -> None:
     args = p.parse_args()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     plan = translate_file(args.config, world_size=torch.distributed.get_world_size()).plan
-    run = plan["run"]
-    torch.manual_seed(run["seed"])
-    model = build_model(plan)  # AutoModelForCausalLM.from_config(plan["hf_config"])
-    apply_recompute(model, plan["layers"])  # MindFormers' per-layer / per-op recompute
-    optimizer = build_optimizer(model, run["optimizer"])  # AdamW or AdamWeightDecay, decay on matrices only
-    dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], plan["hf_config"]["vocab_size"])
-    data_size = len(dataset) // run["global_batch_size"] * run["data"]["repeat"]  # total_steps: epochs x this
-    scheduler = build_scheduler(optimizer, run["lr_schedule"], data_size, log=print)  # MindFormers' exact formula
-    config = {k: v for k, v in plan["deepspeed"].items() if k not in ("optimizer", "scheduler")}
+    run = plan.run
+    # seed; AutoModelForCausalLM.from_config(plan.hf_config); the MoE layer, fused kernels and MindFormers'
+    # per-layer / per-op recompute (mf_ds.patch.apply); the data set and the step counts
+    prepared = prepare(plan, max_steps=args.max_steps)
+    model, dataset = prepared.model, prepared.dataset
+    optimizer = build_optimizer(model, run.optimizer)  # AdamW or AdamWeightDecay, decay on matrices only
+    # MindFormers' exact formula; total_steps counts epochs x data_size
+    scheduler = build_scheduler(optimizer, run.lr_schedule, prepared.data_size, log=print)
+    config = {k: v for k, v in plan.deepspeed.items() if k not in ("optimizer", "scheduler")}
     config["zero_allow_untested_optimizer"] = True
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=config)
-    data = batches(dataset, run["micro_batch_size"], engine.global_rank, engine.world_size, passes=None)
-    for step in range(1, args.max_steps + 1):
-        for _ in range(run["gradient_accumulation_steps"]):
+    data = batches(dataset, run.micro_batch_size, engine.global_rank, engine.world_size, passes=None)
+    for step in range(1, prepared.total_steps + 1):
+        for _ in range(run.gradient_accumulation_steps):
             batch = next(data)
             # labels are already the next tokens (Megatron samples): shift_labels stops HF shifting them again
             loss = engine(input_ids=batch["input_ids"], labels=batch["labels"], shift_labels=batch["labels"]).loss

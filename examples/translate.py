@@ -23,8 +23,8 @@ def main() -> None:
         raise SystemExit(f"error: {exc}") from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ds.json").write_text(json.dumps(result.plan["deepspeed"], indent=2))
-    (out / "hf.json").write_text(json.dumps(result.plan["hf_config"], indent=2))
+    (out / "ds.json").write_text(json.dumps(result.plan.deepspeed, indent=2))
+    (out / "hf.json").write_text(json.dumps(result.plan.hf_config, indent=2))
     (out / "plan.json").write_text(result.to_json())
     print("\n".join(result.formative))  # MindFormers' own recompute log lines
     print("\n".join(result.ledger.explain()))  # every YAML key and what it became

@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from mf_ds.errors import RunError
+from translators.plan_types import Run
 
 
 def document_ids(input_ids_BS: torch.Tensor, eod: int, max_boundaries: int | None = None) -> torch.Tensor:
@@ -74,18 +75,18 @@ def allowed_keys(input_ids_BS: torch.Tensor, pad: int | None, doc_BS: torch.Tens
     return ok_BSS
 
 
-def model_inputs(input_ids_BS: torch.Tensor, run: dict, attn_implementation: str | None) -> dict[str, torch.Tensor]:
+def model_inputs(input_ids_BS: torch.Tensor, run: Run, attn_implementation: str | None) -> dict[str, torch.Tensor]:
     """The extra keyword arguments of the HF model's forward for this micro batch (empty: plain causal)."""
-    data = run["data"]
-    pad = run["pad_token_id"] if run["pad_attention_mask"] else None
-    documents, positions = data["reset_attention_mask"], data["reset_position_ids"]
+    data = run.data
+    pad = run.pad_token_id if run.pad_attention_mask else None
+    documents, positions = data.reset_attention_mask, data.reset_position_ids
     doc_BS = None
     if documents or positions:
-        doc_BS = document_ids(input_ids_BS, data["eod"], data["eod_pad_length"] if documents else None)
+        doc_BS = document_ids(input_ids_BS, data.eod, data.eod_pad_length if documents else None)
     kwargs: dict[str, torch.Tensor] = {}
     if positions:
-        kwargs["position_ids"] = restarted_positions(document_ids(input_ids_BS, data["eod"]))
-    if pad is not None and not documents and run["trailing_pads_inert"] and not _pad_before_a_token(input_ids_BS, pad):
+        kwargs["position_ids"] = restarted_positions(document_ids(input_ids_BS, data.eod))
+    if pad is not None and not documents and run.trailing_pads_inert and not _pad_before_a_token(input_ids_BS, pad):
         pad = None  # only trailing pads, seen by nothing but themselves: the plain causal path is faster
     if not documents and pad is None:
         return kwargs

@@ -27,9 +27,10 @@ from mf_ds.errors import RunError
 from mf_ds.mindspore_ckpt import load_into, write_ckpt
 from mf_ds.weights import attach_router_bias, from_hf, layout_of, mindformers_names, model_slot
 from translators import names
+from translators.plan_types import Plan
 
 
-def _meta_model(plan: dict):
+def _meta_model(plan: Plan):
     from transformers import AutoModelForCausalLM
 
     from mf_ds.model import hf_config
@@ -39,9 +40,8 @@ def _meta_model(plan: dict):
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def _family(plan: dict) -> str:
-    run = plan["run"]
-    return names.table_key(run["family"], run.get("layer_style"))
+def _family(plan: Plan) -> str:
+    return plan.weights_family
 
 
 def _shape(file: Path, name: str) -> list[int]:
@@ -58,7 +58,7 @@ def _progress(total: int, what: str):
     return tqdm(total=total, unit="B", unit_scale=True, desc=what, file=sys.stderr, disable=None, leave=False)
 
 
-def to_hf(plan: dict, src: str, dst: str) -> dict[str, int]:
+def to_hf(plan: Plan, src: str, dst: str) -> dict[str, int]:
     """MindFormers checkpoint SRC -> HF directory DST (HF checkpoint names: per expert, q/k/v and gate/up apart).
     Holds the output and one MindFormers tensor at a time."""
     from safetensors.torch import save_file
@@ -78,7 +78,7 @@ def to_hf(plan: dict, src: str, dst: str) -> dict[str, int]:
     return counts
 
 
-def to_mindformers(plan: dict, src: str, dst: str) -> int:
+def to_mindformers(plan: Plan, src: str, dst: str) -> int:
     """HF directory SRC -> MindFormers .ckpt or .safetensors DST; returns the number of tensors. Holds the output
     (.safetensors) or nothing (.ckpt, streamed) beyond the MindFormers tensor being built."""
     from safetensors import safe_open

@@ -36,14 +36,16 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from mf_ds.errors import RunError
+from translators.lr import Schedule
+from translators.plan_types import Plan, Run
 
 
 class _OrderedSamples(torch.utils.data.IterableDataset):
     """The training samples in mf_ds/train.py's order, with the label masking it applies."""
 
-    def __init__(self, dataset: torch.utils.data.Dataset, micro: int, run: dict, attn_implementation: str | None):
+    def __init__(self, dataset: torch.utils.data.Dataset, micro: int, run: Run, attn_implementation: str | None):
         self.dataset, self.micro, self.run, self.attn_implementation = dataset, micro, run, attn_implementation
-        self.pad_id, self.drop_last = run["loss_mask_pad_id"], run["data"]["drop_remainder"]
+        self.pad_id, self.drop_last = run.loss_mask_pad_id, run.data.drop_remainder
 
     def __iter__(self):
         from mf_ds.attention import model_inputs
@@ -136,7 +138,7 @@ class SaveAtEnd(TrainerCallback):
 class MFTrainer(Trainer):
     """The HF Trainer with MindFormers' optimizer (parameter groups, bias correction) and exact LR schedule."""
 
-    def __init__(self, *args: Any, plan: dict, data_size: int | None = None, trust_checkpoint: bool = False,
+    def __init__(self, *args: Any, plan: Plan, data_size: int | None = None, trust_checkpoint: bool = False,
                  **kwargs: Any):
         """`data_size`: the data set in global batches per epoch (x repeat), for lr_schedule.total_steps -1.
         `trust_checkpoint`: resume from a checkpoint without checksums.json (mf_ds/checkpoint.py says why)."""
@@ -145,7 +147,7 @@ class MFTrainer(Trainer):
         # micro_batch_interleave_num: each micro batch is one of the parts whose mean losses MindFormers'
         # MicroBatchInterleaved adds, so each part keeps its own mean (not a share of the window's token mean) and
         # its loss is multiplied by the count (compute_loss); the logged loss is the parts' mean (training_step).
-        self.interleave = plan["run"]["micro_batch_interleave_num"]
+        self.interleave = plan.run.micro_batch_interleave_num
         if self.interleave > 1:
             self.model_accepts_loss_kwargs = False
 
@@ -211,7 +213,7 @@ class MFTrainer(Trainer):
         (engine._replace_module_consolidated_state_dict), which walks parameters only: the persistent buffers, e.g.
         DeepSeek-V3's trained router bias `mlp.gate.e_score_correction_bias`, would be missing from the saved
         weights. AutoTP leaves buffers whole on every rank: rank 0 adds its own (as mf_ds/checkpoint.py does)."""
-        if state_dict and self.plan["parallel"]["tensor_parallel"] > 1:
+        if state_dict and self.plan.parallel.tensor_parallel > 1:
             model = self.accelerator.unwrap_model(self.model)
             state_dict.update({k: v.detach().cpu() for k, v in model.state_dict().items() if k not in state_dict})
         super()._save(output_dir, state_dict=state_dict)
@@ -220,7 +222,7 @@ class MFTrainer(Trainer):
         from mf_ds.optim import build_optimizer
 
         if self.optimizer is None:
-            self.optimizer = build_optimizer(model or self.model, self.plan["run"]["optimizer"])
+            self.optimizer = build_optimizer(model or self.model, self.plan.run.optimizer)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
@@ -231,7 +233,7 @@ class MFTrainer(Trainer):
                 if self.is_world_process_zero():
                     print(line, file=sys.stderr, flush=True)
 
-            self.lr_scheduler = build_scheduler(optimizer or self.optimizer, self.plan["run"]["lr_schedule"],
+            self.lr_scheduler = build_scheduler(optimizer or self.optimizer, self.plan.run.lr_schedule,
                                                 self.data_size, run_steps=num_training_steps, log=log)
             self._created_lr_scheduler = True
         return self.lr_scheduler
@@ -245,7 +247,7 @@ class MFSetup:
     args: TrainingArguments
     callbacks: list[TrainerCallback]
     train_dataset: torch.utils.data.IterableDataset
-    plan: dict
+    plan: Plan
     report: list[str] = field(default_factory=list)
     data_size: int | None = None  # global batches per epoch (x repeat): MindFormers' lr total_steps counts them
 
@@ -255,30 +257,26 @@ class MFSetup:
                          train_dataset=self.train_dataset, plan=self.plan, data_size=self.data_size, **kwargs)
 
 
-def _scheduler_args(r: dict) -> tuple[str, dict]:
+def _scheduler_args(r: Schedule) -> tuple[str, dict]:
     """The nearest HF scheduler type to the resolved schedule `r`, for a plain `Trainer` (MFTrainer applies
     MindFormers' formula itself); constant_with_warmup where no HF type has MindFormers' shape."""
-    plain = not r.get("warmup_lr_init") and r.get("decay_steps") in (r["total_steps"], None)
-    if r["type"] == "CosineWithWarmUpLR" and plain:
-        return "cosine_with_min_lr", {"min_lr": r["lr_end"], "num_cycles": r["num_cycles"]}
-    if r["type"] == "CosineWithRestartsAndWarmUpLR" and plain and r["lr_end"] == 0:
-        return "cosine_with_restarts", {"num_cycles": r["num_cycles"]}
-    if r["type"] == "PolynomialWithWarmUpLR" and not r["warmup_lr_init"] \
-            and r["decay_steps"] == max(1, r["total_steps"] - r["warmup_steps"]):
-        return "polynomial", {"lr_end": r["lr_end"], "power": r["power"]}
-    if r["type"] == "LinearWithWarmUpLR" and plain:
+    plain = not r.warmup_lr_init and r.decay_steps in (r.total_steps, None)
+    if r.type == "CosineWithWarmUpLR" and plain:
+        return "cosine_with_min_lr", {"min_lr": r.lr_end, "num_cycles": r.num_cycles}
+    if r.type == "CosineWithRestartsAndWarmUpLR" and plain and r.lr_end == 0:
+        return "cosine_with_restarts", {"num_cycles": r.num_cycles}
+    if r.type == "PolynomialWithWarmUpLR" and not r.warmup_lr_init \
+            and r.decay_steps == max(1, r.total_steps - r.warmup_steps):
+        return "polynomial", {"lr_end": r.lr_end, "power": r.power}
+    if r.type == "LinearWithWarmUpLR" and plain:
         return "linear", {}
     return "constant_with_warmup", {}
 
 
 def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     """Translate `path` (dotted YAML overrides as keyword names; also output_dir= and max_steps=) for the Trainer."""
-    from mf_ds import patch
-    from mf_ds.data import build_train_dataset
-    from mf_ds.loop import seed_everything
-    from mf_ds.model import build_model, pending_features
-    from mf_ds.recompute import apply_recompute
-    from translators.lr import resolve
+    from mf_ds.model import prepare
+    from translators.lr import schedule_for
     from translators.plan import translate_file
 
     output_dir = overrides.pop("output_dir", None)
@@ -288,90 +286,80 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
         sets.append(f"output_dir={json.dumps(str(output_dir))}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     plan = translate_file(str(path), sets, world_size=world).plan
-    run = plan["run"]
+    run = plan.run
     refusal = context_parallel_refusal(plan)
     if refusal:
         raise RunError(refusal)
+    if run.compute_dtype == "float16" and not torch.cuda.is_available():
+        raise RunError("model_config.compute_dtype float16 needs a GPU (DeepSpeed's CPU accelerator has no fp16)")
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
     # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.
-    seed_everything(run["seed"])
     notes = []
-    model = build_model(plan, run["load_checkpoint"], log=notes.append,
-                        full_reason="the HF Trainer path builds the model before TrainingArguments starts "
-                                    "torch.distributed, which partitioned construction needs")
-    report = [line.removeprefix("mf-ds: ") for line in notes] + pending_features(plan) + \
-        patch.apply(model, plan) + apply_recompute(model, plan["layers"])
-    dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], plan["hf_config"]["vocab_size"],
-                                  tokenizer_dir=run["tokenizer_dir"])
-    steps = len(dataset) // run["global_batch_size"] * run["epochs"]
-    for limit in (max_steps, run["stop_step"]):
-        if limit:
-            steps = min(steps, limit)
-    if steps < 1:
-        raise RunError(f"the data set holds {len(dataset)} samples, fewer than one global batch")
-    if run["compute_dtype"] == "float16" and not torch.cuda.is_available():
-        raise RunError("model_config.compute_dtype float16 needs a GPU (DeepSpeed's CPU accelerator has no fp16)")
-    ds_config = copy.deepcopy(plan["deepspeed"])
+    prepared = prepare(plan, weights=run.load_checkpoint, max_steps=max_steps, log=notes.append,
+                       full_reason="the HF Trainer path builds the model before TrainingArguments starts "
+                                   "torch.distributed, which partitioned construction needs")
+    model, steps = prepared.model, prepared.total_steps
+    report = [line.removeprefix("mf-ds: ") for line in notes] + prepared.notes + prepared.report
+    ds_config = copy.deepcopy(dict(plan.deepspeed))
     ds_config.pop("optimizer", None)  # MFTrainer.create_optimizer builds it
     ds_config.pop("scheduler", None)  # MFTrainer.create_scheduler builds it
     ds_config.pop("activation_checkpointing", None)  # the recompute plan is applied to the model directly
     if "tensor_parallel" in ds_config:
         # accelerate gathers AutoTP shards for save_model only when this is set (Accelerator.get_state_dict)
         ds_config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
-    data_size = len(dataset) // run["global_batch_size"] * run["data"]["repeat"]
-    resolved = resolve(run["lr_schedule"], data_size, run_steps=steps)
+    resolved = schedule_for(run.lr_schedule, prepared.data_size, run_steps=steps)
     sched_type, sched_kwargs = _scheduler_args(resolved)
-    callbacks_plan = run["callbacks"]
-    ckpt = callbacks_plan["checkpoint"]
-    saving = bool(ckpt and ckpt["save_checkpoint_steps"])  # MindSpore's save_checkpoint_steps 0: no step saves
-    optimizer = run["optimizer"]
+    ckpt = run.callbacks.checkpoint
+    saving = bool(ckpt and ckpt.save_checkpoint_steps)  # MindSpore's save_checkpoint_steps 0: no step saves
+    optimizer = run.optimizer
+    betas = optimizer.betas or (0.9, 0.999)
     args = TrainingArguments(
-        output_dir=run["output_dir"],
-        per_device_train_batch_size=run["micro_batch_size"],
-        gradient_accumulation_steps=run["gradient_accumulation_steps"],
-        max_grad_norm=run["gradient_clipping"],
-        bf16=run["compute_dtype"] == "bfloat16",
+        output_dir=run.output_dir,
+        per_device_train_batch_size=run.micro_batch_size,
+        gradient_accumulation_steps=run.gradient_accumulation_steps,
+        max_grad_norm=run.gradient_clipping,
+        bf16=run.compute_dtype == "bfloat16",
         use_cpu=not torch.cuda.is_available(),
-        seed=run["seed"],
-        learning_rate=resolved["peak"],
+        seed=run.seed,
+        learning_rate=resolved.peak,
         lr_scheduler_type=sched_type,
         lr_scheduler_kwargs=sched_kwargs,
-        warmup_steps=resolved.get("warmup_steps", 0),
-        weight_decay=optimizer.get("weight_decay", 0.0),
-        adam_beta1=optimizer.get("betas", [0.9, 0.999])[0],
-        adam_beta2=optimizer.get("betas", [0.9, 0.999])[1],
-        adam_epsilon=optimizer.get("eps", 1e-8),
+        warmup_steps=resolved.warmup_steps or 0,
+        weight_decay=optimizer.weight_decay,
+        adam_beta1=betas[0],
+        adam_beta2=betas[1],
+        adam_epsilon=1e-8 if optimizer.eps is None else optimizer.eps,
         max_steps=steps,
         logging_steps=1,
         save_strategy="steps" if saving else "no",
-        save_steps=ckpt["save_checkpoint_steps"] if saving else 500,
-        save_total_limit=(ckpt["keep_checkpoint_max"] or None) if saving else None,  # 0: keep every checkpoint
+        save_steps=ckpt.save_checkpoint_steps if saving else 500,
+        save_total_limit=(ckpt.keep_checkpoint_max or None) if saving else None,  # 0: keep every checkpoint
         save_only_model=False,
         report_to=[],
         dataloader_drop_last=True,
         remove_unused_columns=False,  # keep shift_labels: forward takes it through **kwargs, not by name
         deepspeed=ds_config,
     )
-    tokens_per_step = run["global_batch_size"] * run["seq_length"]
-    per_print = (callbacks_plan["loss_monitor"] or {}).get("per_print_times", 1)
+    tokens_per_step = run.global_batch_size * run.seq_length
+    per_print = run.callbacks.loss_monitor.per_print_times if run.callbacks.loss_monitor else 1
     moe_callbacks = _moe_callbacks(plan)
     drop_rate = next((c for c in moe_callbacks if type(c).__name__ == "MoEDropRateCallback"), None)
     # The MoE callbacks run before the monitor at each step end, so it logs the metrics they just measured.
-    callbacks: list[TrainerCallback] = [*moe_callbacks, MFLossMonitor(Path(run["output_dir"]), per_print,
-                                                                      tokens_per_step, run["epochs"],
-                                                                      moe=plan["moe"] is not None,
+    callbacks: list[TrainerCallback] = [*moe_callbacks, MFLossMonitor(Path(run.output_dir), per_print,
+                                                                      tokens_per_step, run.epochs,
+                                                                      moe=plan.moe is not None,
                                                                       drop_rate=drop_rate)]
     if saving:
         callbacks.append(SaveAtEnd())
-    if plan["parallel"]["tensor_parallel"] > 1:
+    if plan.parallel.tensor_parallel > 1:
         callbacks.append(ParallelReport())
-    samples = _OrderedSamples(dataset, run["micro_batch_size"], run, model.config._attn_implementation)
-    return MFSetup(model, args, callbacks, samples, plan, report, data_size)
+    samples = _OrderedSamples(prepared.dataset, run.micro_batch_size, run, model.config._attn_implementation)
+    return MFSetup(model, args, callbacks, samples, plan, report, prepared.data_size)
 
 
-def context_parallel_refusal(plan: dict) -> str | None:
+def context_parallel_refusal(plan: Plan) -> str | None:
     """The one line why the Trainer path cannot take the Plan's context parallel degree, or None."""
-    cp = plan["parallel"]["context_parallel"]
+    cp = plan.parallel.context_parallel
     if cp == 1:
         return None
     return (f"parallel_config.context_parallel {cp}: the HF Trainer path cannot take it (accelerate's Ulysses "
@@ -379,7 +367,7 @@ def context_parallel_refusal(plan: dict) -> str | None:
             "target would be lost); train with mf_ds/train.py, or --set parallel_config.context_parallel=1")
 
 
-def _moe_callbacks(plan: dict) -> list[TrainerCallback]:
+def _moe_callbacks(plan: Plan) -> list[TrainerCallback]:
     """MoEDropRateCallback and TopkBiasBalanceCallback as TrainerCallbacks, when the Plan asks for them."""
     from mf_ds.moe import trainer_callbacks
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import random
 import sys
 import threading
 import time
@@ -31,16 +30,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, patch
+from mf_ds import checkpoint
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
 from mf_ds.monitor import Monitor
+from translators.plan_types import Plan
 
 
 def cpu_numerics() -> None:
@@ -49,12 +48,6 @@ def cpu_numerics() -> None:
     without. GPUs' fast paths flush them anyway; values under 1.2e-38 carry nothing a training step needs."""
     if not torch.cuda.is_available():
         torch.set_flush_denormal(True)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 INJECT_NAN = "MF_DS_TEST_INJECT_NAN_STEPS"
@@ -121,93 +114,79 @@ def _log(message: str) -> None:
 class Trainer:
     """Holds the engine, the data and the run settings; `fit()` trains, `close()` tears down."""
 
-    def __init__(self, plan: dict, *, max_steps: int | None = None, load_checkpoint: str | None = None,
+    def __init__(self, plan: Plan, *, max_steps: int | None = None, load_checkpoint: str | None = None,
                  dist_timeout: float | None = None, resume: bool = False, dataset_dir: str | None = None,
                  trust_checkpoint: bool = False):
         import deepspeed
 
-        from mf_ds.data import build_train_dataset
-        from mf_ds.model import build_model, pending_features
+        from mf_ds.model import prepare
         from mf_ds.optim import build_optimizer, build_scheduler
-        from mf_ds.recompute import apply_recompute
 
         self.plan = plan
-        run = plan["run"]
+        run = plan.run
         self.run = run
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        if self.world != run["world_size"]:
-            raise RunError(f"the plan was made for {run['world_size']} ranks, not {self.world}")
-        self.output_dir = Path(run["output_dir"])
-        seed_everything(run["seed"])
+        if self.world != run.world_size:
+            raise RunError(f"the plan was made for {run.world_size} ranks, not {self.world}")
+        self.output_dir = Path(run.output_dir)
         cpu_numerics()
-        if run["deterministic"]:  # train_precision_sync
+        if run.deterministic:  # train_precision_sync
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' condition for determinism
             torch.use_deterministic_algorithms(True, warn_only=True)
-        callbacks = run["callbacks"]
-        self.ckpt = callbacks["checkpoint"]
-        self.ckpt_root = Path(self.ckpt["directory"]) if self.ckpt and self.ckpt["directory"] else \
+        self.ckpt = run.callbacks.checkpoint
+        self.ckpt_root = Path(self.ckpt.directory) if self.ckpt and self.ckpt.directory else \
             self.output_dir / "checkpoint"
         for path, what in ((self.output_dir, "output_dir"), (self.ckpt_root, "the checkpoint directory")):
             if path.exists() and not path.is_dir():
                 raise RunError(f"{path}: {what} is a file; it must be a directory (or not exist yet)")
         self.trust_checkpoint = trust_checkpoint
-        weights = load_checkpoint or run["load_checkpoint"]
+        weights = load_checkpoint or run.load_checkpoint
         resume_from = None
         if weights and (Path(weights) / checkpoint.STATE).is_file():
             resume_from, weights = Path(weights), None  # an mf-ds checkpoint: resume from it
-        resume = resume or run["resume_training"] is True
+        resume = resume or run.resume_training is True
         if self.ckpt and not resume and resume_from is None and checkpoint.complete(self.ckpt_root):
             # A fresh run would save its step-N checkpoints over the earlier run's and prune the rest.
             raise RunError(f"{self.ckpt_root} holds checkpoints of an earlier run: pass --resume_training to "
                            "continue it, or give another --output_dir")
-        self.max_nan_steps = run["max_nan_steps"]
+        self.max_nan_steps = run.max_nan_steps
         self.inject_nan = {int(s) for s in os.environ.get(INJECT_NAN, "").split(",") if s.strip()}
-        self.parallel = plan["parallel"]
-        self.tp, self.cp = self.parallel["tensor_parallel"], self.parallel["context_parallel"]
-        model = build_model(plan, weights, log=_log)
-        for line in pending_features(plan):
+        self.parallel = plan.parallel
+        self.tp, self.cp = self.parallel.tensor_parallel, self.parallel.context_parallel
+        # The model with the Plan's MoE layer, fused kernels and recompute, before DeepSpeed partitions the
+        # parameters (ZeRO-3 partitions what exists at initialize).
+        prepared = prepare(plan, weights=weights, max_steps=max_steps, dataset_dir=dataset_dir, log=_log)
+        for line in prepared.notes:
             _log(f"mf-ds: note: {line}")
-        # The Plan's MoE layer and fused kernels, before recompute wraps the modules and before DeepSpeed
-        # partitions the parameters (ZeRO-3 partitions what exists at initialize).
-        for line in patch.apply(model, plan):
-            _log(f"mf-ds: patch: {line}")
-        self.moe = plan["moe"] is not None
-        self.moe_logs = self.moe and moe_layer.logs_drop_rate(plan)
-        for line in apply_recompute(model, plan["layers"]):
-            _log(f"mf-ds: recompute: {line}")
+        for line in prepared.report:
+            _log(f"mf-ds: {line}" if line.startswith("recompute: ") else f"mf-ds: patch: {line}")
+        model = prepared.model
+        self.moe = plan.moe is not None
+        self.moe_logs = plan.logs_drop_rate
         model.train()
         self.attn_implementation = model.config._attn_implementation
         self.mpu = None
         if self.cp > 1:
             from mf_ds.parallel import register_ulysses
 
-            self.mpu = register_ulysses(model, self.parallel, run["micro_batch_size"], run["seq_length"])
+            self.mpu = register_ulysses(model, self.parallel, run.micro_batch_size, run.seq_length)
             _log(f"mf-ds: parallel: Ulysses context parallel {self.cp} over SDPA attention (this process' "
                  "transformers attention is replaced)")
         if self.tp > 1:
-            _log(f"mf-ds: parallel: AutoTP tensor parallel {self.tp} ({self.parallel['tp_rule']})")
-        hf = plan["hf_config"]
-        self.dataset = build_train_dataset(run["data"], run["seq_length"], run["seed"], hf["vocab_size"],
-                                           tokenizer_dir=run.get("tokenizer_dir"), override_dir=dataset_dir)
-        self.pad_id = run["loss_mask_pad_id"]
-        self.micro = run["micro_batch_size"]
-        self.ga = run["gradient_accumulation_steps"]
-        self.interleave = run["micro_batch_interleave_num"]  # micro batches are parts whose losses MindFormers adds
-        global_batch = run["global_batch_size"]
-        self.steps_per_epoch = len(self.dataset) // global_batch
-        if self.steps_per_epoch == 0:
-            raise RunError(f"the data set holds {len(self.dataset)} samples, fewer than one global batch of "
-                           f"{global_batch}")
-        epoch_steps = self.steps_per_epoch * run["epochs"]
-        self.total_steps = min(epoch_steps, max_steps) if max_steps else epoch_steps
-        if run["stop_step"]:
-            self.total_steps = min(self.total_steps, run["stop_step"])
-        optimizer = build_optimizer(model, run["optimizer"])
+            _log(f"mf-ds: parallel: AutoTP tensor parallel {self.tp} ({self.parallel.tp_rule})")
+        self.dataset = prepared.dataset
+        self.pad_id = run.loss_mask_pad_id
+        self.micro = run.micro_batch_size
+        self.ga = run.gradient_accumulation_steps
+        self.interleave = run.micro_batch_interleave_num  # micro batches are parts whose losses MindFormers adds
+        self.steps_per_epoch = prepared.steps_per_epoch
+        self.total_steps = prepared.total_steps
+        optimizer = build_optimizer(model, run.optimizer)
         # MindFormers' total_steps counts epochs x the data set (x repeat), whatever stop_step / --max_steps cut.
-        scheduler = build_scheduler(optimizer, run["lr_schedule"], self.steps_per_epoch * run["data"]["repeat"],
-                                    run_steps=self.total_steps, log=_log)
-        config = copy.deepcopy(plan["deepspeed"])
+        scheduler = build_scheduler(optimizer, run.lr_schedule, prepared.data_size, run_steps=self.total_steps,
+                                    log=_log)
+        config = copy.deepcopy(dict(plan.deepspeed))
         config.pop("optimizer", None)  # built above, with MindFormers' parameter groups
         config.pop("scheduler", None)  # built above, with MindFormers' exact formula
         config["zero_allow_untested_optimizer"] = True
@@ -224,7 +203,8 @@ class Trainer:
             mla_rope_key_grads(self.engine.module)
         if not self._engine_records_norm:
             _skippable(self.engine.optimizer)
-        self.print_every = (callbacks["loss_monitor"] or {}).get("per_print_times", 1)
+        monitor = run.callbacks.loss_monitor
+        self.print_every = monitor.per_print_times if monitor else 1
         self.step = 0
         if resume:
             resume_from = resume_from or checkpoint.latest(self.ckpt_root)
@@ -274,9 +254,9 @@ class Trainer:
         # Under Ulysses each micro step trains one shard of a micro batch read by one rank of the SP group.
         rank, world = data_shard(self.rank, self.world, self.parallel)
         # ignore_data_skip: a resumed run reads the data from the start
-        consumed, shards = divmod(0 if self.run["ignore_data_skip"] else self.step * self.ga, self.cp)
+        consumed, shards = divmod(0 if self.run.ignore_data_skip else self.step * self.ga, self.cp)
         data = batches(self.dataset, self.micro, rank, world, start=consumed, passes=None,
-                       drop_last=self.run["data"]["drop_remainder"])
+                       drop_last=self.run.data.drop_remainder)
         return UlyssesBatches(data, self.mpu, skip=shards) if self.cp > 1 else data
 
     @property
@@ -294,7 +274,7 @@ class Trainer:
         """Train to total_steps; returns the losses of the steps run here."""
         losses = []
         data = self._batches()
-        tokens_per_step = self.run["global_batch_size"] * self.run["seq_length"]
+        tokens_per_step = self.run.global_batch_size * self.run.seq_length
         nan_losses = 0  # consecutive steps with a non-finite loss
         while self.step < self.total_steps:
             start = time.perf_counter()
@@ -391,7 +371,7 @@ class Trainer:
 
     def _save_every(self) -> int:
         """CheckpointMonitor's save_checkpoint_steps; 0 (no CheckpointMonitor, or MindSpore's 0) saves no step."""
-        return self.ckpt["save_checkpoint_steps"] if self.ckpt else 0
+        return self.ckpt.save_checkpoint_steps if self.ckpt else 0
 
     def _save_due(self) -> bool:
         return bool(self._save_every()) and self.step % self._save_every() == 0
@@ -423,7 +403,7 @@ class Trainer:
         self.monitor.record(row)
         if self.step % self.print_every == 0 or self.step == self.total_steps:
             # MindFormers' MFLossMonitor line, shortened to what PyTorch knows.
-            _log(f"{{ Epoch:[{epoch:3d}/{self.run['epochs']:3d}], step:[{self.step:5d}/{self.total_steps:5d}], "
+            _log(f"{{ Epoch:[{epoch:3d}/{self.run.epochs:3d}], step:[{self.step:5d}/{self.total_steps:5d}], "
                  f"loss: {loss:.6f}, lr: {lr:.6e}, global_norm: [{grad_norm:.6f}], "
                  f"tokens/s: {tokens_per_s:.1f} }}")
 
@@ -433,8 +413,8 @@ class Trainer:
         if not self._weights_finite():
             raise RunError(f"step {self.step}: the weights hold inf/NaN; no checkpoint written"
                            f"{self._last_checkpoint_note()}")
-        return checkpoint.save(self.engine, self.ckpt_root, self.ckpt["prefix"], self.step,
-                               {"consumed_micro_batches": self.step * self.ga}, self.ckpt["keep_checkpoint_max"])
+        return checkpoint.save(self.engine, self.ckpt_root, self.ckpt.prefix, self.step,
+                               {"consumed_micro_batches": self.step * self.ga}, self.ckpt.keep_checkpoint_max)
 
     def close(self) -> None:
         """Flush the logs and write the run report (mf-report's PNGs) into <output_dir>/report/."""

@@ -30,7 +30,7 @@ import torch
 
 from mf_ds import checkpoint2
 from mf_ds.errors import RunError
-from mf_ds.weights import DEFAULT_LAYOUT, Layout, attach_router_bias, model_slot, to_hf
+from mf_ds.weights import DEFAULT_LAYOUT, WeightLayout, attach_router_bias, model_slot, to_hf
 from translators import names
 
 DTYPES = {"Float32": torch.float32, "Float16": torch.float16, "BFloat16": torch.bfloat16, "Float64": torch.float64,
@@ -278,7 +278,7 @@ def _indexed_files(index: Path) -> list[Path]:
 
 
 def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
-              write: Callable[[str, torch.Tensor], None] | None = None, layout: Layout = DEFAULT_LAYOUT,
+              write: Callable[[str, torch.Tensor], None] | None = None, layout: WeightLayout = DEFAULT_LAYOUT,
               progress: Callable[[int], None] | None = None) -> dict[str, int]:
     """Copy a MindFormers checkpoint into `model` one tensor at a time; returns counts for the report.
 

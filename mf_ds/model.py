@@ -1,5 +1,7 @@
 """Build the HF model the Plan describes: `from_config`, weights from an HF-layout safetensors directory, or a
-MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/mindspore_ckpt.py).
+MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/mindspore_ckpt.py);
+and `prepare(plan)`, the one setup both trainers share (mf_ds/loop.py's Trainer, mf_ds/hf.py's from_mf_yaml):
+seed, build, patch (MoE, kernels, recompute), data, step counts.
 
 The runtime reads only the Plan (DESIGN.md): `plan.hf_config` is `AutoConfig.for_model` kwargs. Kernel and MoE
 settings the runtime cannot honour yet are reported, never silently ignored.
@@ -8,19 +10,76 @@ settings the runtime cannot honour yet are reported, never silently ignored.
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mf_ds.errors import RunError
+from translators.plan_types import Plan
 
 
-def hf_config(plan: dict):
-    cfg = plan["hf_config"]
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Prepared:
+    """A patched model, its data and step counts: what both trainers start from."""
+
+    model: torch.nn.Module
+    notes: list[str]
+    """Plan features this runtime does not apply (pending_features)."""
+    report: list[str]
+    """What mf_ds.patch.apply did, one line each (the recompute plan's lines begin `recompute: `)."""
+    dataset: torch.utils.data.Dataset
+    steps_per_epoch: int
+    """Global batches in one pass over the data."""
+    total_steps: int
+    """Steps this run trains: epochs x steps_per_epoch, cut by max_steps and run.stop_step."""
+    data_size: int
+    """MindFormers' dataset size for the LR schedule: steps_per_epoch x repeat (lr_schedule.total_steps -1)."""
+
+
+def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = None, dataset_dir: str | None = None,
+            full_reason: str | None = None, log: Callable[[str], None] | None = None,
+            checkpoint_fn: Callable | None = None) -> Prepared:
+    """Seed, build (with the weights at `weights`: a file or directory, or None), patch as the Plan asks (mf_ds.patch:
+    MoE, kernels, recompute), build the training data and count the steps. `log` gets the build's lines as they
+    happen."""
+    from mf_ds import patch
+    from mf_ds.data import build_train_dataset
+
+    run = plan.run
+    seed_everything(run.seed)
+    model = build_model(plan, weights, log=log, full_reason=full_reason)
+    notes = pending_features(plan)
+    report = patch.apply(model, plan, checkpoint_fn=checkpoint_fn)
+    dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
+                                  tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
+    steps_per_epoch = len(dataset) // run.global_batch_size
+    if steps_per_epoch == 0:
+        raise RunError(f"the data set holds {len(dataset)} samples, fewer than one global batch of "
+                       f"{run.global_batch_size}")
+    total = steps_per_epoch * run.epochs
+    for limit in (max_steps, run.stop_step):
+        if limit:
+            total = min(total, limit)
+    return Prepared(model, notes, report, dataset, steps_per_epoch, total, steps_per_epoch * run.data.repeat)
+
+
+def hf_config(plan: Plan):
+    cfg = plan.hf_config
     if cfg is None:
-        notes = [n["message"] for n in plan["notes"] if n["key"] == "model"]
+        notes = plan.notes_on("model")
         raise RunError("no Hugging Face architecture for this model: " + (notes[0] if notes else "see the plan notes"))
     kwargs = dict(cfg)
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
@@ -28,7 +87,7 @@ def hf_config(plan: dict):
     return config
 
 
-def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
+def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
                 full_reason: str | None = None) -> torch.nn.Module:
     """fp32 parameters (DeepSpeed casts to bf16/fp16 and keeps fp32 masters in its optimizer).
 
@@ -37,10 +96,10 @@ def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
     from mf_ds import zero
 
     config = hf_config(plan)
-    if plan.get("parallel", {}).get("context_parallel", 1) > 1:  # (a Plan reduced to hf_config + run has none)
+    if plan.parallel.context_parallel > 1:
         config._attn_implementation = "sdpa"  # Ulysses wraps SDPA; eager's 4-D masks do not shard
     if zero.partitioned(plan) and full_reason is None:
-        with zero.construction(plan["deepspeed"], config):
+        with zero.construction(plan.deepspeed, config):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         if load_checkpoint:
             _load_partitioned(model, plan, Path(load_checkpoint))
@@ -58,11 +117,9 @@ def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
     if is_mindformers_checkpoint(path):
         from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
-        from translators.names import table_key
 
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        load_into(model, path, table_key(plan["run"]["family"], plan["run"].get("layer_style")),
-                  layout=layout_of(plan))
+        load_into(model, path, plan.weights_family, layout=layout_of(plan))
         return model
     files = weight_files(path)
     try:
@@ -81,7 +138,7 @@ def build_model(plan: dict, load_checkpoint: str | None = None, log=None,
     return model
 
 
-def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
+def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:
     """Weights into a partitioned model, one tensor at a time (mf_ds.zero.Writer); the same checks as the whole
     build's loaders. Every rank reads every tensor (memory: one tensor), rank 0's values are kept."""
     from mf_ds import zero
@@ -90,10 +147,9 @@ def _load_partitioned(model: torch.nn.Module, plan: dict, path: Path) -> None:
     if is_mindformers_checkpoint(path):
         from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
-        from translators.names import table_key
 
-        load_into(model, path, table_key(plan["run"]["family"], plan["run"].get("layer_style")),
-                  layout=layout_of(plan))  # load_into sees the partitioned model and writes through zero.Writer
+        # load_into sees the partitioned model and writes through zero.Writer
+        load_into(model, path, plan.weights_family, layout=layout_of(plan))
         return
     files = weight_files(path)
     writer = zero.Writer(model)
@@ -199,9 +255,9 @@ def weight_files(path: Path) -> dict[str, Path]:
     return owners
 
 
-def pending_features(plan: dict) -> list[str]:
+def pending_features(plan: Plan) -> list[str]:
     """Plan features this runtime does not apply, each as a report line (a note, not a silent no-op)."""
     lines = []
-    if any(layer["mtp"] for layer in plan["layers"]):
+    if any(layer.mtp for layer in plan.layers):
         lines.append("mtp: transformers' DeepSeek-V3 builds no MTP layers; the MTP loss is not trained")
     return lines

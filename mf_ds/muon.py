@@ -42,6 +42,8 @@ from fnmatch import fnmatch
 
 import torch
 
+from translators.plan_types import MuonOptimizer
+
 # HF name suffix -> the MindFormers piece layout along dim 0 (periodic: (a, b, blocks) rows repeated per block)
 _PERIODIC = {
     "self_attn.q_proj.weight": lambda c: (c.qk_nope_head_dim, c.qk_rope_head_dim, c.num_attention_heads),
@@ -204,9 +206,9 @@ def uses_muon(name: str, param: torch.Tensor, adamw_include: tuple[str, ...]) ->
     return not any(fnmatch(mindformers_name(name), pat) or fnmatch(name, pat) for pat in adamw_include)
 
 
-def build_muon(model: torch.nn.Module, spec: dict) -> Muon:
+def build_muon(model: torch.nn.Module, spec: MuonOptimizer) -> Muon:
     """Muon over MindFormers' groups: Muon weights (decayed), AdamW matrices (decayed), AdamW vectors (not)."""
-    include = tuple(spec["adamw_include"])
+    include = tuple(spec.adamw_include)
     muon, decay, no_decay = [], [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -215,12 +217,12 @@ def build_muon(model: torch.nn.Module, spec: dict) -> Muon:
             muon.append((name, param))
         else:
             (decay if param.dim() > 1 and not name.endswith(".bias") else no_decay).append((name, param))
-    wd = spec["weight_decay"]
+    wd = spec.weight_decay
     groups = [{"params": [p for _, p in muon], "muon": True, "weight_decay": wd, "name": "muon",
                "rules": [split_rule(n, model.config) for n, _ in muon]},
               {"params": [p for _, p in decay], "weight_decay": wd, "name": "adamw_decay"},
               {"params": [p for _, p in no_decay], "weight_decay": 0.0, "name": "adamw_no_decay"}]
-    return Muon([g for g in groups if g["params"]], lr=spec["lr"], weight_decay=wd,
-                matched_adamw_rms=spec["matched_adamw_rms"], momentum=spec["momentum"], nesterov=spec["nesterov"],
-                schedule=spec["ns_schedule"], eps=spec["eps"], adamw_betas=tuple(spec["adamw_betas"]),
-                adamw_eps=spec["adamw_eps"])
+    return Muon([g for g in groups if g["params"]], lr=spec.lr, weight_decay=wd,
+                matched_adamw_rms=spec.matched_adamw_rms, momentum=spec.momentum, nesterov=spec.nesterov,
+                schedule=spec.ns_schedule, eps=spec.eps, adamw_betas=tuple(spec.adamw_betas),
+                adamw_eps=spec.adamw_eps)

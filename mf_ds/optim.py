@@ -16,12 +16,14 @@ LambdaLR factor of the peak learning rate, stepped once per optimizer step by th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
 from mf_ds.lr import schedule
-from translators.lr import resolve
+from translators.lr import schedule_for
+from translators.plan_types import MuonOptimizer, Optimizer
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -108,33 +110,33 @@ class AdamWeightDecayX(_Fp32StateAdam):
         p.copy_(weight)
 
 
-def build_optimizer(model: torch.nn.Module, spec: dict) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, spec: Optimizer | MuonOptimizer) -> torch.optim.Optimizer:
     """The optimizer plan.run.optimizer describes, over MindFormers' parameter groups."""
-    kind = spec["type"]
+    kind = spec.type
     if kind == "Muon":  # MindFormers' Muon with its AdamW part, over its own groups (mf_ds/muon.py)
         from mf_ds.muon import build_muon
 
         return build_muon(model, spec)
-    groups = param_groups(model, spec["weight_decay"])
+    groups = param_groups(model, spec.weight_decay)
     if kind == "SGD":
-        return torch.optim.SGD(groups, lr=spec["lr"])
-    betas = tuple(spec["betas"])
+        return torch.optim.SGD(groups, lr=spec.lr)
+    betas = tuple(spec.betas)
     if kind == "AdamWeightDecayX":  # its own weight_decay on every parameter, as MindSpore runs the class
         for group in groups:
-            group["weight_decay"] = spec["weight_decay"]
-        return AdamWeightDecayX(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
-    if not spec["bias_correction"]:
-        return AdamWeightDecay(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
+            group["weight_decay"] = spec.weight_decay
+        return AdamWeightDecayX(groups, lr=spec.lr, betas=betas, eps=spec.eps)
+    if not spec.bias_correction:
+        return AdamWeightDecay(groups, lr=spec.lr, betas=betas, eps=spec.eps)
     if kind == "Adam":
         # torch Adam adds weight decay to the gradient (L2), which is what adam_w_mode false means in DeepSpeed.
-        return torch.optim.Adam(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
+        return torch.optim.Adam(groups, lr=spec.lr, betas=betas, eps=spec.eps)
     if kind == "Lamb":
         raise ValueError("optimizer.type Lamb needs DeepSpeed's FusedLamb on a GPU; this runtime builds it only "
                          "through the DeepSpeed config")
-    return torch.optim.AdamW(groups, lr=spec["lr"], betas=betas, eps=spec["eps"])
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=betas, eps=spec.eps)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict, data_size: int | None = None, *,
+def build_scheduler(optimizer: torch.optim.Optimizer, spec: Mapping[str, Any], data_size: int | None = None, *,
                     run_steps: int | None = None,
                     log: Callable[[str], None] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
     """MindFormers' schedule (plan.run.lr_schedule) as a LambdaLR stepped once per optimizer step.
@@ -143,12 +145,12 @@ def build_scheduler(optimizer: torch.optim.Optimizer, spec: dict, data_size: int
     translators.lr refuse a schedule that is NaN within the run; `log` gets MindFormers' lines (warm-up ratio,
     warmup_lr_init default) as MindFormers prints them when it builds the schedule.
     """
-    resolved = resolve(spec, data_size, run_steps)
+    resolved = schedule_for(spec, data_size, run_steps)
     if log is not None:
-        for line in resolved["log"]:
+        for line in resolved.log:
             log(line.split(": ", 1)[1])
     rate = schedule(resolved)
-    peak = resolved["peak"] or 1.0  # the factor is relative to the optimizer's base rate
+    peak = resolved.peak or 1.0  # the factor is relative to the optimizer's base rate
     for group in optimizer.param_groups:
         group["lr"] = peak
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step) / peak)

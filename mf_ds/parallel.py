@@ -25,12 +25,13 @@ import torch
 import torch.distributed as dist
 
 from mf_ds.errors import RunError
+from translators.plan_types import Parallel
 
 
-def data_shard(rank: int, world: int, parallel: dict) -> tuple[int, int]:
+def data_shard(rank: int, world: int, parallel: Parallel) -> tuple[int, int]:
     """(data rank, data ranks) this rank reads as. TP peers read one shard; Ulysses ranks each read their own
     (the adapter spreads every micro batch over the SP group)."""
-    tp = parallel["tensor_parallel"]
+    tp = parallel.tensor_parallel
     return rank // tp, world // tp
 
 
@@ -94,7 +95,7 @@ def register_ulysses(model: torch.nn.Module, parallel: dict, micro_batch: int, s
                        "eager attention's 4-D masks)")
     try:
         return UlyssesSPAttentionHF.register_with_transformers(
-            model, core_attn_implementation="sdpa", sequence_parallel_size=parallel["context_parallel"],
+            model, core_attn_implementation="sdpa", sequence_parallel_size=parallel.context_parallel,
             micro_batch_size=micro_batch, seq_length=seq_length, seq_length_is_variable=False)
     except ValueError as exc:
         raise RunError(f"parallel_config.context_parallel: DeepSpeed Ulysses refused the model: {exc}") from None

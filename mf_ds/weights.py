@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from translators import names
+from translators.plan_types import Plan
 
 
 @dataclass(frozen=True)
-class Layout:
+class WeightLayout:
     """How the YAML's MindFormers checkpoint lays out fused weights."""
 
     gmm: bool = False  # stacked experts [E, in, out] (moe_config.use_gmm: GroupedMatmul)
@@ -34,24 +35,24 @@ class Layout:
     ffn_interleaved: bool = True  # mcore use_interleaved_weight_layout_mlp (MindFormers default True)
 
 
-DEFAULT_LAYOUT = Layout()
+DEFAULT_LAYOUT = WeightLayout()
 
 
-def layout_of(plan: dict) -> Layout:
-    """The Layout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout), with the family's
-    own defaults where the YAML is silent."""
+def layout_of(plan: Plan) -> WeightLayout:
+    """The WeightLayout the Plan's run.checkpoint_layout names (translators/names.py checkpoint_layout), with the
+    family's own defaults where the YAML is silent."""
     from mf_ds.errors import RunError
 
-    given = plan["run"].get("checkpoint_layout") or {}
-    glm = names.style(names.table_key(plan["run"]["family"], plan["run"].get("layer_style"))) == "glm"
-    if glm and given.get("use_rearrange_rope"):
+    given = plan.run.checkpoint_layout
+    glm = names.style(plan.weights_family) == "glm"
+    if glm and given.use_rearrange_rope:
         raise RunError("model.model_config.use_rearrange_rope: True: MindFormers' q/k rows are rearranged "
                        "(glm2/convert_weight.py rearrange_w); mf-ds reads checkpoints without it only")
-    qkv_concat = given.get("qkv_concat")
-    return Layout(gmm=bool(given.get("use_gmm", False)), qkv_concat=glm if qkv_concat is None else bool(qkv_concat),
-                  mlp_concat=given.get("mlp_concat") is not False,
-                  qkv_contiguous=bool(given.get("use_contiguous_weight_layout_attention", False)),
-                  ffn_interleaved=bool(given.get("use_interleaved_weight_layout_mlp", True)))
+    qkv_concat = given.qkv_concat
+    return WeightLayout(gmm=given.use_gmm, qkv_concat=glm if qkv_concat is None else qkv_concat,
+                  mlp_concat=given.mlp_concat is not False,
+                  qkv_contiguous=given.use_contiguous_weight_layout_attention,
+                  ffn_interleaved=given.use_interleaved_weight_layout_mlp)
 
 
 def _dims(config) -> tuple[int, int, int]:
@@ -145,7 +146,7 @@ def _split_piece(kind: str, half: int, hf_name: str, tensor: torch.Tensor, confi
     return Piece(hf_name, _halves_to_pairs(part, rope) if half and kind == "q_b" else part, view, index)
 
 
-def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Layout) -> list[Piece] | None:
+def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: WeightLayout) -> list[Piece] | None:
     """The HF checkpoint tensors (or parts of them) that MindFormers tensor `mf_name` holds; None when it is not a
     model weight."""
     stem = names.mf_to_hf(mf_name, family)
@@ -190,9 +191,9 @@ def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Layou
     return [Piece(stem, tensor)]
 
 
-def _expert_entries(family: str, layout: Layout):
+def _expert_entries(family: str, layout: WeightLayout):
     """The stacked-expert entries that apply to this layout (DeepSeek names its experts by use_gmm)."""
-    for part, (kind, hf_parts) in names.EXPERTS.get(family, {}).items():
+    for part, (kind, hf_parts) in names.experts(family).items():
         if (kind.startswith("gmm_") and not layout.gmm) or (kind == "stack_bmm" and layout.gmm):
             continue
         yield part, kind, hf_parts
@@ -202,7 +203,7 @@ def _expert_pattern(hf: str) -> re.Pattern:
     return re.compile(re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$")
 
 
-def mindformers_names(hf_names: list[str], family: str, layout: Layout = DEFAULT_LAYOUT) -> dict[str, list[str]]:
+def mindformers_names(hf_names: list[str], family: str, layout: WeightLayout = DEFAULT_LAYOUT) -> dict[str, list[str]]:
     """{MindFormers name: the HF names it is built from, in order} for the HF checkpoint names given."""
     out: dict[str, list[str]] = {}
     # mcore checkpoints always hold q/k/v and gate/up fused; legacy ones when the YAML says qkv_concat: True (the
@@ -210,7 +211,7 @@ def mindformers_names(hf_names: list[str], family: str, layout: Layout = DEFAULT
     fused = {hf: part for part, (_, hf_parts) in names.fused_parts(family).items() for hf in hf_parts
              if names.is_mcore(family) or layout.qkv_concat}
     experts = [(_expert_pattern(hf), part) for part, _, hf_parts in _expert_entries(family, layout) for hf in hf_parts]
-    splits = {hf: v for hf, v in names.SPLIT.get(family, {}).items() if v[0] != "halves" or not layout.mlp_concat}
+    splits = {hf: v for hf, v in names.splits(family).items() if v[0] != "halves" or not layout.mlp_concat}
     for name in hf_names:
         for pattern, part in experts:
             m = pattern.search(name)
@@ -233,7 +234,7 @@ def mindformers_names(hf_names: list[str], family: str, layout: Layout = DEFAULT
 
 
 def from_hf(mf_name: str, hf_names: list[str], read: Callable[[str], torch.Tensor], family: str, config,
-            layout: Layout) -> torch.Tensor:
+            layout: WeightLayout) -> torch.Tensor:
     """MindFormers tensor `mf_name` built from the HF checkpoint tensors `hf_names` (read one at a time)."""
     expert = names.expert_kind(mf_name, family)
     if expert:

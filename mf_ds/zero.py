@@ -32,27 +32,28 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from translators.plan_types import Plan
+
 FULL_BUILD = "MF_DS_FULL_BUILD"
 
 
-def full_build_reason(plan: dict) -> str | None:
+def full_build_reason(plan: Plan) -> str | None:
     """Why a ZeRO-3 run builds the whole model on every rank; None: it builds partitioned. Not ZeRO-3: None too,
     nothing to say (`partitioned` is False)."""
     if os.environ.get(FULL_BUILD, "") not in ("", "0"):
         return f"{FULL_BUILD}={os.environ[FULL_BUILD]}"
-    parallel = plan.get("parallel") or {}
-    if parallel.get("tensor_parallel", 1) > 1:
+    if plan.parallel.tensor_parallel > 1:
         return "AutoTP (tensor_parallel > 1) slices whole weights at deepspeed.initialize"
-    if (plan.get("moe") or {}).get("expert_parallel", 1) > 1:
+    if plan.moe is not None and plan.moe.expert_parallel > 1:
         return "expert parallelism slices the whole expert tensors"
     return None
 
 
-def zero3(plan: dict) -> bool:
-    return (plan.get("deepspeed") or {}).get("zero_optimization", {}).get("stage", 0) == 3
+def zero3(plan: Plan) -> bool:
+    return plan.zero_stage == 3
 
 
-def partitioned(plan: dict) -> bool:
+def partitioned(plan: Plan) -> bool:
     """Whether build_model constructs the model partitioned (ZeRO-3, nothing that needs whole weights)."""
     return zero3(plan) and full_build_reason(plan) is None
 
@@ -107,7 +108,7 @@ def _initialize_gathered(model) -> None:
 @contextlib.contextmanager
 def construction(ds_config: dict, config) -> Iterator[None]:
     """Build a model of HF `config` partitioned inside this block:
-    `with construction(plan["deepspeed"], config): from_config(config)`.
+    `with construction(plan.deepspeed, config): from_config(config)`.
 
     The model's modeling module is imported first. A torch.nn.Module class defined inside zero.Init gets its
     `__init__` recorded by DeepSpeed's `__init_subclass__` hook at class creation, before transformers' class

@@ -2,7 +2,8 @@
 
     from translators import translate_file
     result = translate_file("x.yaml", overrides=["runner_config.batch_size=2"], world_size=8)
-    result.plan["deepspeed"], result.plan["hf_config"], result.formative, result.warnings
+    result.plan.deepspeed, result.plan.hf_config, result.plan.run.total_steps, result.formative, result.warnings
+    result.json                                   # the Plan as `mf-translate --plan` writes it
 """
 
 from translators.errors import ConfigError

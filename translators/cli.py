@@ -58,7 +58,7 @@ def run(argv: list[str] | None = None) -> int:
         gpu_memory = None
         if args.layout:  # imported here: plain translation stays as fast to start as before
             from translators.memory import parse_size
-            from translators.planner import layout, render
+            from translators.planner import layout_report, render
 
             gpu_memory = parse_size(args.gpu_memory) if args.gpu_memory is not None else None
         with warnings.catch_warnings(record=True) as caught:
@@ -74,7 +74,7 @@ def run(argv: list[str] | None = None) -> int:
         lines = result.ledger.explain() if args.explain else [note.line() for note in result.warnings]
         for line in lines:
             print(line, file=sys.stderr)
-        plan = result.plan
+        plan = result.json
         if args.hf_config:
             if plan["hf_config"] is None:
                 print(f"mf-translate: no HF config written to {args.hf_config}: see the note on 'model'",
@@ -86,7 +86,7 @@ def run(argv: list[str] | None = None) -> int:
         if args.layout:
             # what the YAML asked for (shown beside the degrees); MindFormers resets it without use_parallel
             raw_pc = tree.get("parallel_config") if tree.get("use_parallel") is True else None
-            report = layout(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory)
+            report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory)
     except ConfigError as exc:
         print(f"mf-translate: error: {exc}", file=sys.stderr)
         return 2

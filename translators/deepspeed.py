@@ -325,7 +325,9 @@ def parallel(lay: Any, hf_model_type: str | None, vocab_parallel: bool = False) 
 
 
 def activation_checkpointing(n_full: int, slice_activation: bool, mp: int, ledger: Ledger) -> dict[str, Any]:
-    """DeepSpeed's activation_checkpointing block; it configures deepspeed.checkpointing, which the runtime calls."""
+    """DeepSpeed's activation_checkpointing block, every switch off: it records how many layers are fully recomputed.
+    The runtime checkpoints those layers itself with torch's checkpoint (mf_ds/patch/recompute.py); nothing hands
+    this block to deepspeed.checkpointing (mf_ds.hf drops it from the Trainer's config)."""
     if slice_activation:
         # partition_activations splits saved activations over the model-parallel group; without TP there is none.
         ledger.differs("recompute_config.recompute_slice_activation", "DeepSpeed partitions checkpointed "

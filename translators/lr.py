@@ -17,6 +17,8 @@ tests/fixtures/lr_schedule_golden.json (tests/fixtures/make_lr_golden.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from translators.errors import ConfigError, did_you_mean
@@ -168,6 +170,47 @@ def _steps(cls: str, steps: int | None, ratio: float | None, total: int, tag: st
     steps = int(total * ratio)
     log.append(f"INFO: Current {tag}_ratio is {ratio}, total_steps is {total}, {tag}_steps will be set to {steps}")
     return steps
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What `resolve` works out for one MindFormers LR class, typed for the runtime's formulas (mf_ds/lr.py); the
+    fields a class does not use stay None. The Plan's run.lr_schedule.resolved holds the same as a mapping."""
+
+    type: str
+    total_steps: int
+    peak: float
+    """The optimizer's base rate: learning_rate (base_lr for the CosineAnnealing classes)."""
+    log: tuple[str, ...] = ()
+    """MindFormers' lines ("LEVEL: message") as it prints them when it builds the schedule."""
+    learning_rate: float | None = None
+    warmup_lr_init: float | None = None
+    warmup_steps: int | None = None
+    linear_steps: int | None = None
+    lr_end: float | None = None
+    num_cycles: float | None = None
+    cosine_steps: int | None = None
+    decay_steps: int | None = None
+    power: float | None = None
+    keep_steps: int | None = None
+    final_steps: int | None = None
+    lr_end1: float | None = None
+    lr_end2: float | None = None
+    decay_start_steps: int | None = None
+    base_lr: float | None = None
+    t_max: int | None = None
+    t_0: int | None = None
+    t_mult: int | None = None
+    eta_min: float | None = None
+
+    @classmethod
+    def of(cls, resolved: Mapping[str, Any]) -> Schedule:
+        return cls(**{name: tuple(value) if name == "log" else value for name, value in resolved.items()})
+
+
+def schedule_for(spec: dict[str, Any], data_size: int | None = None, run_steps: int | None = None) -> Schedule:
+    """`resolve` for the runtime: the Plan's run.lr_schedule with the data set it reads."""
+    return Schedule.of(resolve(spec, data_size, run_steps))
 
 
 def resolve(spec: dict[str, Any], data_size: int | None = None, run_steps: int | None = None) -> dict[str, Any]:

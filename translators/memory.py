@@ -25,7 +25,7 @@ measured with the torch memory profiler on CPU: tests/translators/test_memory_ac
   loss             (12 + e)V      log_softmax output (fp32), the logits (e), two fp32 gradients at the loss
   MLA (DeepSeek)   q_a / kv_a norms and up-projection inputs, q and k at (nope + rope), v and the SDPA output at v
   MoE layer        router scores 3 x 4E (fp32), top_k routed rows of e(2h + 4I_moe), shared experts as an MLP
-A fully recomputed layer keeps its input (e h); select recompute drops what mf_ds/recompute.py drops (act+mul:
+A fully recomputed layer keeps its input (e h); select recompute drops what mf_ds/patch/recompute.py drops (act+mul:
 2eI; an RMSNorm: 4h). Peak = max(loss peak, backward of each layer: the kept sets below it + its whole set +
 the backward working set (12 + e)h + the logits eV).
 """
@@ -42,20 +42,22 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # DeepSpeed 0.19.8 defaults (runtime/zero/config.py)
 REDUCE_BUCKET = 500_000_000
 PERSISTENCE_THRESHOLD = 100_000
-TIED_DEFAULT = {"gpt2": True}  # every other supported family's HF config defaults to an untied lm_head
-_MLA_DEFAULTS = {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "q_lora_rank": 1536,
-                 "kv_lora_rank": 512}
-# HF's config defaults for the keys read here that a translated hf_config may leave out (transformers 5.23)
-HF_DEFAULTS = {
-    "deepseek_v2": {**_MLA_DEFAULTS, "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 0,
-                    "n_routed_experts": 64, "moe_intermediate_size": 1407},
-    "deepseek_v3": {**_MLA_DEFAULTS, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
-                    "n_routed_experts": 256, "moe_intermediate_size": 2048},
-}
 
 
 def with_defaults(hf: dict) -> dict:
-    return {**HF_DEFAULTS.get(hf["model_type"], {}), **hf}
+    """`hf` with HF's config defaults for the keys read here that a translated hf_config may leave out (the family
+    record's memory_defaults, transformers 5.23)."""
+    from translators.families import registry
+
+    found = registry.by_hf_type(hf["model_type"])
+    return {**(found.memory_defaults if found else {}), **hf}
+
+
+def _tied_default(model_type: str) -> bool:
+    from translators.families import registry
+
+    found = registry.by_hf_type(model_type)
+    return found.tied_embeddings if found else False
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def inventory(hf: dict) -> list[Weights]:
     k = _get(hf, "num_key_value_heads", default=a)
     d = _get(hf, "head_dim", default=h // a)
     out = [Weights("embed_tokens", V * h, 1, "whole"), Weights("norm", h, 1, "whole")]
-    if not hf.get("tie_word_embeddings", TIED_DEFAULT.get(mt, False)):
+    if not hf.get("tie_word_embeddings", _tied_default(mt)):
         out.append(Weights("lm_head", V * h, 1, "whole"))
     moe_layers = _moe_layers(hf)
     counts = {"dense": L - len(moe_layers), "moe": len(moe_layers)}

@@ -52,7 +52,6 @@ BECOMES = {
     "moe_intermediate_size": "hf_config.moe_intermediate_size: the expert width of the HF model (moe.intermediate_size "
                              "records it)",
     "enable_gmm_safe_tokens": "moe.safe_tokens",
-    "use_fused_ops_permute": "kernels.fused_permute",
     "callback_moe_droprate": "moe.drop_rate_callback",
     "routing_policy": "TopkRouterV2 semantics (MoEV2 accepts no other)",
     "expert_group_size": "moe.aux_groups.device (the device loss's expert groups)",
@@ -64,6 +63,8 @@ BECOMES = {
     "router_dense_type": "moe.router.dtype: the router's logits and scores in bfloat16 when it says so, else float32",
 }
 DROPPED = {
+    "use_fused_ops_permute": "mf-ds' MoE block always permutes with its fused kernel (Triton on CUDA, torch on "
+                             "CPU): nothing to switch",
     "aux_loss_factor": "V1-only balance loss (MoEV2/V3, which these YAMLs build, ignore it)",
     "use_fused_ops_topkrouter": "Ascend fused dispatch-index op; same semantics as the plain router",
     "group_wise_a2a": "Ascend all-to-all grouping (performance only)",
@@ -309,8 +310,6 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
         "aux_f": "global_batch" if balancing == "gbs_aux_loss" else "group",
         "dropless": dropless,
         "drop_policy": "sdrop" if cfg.enable_sdrop else "kdrop",
-        "gmm": cfg.use_gmm,
-        "fused_permute": cfg.use_fused_ops_permute,
         "safe_tokens": cfg.enable_gmm_safe_tokens,
         "expert_parallel": ep,
         "drop_rate_callback": cfg.callback_moe_droprate,

@@ -1,4 +1,8 @@
-"""MindFormers parameter names <-> Hugging Face names, one table per family (pure data; mf_ds/weights.py applies it).
+"""MindFormers parameter names <-> Hugging Face names (pure data; mf_ds/weights.py applies them).
+
+The tables here are per MindFormers model code (LlamaForCausalLM, DeepSeek-V3, ChatGLM2, mcore GPTModel); each
+family's record (translators/families/record.py, `weights`) says which ones name its weights, and the functions below
+find them through the registry (`family` is the record's weights_key: `qwen3/mcore` for an mcore model).
 
 The HF side is the layout Hugging Face checkpoints are saved in (what `save_pretrained` writes and what MindFormers'
 converters read): one tensor per expert and projection (`experts.3.w1.weight`), separate q/k/v and gate/up.
@@ -72,7 +76,7 @@ MCORE = (
     (".pre_mlp_layernorm.", ".post_attention_layernorm."),
 )
 # research/deepseek3/convert_weight.py (1.7.0): plain_name_replace, mla_name_replace, mlp_name_replace with
-# use_grouped_gemm (its default; BMM_NAMES below for the other).
+# use_grouped_gemm (its default; DEEPSEEK_BMM below for the other).
 DEEPSEEK = (
     ("model.tok_embeddings.embedding_weight", "model.embed_tokens.weight"),
     ("model.norm_out.", "model.norm."),
@@ -92,19 +96,19 @@ DEEPSEEK = (
     (".feed_forward.routed_experts.topk_bias", ".mlp.gate.e_score_correction_bias"),
 )
 # Without use_grouped_gemm the router has other names (mlp_name_replace's bmm_key): (gmm name, bmm name).
-BMM_NAMES = {"deepseek_v3": ((".feed_forward.routed_experts.router_dense.weight",
-                              ".feed_forward.routed_experts.router.dense.weight"),
-                             (".feed_forward.routed_experts.topk_bias",
-                              ".feed_forward.routed_experts.router.router.topk_bias"))}
+DEEPSEEK_BMM = (
+    (".feed_forward.routed_experts.router_dense.weight", ".feed_forward.routed_experts.router.dense.weight"),
+    (".feed_forward.routed_experts.topk_bias", ".feed_forward.routed_experts.router.router.topk_bias"),
+)
 # With use_gmm the Llama path builds MoEV3, which holds its router and bias itself (moev3.py 1.7.0: router_dense,
 # topk_bias, expert_load; TopkBiasBalanceCallback's `routed_experts.topk_bias`): (MoEV2 name, MoEV3 name). Read
 # both ways; written (hf_to_mf) with the MoEV2 names, as research/mixtral/convert_weight.py writes them, use_gmm too.
-GMM_NAMES = {"mixtral": ((".feed_forward.router.dense.weight", ".feed_forward.router_dense.weight"),
-                         (".feed_forward.router.router.topk_bias", ".feed_forward.topk_bias")),
-             "qwen2_moe": ((".feed_forward.routed_experts.router.dense.weight",
-                            ".feed_forward.routed_experts.router_dense.weight"),
-                           (".feed_forward.routed_experts.router.router.topk_bias",
-                            ".feed_forward.routed_experts.topk_bias"))}
+MIXTRAL_GMM = ((".feed_forward.router.dense.weight", ".feed_forward.router_dense.weight"),
+               (".feed_forward.router.router.topk_bias", ".feed_forward.topk_bias"))
+QWEN2_MOE_GMM = (
+    (".feed_forward.routed_experts.router.dense.weight", ".feed_forward.routed_experts.router_dense.weight"),
+    (".feed_forward.routed_experts.router.router.topk_bias", ".feed_forward.routed_experts.topk_bias"),
+)
 # mindformers/models/glm2/convert_weight.py + convert_reversed.py (1.7.0) and ChatGLM2ForConditionalGeneration's
 # own names, to transformers' `glm` (THUDM/glm-4-9b-hf): the same weights, renamed; both fuse gate/up, gate first.
 GLM = (
@@ -119,19 +123,16 @@ GLM = (
     (".mlp.dense_h_to_4h.", ".mlp.gate_up_proj."),
     (".mlp.dense_4h_to_h.", ".mlp.down_proj."),
 )
-NAME_MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE, "deepseek_v3": DEEPSEEK,
-             "glm4": GLM, "chatglm": GLM, "qwen3/mcore": MCORE,
-             "qwen3_moe/mcore": MCORE, "telechat3/mcore": MCORE}  # TeleChat3: Qwen3's names (families/telechat3.py)
 # One HF tensor that MindFormers keeps in two (research/deepseek3/convert_weight.py _mla_pt_to_ms): HF part, kind,
 # MindFormers parts. The rope rows of q_b_proj and kv_a_proj_with_mqa are reordered from HF's interleaved pairs
 # to halves (evens, then odds), as MindFormers' rotary embedding rotates halves.
 # GLM with mlp_concat False: dense_left (gate) and dense_right (up) are the halves of gate_up_proj (mlp_split).
-SPLIT = {"deepseek_v3": {
+DEEPSEEK_SPLIT = {
     ".self_attn.q_b_proj.": ("q_b", (".attention.l2q_nope_proj.", ".attention.l2q_pe_proj.")),
     ".self_attn.kv_a_proj_with_mqa.": ("kv_a", (".attention.kv2l_latent_kv.", ".attention.kv2l_k_pe.")),
     ".self_attn.kv_b_proj.": ("kv_b", (".attention.lkv2kv_k_nope.", ".attention.lkv2kv_v.")),
-}, "glm4": {".mlp.gate_up_proj.": ("halves", (".mlp.dense_left.", ".mlp.dense_right."))}}
-SPLIT["chatglm"] = SPLIT["glm4"]
+}
+GLM_SPLIT = {".mlp.gate_up_proj.": ("halves", (".mlp.dense_left.", ".mlp.dense_right."))}
 
 # Fused MindFormers tensors: (name part, kind, HF name parts it holds, in order).
 _QKV = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.")
@@ -144,30 +145,28 @@ FUSED = {
     "glm": {".self_attention.query_key_value.": ("qkv_cat", _QKV)},
 }
 # Stacked experts: (MindFormers name part, kind, HF per-expert name parts, `{e}` the expert).
-EXPERTS = {
-    "mixtral": {
-        ".feed_forward.ffn.w1.weight": ("stack", (".block_sparse_moe.experts.{e}.w1.weight",)),
-        ".feed_forward.ffn.w2.weight": ("stack", (".block_sparse_moe.experts.{e}.w2.weight",)),
-        ".feed_forward.ffn.w3.weight": ("stack", (".block_sparse_moe.experts.{e}.w3.weight",)),
-    },
-    "qwen2_moe": {
-        ".feed_forward.routed_experts.ffn.w1.weight": ("stack", (".mlp.experts.{e}.gate_proj.weight",)),
-        ".feed_forward.routed_experts.ffn.w2.weight": ("stack", (".mlp.experts.{e}.down_proj.weight",)),
-        ".feed_forward.routed_experts.ffn.w3.weight": ("stack", (".mlp.experts.{e}.up_proj.weight",)),
-    },
-    # use_grouped_gemm: w1 [E, H, 2I] = [gate^T | up^T], w2 [E, I, H] = down^T (no `.weight`); else stacked as is.
-    "deepseek_v3": {
-        ".feed_forward.routed_experts.ffn.w1": ("gmm_w1", (".mlp.experts.{e}.gate_proj.weight",
-                                                           ".mlp.experts.{e}.up_proj.weight")),
-        ".feed_forward.routed_experts.ffn.w2": ("gmm_w2", (".mlp.experts.{e}.down_proj.weight",)),
-        ".feed_forward.routed_experts.ffn.w1.weight": ("stack_bmm", (".mlp.experts.{e}.gate_proj.weight",)),
-        ".feed_forward.routed_experts.ffn.w2.weight": ("stack_bmm", (".mlp.experts.{e}.down_proj.weight",)),
-        ".feed_forward.routed_experts.ffn.w3.weight": ("stack_bmm", (".mlp.experts.{e}.up_proj.weight",)),
-    },
-    "qwen3_moe/mcore": {
-        ".mlp.experts.weight1": ("weight1", (".mlp.experts.{e}.gate_proj.weight", ".mlp.experts.{e}.up_proj.weight")),
-        ".mlp.experts.weight2": ("weight2", (".mlp.experts.{e}.down_proj.weight",)),
-    },
+MIXTRAL_EXPERTS = {
+    ".feed_forward.ffn.w1.weight": ("stack", (".block_sparse_moe.experts.{e}.w1.weight",)),
+    ".feed_forward.ffn.w2.weight": ("stack", (".block_sparse_moe.experts.{e}.w2.weight",)),
+    ".feed_forward.ffn.w3.weight": ("stack", (".block_sparse_moe.experts.{e}.w3.weight",)),
+}
+QWEN2_MOE_EXPERTS = {
+    ".feed_forward.routed_experts.ffn.w1.weight": ("stack", (".mlp.experts.{e}.gate_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w2.weight": ("stack", (".mlp.experts.{e}.down_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w3.weight": ("stack", (".mlp.experts.{e}.up_proj.weight",)),
+}
+# use_grouped_gemm: w1 [E, H, 2I] = [gate^T | up^T], w2 [E, I, H] = down^T (no `.weight`); else stacked as is.
+DEEPSEEK_EXPERTS = {
+    ".feed_forward.routed_experts.ffn.w1": ("gmm_w1", (".mlp.experts.{e}.gate_proj.weight",
+                                                       ".mlp.experts.{e}.up_proj.weight")),
+    ".feed_forward.routed_experts.ffn.w2": ("gmm_w2", (".mlp.experts.{e}.down_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w1.weight": ("stack_bmm", (".mlp.experts.{e}.gate_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w2.weight": ("stack_bmm", (".mlp.experts.{e}.down_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w3.weight": ("stack_bmm", (".mlp.experts.{e}.up_proj.weight",)),
+}
+MCORE_EXPERTS = {
+    ".mlp.experts.weight1": ("weight1", (".mlp.experts.{e}.gate_proj.weight", ".mlp.experts.{e}.up_proj.weight")),
+    ".mlp.experts.weight2": ("weight2", (".mlp.experts.{e}.down_proj.weight",)),
 }
 LEGACY_PREFIXES = ("model.", "lm_head.")
 MCORE_PREFIXES = ("embedding.", "decoder.", "output_layer.")
@@ -213,11 +212,49 @@ def table_key(family: str, layer_style: str | None = None) -> str:
     return f"{family}/mcore" if layer_style == "mcore" else family
 
 
-def name_map(family: str) -> tuple[tuple[str, str], ...]:
-    if family not in NAME_MAPS:
+def weights(family: str):
+    """The family's weight tables (its record's `weights`, translators/families/record.py); KeyError if it has none."""
+    from translators.families import registry
+
+    found = registry.weights(family)
+    if found is None:
         raise KeyError(f"no MindFormers -> HF parameter name map for family {family!r} (have: "
-                       f"{', '.join(sorted(NAME_MAPS))})")
-    return NAME_MAPS[family]
+                       f"{', '.join(registry.weight_families())})")
+    return found
+
+
+def name_map(family: str) -> tuple[tuple[str, str], ...]:
+    return weights(family).names
+
+
+def experts(family: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Stacked-experts parts of the family's checkpoints ({} for none, or for a family without name tables)."""
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return dict(found.experts) if found else {}
+
+
+def splits(family: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """HF tensors the family's checkpoints keep in two ({} for none)."""
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return dict(found.split) if found else {}
+
+
+def _bmm_names(family: str) -> tuple[tuple[str, str], ...]:
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return found.bmm_names if found else ()
+
+
+def _gmm_names(family: str) -> tuple[tuple[str, str], ...]:
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return found.gmm_names if found else ()
 
 
 def is_mcore(family: str) -> bool:
@@ -226,7 +263,10 @@ def is_mcore(family: str) -> bool:
 
 def style(family: str) -> str:
     """Which MindFormers model code names the family's weights: 'mcore', 'glm' (ChatGLM2 classes) or 'legacy'."""
-    return "mcore" if is_mcore(family) else "glm" if NAME_MAPS.get(family) is GLM else "legacy"
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return "mcore" if is_mcore(family) else "glm" if found is not None and found.names is GLM else "legacy"
 
 
 def fused_parts(family: str) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -253,7 +293,7 @@ def fused_kind(name: str, family: str = "llama") -> str | None:
 
 def expert_kind(name: str, family: str) -> tuple[str, str, tuple[str, ...]] | None:
     """(MindFormers part, kind, HF per-expert parts) for a stacked-experts weight, else None."""
-    for part, (kind, hf_parts) in EXPERTS.get(family, {}).items():
+    for part, (kind, hf_parts) in experts(family).items():
         if name.endswith(part):
             return part, kind, hf_parts
     return None
@@ -261,7 +301,7 @@ def expert_kind(name: str, family: str) -> tuple[str, str, tuple[str, ...]] | No
 
 def split_kind(name: str, family: str) -> tuple[str, str, str, int] | None:
     """(MindFormers part, kind, HF part, which half) for a MindFormers tensor that is part of one HF tensor."""
-    for hf, (kind, mf_parts) in SPLIT.get(family, {}).items():
+    for hf, (kind, mf_parts) in splits(family).items():
         for i, part in enumerate(mf_parts):
             if part in name:
                 return part, kind, hf, i
@@ -285,9 +325,9 @@ def mf_to_hf(name: str, family: str) -> str | None:
     if not is_weight(name, family):
         return None
     name = strip(name, family)
-    for gmm, bmm in BMM_NAMES.get(family, ()):
+    for gmm, bmm in _bmm_names(family):
         name = name.replace(bmm, gmm)
-    for moev2, moev3 in GMM_NAMES.get(family, ()):
+    for moev2, moev3 in _gmm_names(family):
         name = name.replace(moev3, moev2)
     for mf, hf in name_map(family):
         name = name.replace(mf, hf)
@@ -298,6 +338,6 @@ def hf_to_mf(name: str, family: str, gmm: bool = True) -> str:
     """The MindFormers name of HF parameter `name` (the table backwards); `gmm`: the router's use_gmm names."""
     for mf, hf in reversed(name_map(family)):
         name = name.replace(hf, mf)
-    for gmm_name, bmm_name in () if gmm else BMM_NAMES.get(family, ()):
+    for gmm_name, bmm_name in () if gmm else _bmm_names(family):
         name = name.replace(gmm_name, bmm_name)
     return name

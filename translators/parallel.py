@@ -32,51 +32,22 @@ from typing import Any
 
 from translators.errors import ConfigError
 
-# HF model types whose base_model_tp_plan DeepSpeed 0.19.8's TPPlanConverter converts (checked for each).
-HF_TP_PLAN = ("llama", "qwen2", "qwen3")
+def _tp_rule(hf_model_type: str | None):
+    """The family record's AutoTP rule (translators/families/record.py `tp`): "hf_tp_plan" where DeepSpeed 0.19.8's
+    TPPlanConverter converts the HF base_model_tp_plan (checked for each), partition specs of ours where it cannot,
+    None where AutoTP has no rule."""
+    from translators.families import registry
 
-
-def _spec(patterns: list[str], kind: str, **extra: Any) -> dict:
-    return {"patterns": patterns, "partition_type": kind, **extra}
-
-
-_ATTENTION = [
-    _spec([r".*\.self_attn\.(q|k|v)_proj\.weight$"], "column"),
-    _spec([r".*\.self_attn\.o_proj\.weight$"], "row"),
-]
-# Qwen3's per-head norms see only this rank's heads: replicated, gradients summed over TP (HF's
-# `replicated_with_grad_allreduce`, DeepSpeed's grad_allreduce hook).
-_QK_NORM = [_spec([r".*\.self_attn\.(q|k)_norm\.weight$"], "skip", grad_allreduce=True)]
-# Dense MLPs (first_k_dense layers) and shared experts; `mlp.gate.weight` (the router) matches none of these.
-_MLP = [
-    _spec([r".*\.mlp\.(shared_experts?\.)?(gate|up)_proj\.weight$"], "column"),
-    _spec([r".*\.mlp\.(shared_experts?\.)?down_proj\.weight$"], "row"),
-]
-# DeepSeek MLA: the low-rank down projections (q_a_proj, kv_a_proj_with_mqa) and their norms stay whole; the up
-# projections split by head, o_proj by its input.
-_MLA = [
-    _spec([r".*\.self_attn\.(q_proj|q_b_proj|kv_b_proj)\.weight$"], "column"),
-    _spec([r".*\.self_attn\.o_proj\.weight$"], "row"),
-]
-# GLM: packed [gate; up] rows, each half split (shape [2, -1] on dim 0).
-_GLM_MLP = [
-    _spec([r".*\.mlp\.gate_up_proj\.weight$"], "column", shape=[2, -1], partition_dim=0),
-    _spec([r".*\.mlp\.down_proj\.weight$"], "row"),
-]
-PARTITION_SPECS = {
-    "mixtral": _ATTENTION,
-    "qwen2_moe": _ATTENTION + _MLP,
-    "qwen3_moe": _ATTENTION + _QK_NORM + _MLP,
-    "deepseek_v2": _MLA + _MLP,
-    "deepseek_v3": _MLA + _MLP,
-    "glm": _ATTENTION + _GLM_MLP,
-}
+    found = registry.by_hf_type(hf_model_type)
+    return found.tp if found else None
 
 
 def partition_config(hf_model_type: str) -> dict | None:
     """DeepSpeed's `tensor_parallel.partition_config` for a family whose HF tp_plan it cannot convert."""
-    specs = PARTITION_SPECS.get(hf_model_type)
-    return None if specs is None else {"use_default_specs": False, "layer_specs": [dict(s) for s in specs]}
+    specs = _tp_rule(hf_model_type)
+    if specs is None or specs == "hf_tp_plan":
+        return None
+    return {"use_default_specs": False, "layer_specs": [dict(s) for s in specs]}
 
 
 @dataclass(frozen=True)
@@ -91,7 +62,7 @@ class Dims:
 
 
 @dataclass(frozen=True)
-class Layout:
+class ParallelLayout:
     """The degrees DeepSpeed runs, and what became of each axis it does not."""
 
     world_size: int
@@ -112,7 +83,7 @@ class Layout:
         return rank // (self.tensor_parallel * self.context_parallel)
 
 
-def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: int | None) -> Layout:
+def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: int | None) -> ParallelLayout:
     """The degrees for `world_size` ranks (None: the YAML's dp x tp x cp) from the parsed parallel_config `pc`
     (data_parallel, model_parallel, context_parallel, expert_parallel, pipeline_stage), the family's HF model type
     (None: no transformers architecture) and the model's dims (None: no model section). Raises ConfigError, one
@@ -153,15 +124,15 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
                               f"the world size {world}")
     dp = world // (tp * cp)
     ep = _expert_parallel(pc.expert_parallel, dims, dp, world_size is not None, folded)
-    return Layout(world, dp, tp, cp, ep, ("hf_tp_plan" if hf_model_type in HF_TP_PLAN else "partition_config")
-                  if tp > 1 else None, folded)
+    return ParallelLayout(world, dp, tp, cp, ep, ("hf_tp_plan" if _tp_rule(hf_model_type) == "hf_tp_plan"
+                                          else "partition_config") if tp > 1 else None, folded)
 
 
 def _tp_support(hf_model_type: str | None, tp: int, dims: Dims | None) -> tuple[int, str | None]:
     """(degree, fold reason): AutoTP where the family has an HF plan DeepSpeed converts or a partition_config."""
     if hf_model_type is None:
         return 1, f"{tp} folds into data parallel: no transformers architecture to shard"
-    if hf_model_type not in HF_TP_PLAN and hf_model_type not in PARTITION_SPECS:
+    if _tp_rule(hf_model_type) is None:
         return 1, (f"{tp} folds into data parallel: DeepSpeed AutoTP cannot shard {hf_model_type} (no HF tp_plan; "
                    "GPT-2's Conv1D layers have no partition rule)")
     if dims is not None:

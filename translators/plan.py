@@ -1,10 +1,10 @@
 """`translate(tree) -> Translation`: the whole YAML -> Plan pipeline (DESIGN.md, "Data flow").
 
-The Plan is the contract with the runtime: JSON-serialisable, with the top-level keys
+The Plan is the contract with the runtime (translators/plan_types.py, its typed form; `--plan` writes its JSON):
   deepspeed  the DeepSpeed config dict          hf_config  {model_type, ...} for AutoConfig.for_model, or null
   layers     per decoder layer: full recompute, selected ops (HF module paths), comm recompute
   moe        router / capacity / drop policy / dispatch settings, or null for a dense model
-  kernels    fused_rope, fused_swiglu, gmm, fused_permute
+  kernels    fused_rope, fused_swiglu
   run        steps, epochs, seed, output_dir, data, checkpoints, callbacks, logging, optimizer, lr schedule
   parallel   world_size, data/tensor/context/expert parallel degrees, folded axes (translators/parallel.py)
   notes      every YAML key -> what it became, or why it does not apply
@@ -13,11 +13,11 @@ The Plan is the contract with the runtime: JSON-serialisable, with the top-level
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, layout, mf_defaults, names, recompute
+from translators import families, layout, mf_defaults, names, recompute, recompute_ops
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
@@ -29,6 +29,7 @@ from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
 from translators.notes import Ledger, Note
 from translators.parallel import Dims, resolve
+from translators.plan_types import Kernels, Plan
 from translators.sections import (
     PARALLEL_MODES,
     LrSchedule,
@@ -43,14 +44,14 @@ from translators.sections import (
     RunnerWrapper,
 )
 
-PLAN_KEYS = ("deepspeed", "hf_config", "layers", "moe", "kernels", "run", "parallel", "notes")
+PLAN_KEYS = tuple(f.name for f in fields(Plan))
 
 
 @dataclass
 class Translation:
     """The Plan plus what the CLI prints beside it (the Formative log lines, the ledger for --explain)."""
 
-    plan: dict[str, Any]
+    plan: Plan
     formative: tuple[str, ...] = ()
     ledger: Ledger | None = field(default=None, repr=False)
 
@@ -58,8 +59,13 @@ class Translation:
     def warnings(self) -> list[Note]:
         return self.ledger.warnings() if self.ledger else []
 
+    @property
+    def json(self) -> dict[str, Any]:
+        """The Plan's JSON (what `--plan` writes)."""
+        return self.plan.to_json()
+
     def to_json(self) -> str:
-        return json.dumps(self.plan, indent=2, sort_keys=False)
+        return json.dumps(self.json, indent=2, sort_keys=False)
 
 
 def translate_file(path: str, overrides: list[str] = (), world_size: int | None = None,
@@ -225,12 +231,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     callbacks = parse_callbacks(tree, ledger)
     _check_callbacks(callbacks, moe, ledger)
-    kernels = {
-        "fused_rope": bool(shape and shape.use_fused_rope),
-        "fused_swiglu": bool(shape and shape.use_fused_swiglu),
-        "gmm": bool(moe and moe["gmm"]),
-        "fused_permute": bool(moe and moe["fused_permute"]),
-    }
+    kernels = Kernels(fused_rope=bool(shape and shape.use_fused_rope),
+                      fused_swiglu=bool(shape and shape.use_fused_swiglu))
     run = {
         "run_mode": general.run_mode or "train",
         "seed": general.seed,
@@ -273,8 +275,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     }
     run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
     notes = ledger.finish()
-    plan = {"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe, "kernels": kernels,
-            "run": run, "parallel": lay.as_plan(), "notes": Ledger.as_json(notes)}
+    plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
+                           "kernels": kernels, "run": run, "parallel": lay.as_plan(), "notes": notes})
     return Translation(plan, formative, ledger)
 
 
@@ -327,7 +329,7 @@ def _layers(rc: RecomputeConfig, pc: ParallelConfig, pipe: PipelineConfig, shape
                        if swap else "recompute lists read as per-stage layer counts (LayerSetting.set)")
     for key, note in result.notes:
         ledger.runtime(key, note)
-    layers, unmapped = recompute.layer_plan(result, n_total, family.layer_style,
+    layers, unmapped = recompute_ops.layer_plan(result, n_total, family.layer_style,
                                             first_mtp_layer=shape.num_layers if shape.mtp_depth else None)
     for pattern, note in unmapped:
         ledger.differs("recompute_config", f"{pattern}: {note}")

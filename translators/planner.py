@@ -1,7 +1,7 @@
 """`mf-translate x.yaml --world-size N --layout [--gpu-memory 80GiB]`: the layout of a DeepSpeed run on N ranks.
 
-`layout(plan, raw_pc, gpu_memory)` returns a JSON-serialisable report; `render(report)` the aligned text. Both read
-only the Plan (degrees from `plan.parallel`, translators/parallel.py) plus the YAML's own pipeline_stage and
+`layout_report(plan, raw_pc, gpu_memory)` returns a JSON-serialisable report; `render(report)` the aligned text.
+Both read only the Plan (degrees from `plan.parallel`, translators/parallel.py) plus the YAML's own pipeline_stage and
 micro_batch_num, which exist in the Plan only as what they became. Memory: translators/memory.py.
 
 Rank order and groups are DeepSpeed's (mf_ds builds them through it):
@@ -19,8 +19,6 @@ from typing import Any
 
 from translators import memory
 from translators.errors import ConfigError
-
-ZERO3_WITH_EP = "ZeRO-3 with expert parallelism is refused by DeepSpeed"
 
 
 def _groups(world: int, tp: int, cp: int, ep: int) -> dict[str, list[list[int]]]:
@@ -182,7 +180,7 @@ def _fixes(plan: dict, deg: memory.Degrees, zero: dict, micro: int, limit: float
     return out
 
 
-def layout(plan: dict, raw_pc: dict, gpu_memory: float | None = None) -> dict:
+def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None) -> dict:
     """The layout report for the Plan's world size (raw_pc: the YAML's parallel_config, for what was folded)."""
     par = plan.get("parallel")
     if par is None:

@@ -8,8 +8,8 @@
   build.py    `build_train_dataset`: which source the Plan (or --train_dataset_dir) asks for, vocab checks
 
 Typical use by the training loop:
-    dataset = build_train_dataset(plan["run"]["data"], run["seq_length"], run["seed"], vocab_size,
-                                  run["tokenizer_dir"], args.train_dataset_dir)
+    dataset = build_train_dataset(plan.run.data, run.seq_length, run.seed, vocab_size, run.tokenizer_dir,
+                                  args.train_dataset_dir)
     for batch in batches(dataset, micro, rank, world, start=step * gas, passes=epochs * repeat): ...
 """
 

@@ -21,16 +21,18 @@ from mf_ds.data.indexed import DataError, IndexedDataset
 from mf_ds.data.mindrecord import MINDRECORD_NAME, MindRecord, mindrecord_files
 from mf_ds.data.rows import RowDataset
 from mf_ds.data.text import BUILTIN, ByteTokenizer, builtin_corpus, load_tokenizer, read_jsonl
+from translators.plan_types import Data
 
 
-def build_train_dataset(data: dict, seq_length: int, seed: int, vocab_size: int, tokenizer_dir: str | None = None,
+def build_train_dataset(data: Data, seq_length: int, seed: int, vocab_size: int, tokenizer_dir: str | None = None,
                         override_dir: str | None = None) -> TrainDataset | RowDataset:
     """The training samples for `run.data`; `seed` (run.seed) is used when the data set names none."""
-    kind, paths, weights = data["kind"], list(data["paths"]), list(data["weights"]) or None
+    kind, paths, weights = data.kind, list(data.paths), list(data.weights) or None
+    files_as_given = data.files_as_given
     if override_dir:
         kind, paths = discover(override_dir)
         weights = None
-        data = {**data, "files_as_given": False}
+        files_as_given = False
     eos = None
     if kind == "builtin":
         if vocab_size < ByteTokenizer.vocab_size:
@@ -45,13 +47,13 @@ def build_train_dataset(data: dict, seq_length: int, seed: int, vocab_size: int,
         tokenizer = load_tokenizer(tokenizer_dir)
         sources, eos = [read_jsonl(path, tokenizer) for path in paths], tokenizer.eos_token_id
     elif kind == "mindrecord":
-        if data["files_as_given"]:
+        if files_as_given:
             files = mindrecord_files(dataset_files=paths)
         else:
             files = mindrecord_files(dataset_dir=paths[0] if paths else None)
-        columns = data["columns"] or {"input_ids": "input_ids"}
-        return RowDataset(MindRecord(files), columns, data["shifted"], seq_length, vocab_size,
-                          data["seed"] if data["seed"] is not None else seed, data["shuffle"])
+        columns = dict(data.columns) or {"input_ids": "input_ids"}
+        return RowDataset(MindRecord(files), columns, data.shifted, seq_length, vocab_size,
+                          data.seed if data.seed is not None else seed, data.shuffle)
     else:
         raise DataError("run.data.kind", f"unknown data kind {kind!r}")
     if weights is not None and (len(weights) != len(sources) or sum(weights) <= 0):
@@ -59,13 +61,13 @@ def build_train_dataset(data: dict, seq_length: int, seed: int, vocab_size: int,
                         f"{len(sources)} data sets (one weight each, not all zero)")
     for source in sources:
         _check_vocab(source, vocab_size)
-    eod = data["eod"] if data["eod"] is not None else eos
-    if data["eod_mask_loss"] and eod is None:
+    eod = data.eod if data.eod is not None else eos
+    if data.eod_mask_loss and eod is None:
         raise DataError("train_dataset.data_loader.config.eod", "eod_mask_loss needs the eod token id")
-    return TrainDataset(sources, weights, seq_length, data["seed"] if data["seed"] is not None else seed,
-                        data["shuffle"], num_samples=data["train_samples"], eod=eod,
-                        eod_mask_loss=data["eod_mask_loss"], pad=data["pad"],
-                        loss_mask=kind != "megatron" or not data["columns"] or "loss_mask" in data["columns"].values())
+    return TrainDataset(sources, weights, seq_length, data.seed if data.seed is not None else seed,
+                        data.shuffle, num_samples=data.train_samples, eod=eod,
+                        eod_mask_loss=data.eod_mask_loss, pad=data.pad,
+                        loss_mask=kind != "megatron" or not data.columns or "loss_mask" in data.columns.values())
 
 
 def discover(path: str) -> tuple[str, list[str]]:

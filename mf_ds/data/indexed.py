@@ -40,7 +40,24 @@ class DataError(ValueError):
         super().__init__(f"{path}: {message}")
 
 
-class IndexedDataset:
+class TokenSequences:
+    """Sequences laid end to end in one token array: `starts` and `sequence_lengths` index `tokens`."""
+
+    starts: np.ndarray
+    sequence_lengths: np.ndarray
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.sequence_lengths)
+
+    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens [offset, offset + length) of sequence i."""
+        start = int(self.starts[i]) + offset
+        stop = int(self.starts[i]) + (int(self.sequence_lengths[i]) if length is None else offset + length)
+        return self.tokens[start:stop]
+
+
+class IndexedDataset(TokenSequences):
     """A validated, memory-mapped Megatron `.bin`/`.idx` pair; `get(i)` returns sequence i's token ids."""
 
     def __init__(self, path_prefix: str) -> None:
@@ -65,15 +82,6 @@ class IndexedDataset:
             raise DataError(self.idx_path, "sequence offsets point outside the .bin or between tokens")
         self.starts = pointers // itemsize  # token offsets: the whole .bin is mapped as one array
         self.tokens = np.memmap(self.bin_path, dtype=self.dtype, mode="r")
-
-    def __len__(self) -> int:
-        return len(self.sequence_lengths)
-
-    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
-        """Tokens [offset, offset + length) of sequence i."""
-        start = int(self.starts[i]) + offset
-        stop = int(self.starts[i]) + (int(self.sequence_lengths[i]) if length is None else offset + length)
-        return self.tokens[start:stop]
 
     def token_range(self) -> tuple[int, int]:
         """(smallest, largest) token id in the .bin; one pass over the file."""

@@ -125,12 +125,12 @@ def training_samples(config: str, path: str | None, head: int) -> tuple[str, lis
     from translators.plan import translate_file
 
     plan = translate_file(config).plan
-    run, data = plan["run"], plan["run"]["data"]
-    if path is None and (data["kind"] == "builtin" or not data["paths"]):
+    run, data = plan.run, plan.run.data
+    if path is None and (data.kind == "builtin" or not data.paths):
         raise DataError(config, "names no data set (train_dataset.data_loader); give PATH")
-    vocab = plan["hf_config"]["vocab_size"] if plan["hf_config"] else 2**31 - 1
-    dataset = build_train_dataset(data, run["seq_length"], run["seed"], vocab, run["tokenizer_dir"], path)
-    path = path or data["paths"][0]
+    vocab = plan.hf_config["vocab_size"] if plan.hf_config else 2**31 - 1
+    dataset = build_train_dataset(data, run.seq_length, run.seed, vocab, run.tokenizer_dir, path)
+    path = path or data.paths[0]
     out = []
     for i in range(min(head, len(dataset))):
         item = dataset[i]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mf_ds.data.indexed import DataError
+from mf_ds.data.indexed import DataError, TokenSequences
 
 BUILTIN = "<built-in corpus: pydoc_data.topics>"
 
@@ -37,7 +37,7 @@ class ByteTokenizer:
         return bytes(int(i) - self.offset for i in ids if int(i) >= self.offset).decode("utf-8", errors="replace")
 
 
-class TokenArray:
+class TokenArray(TokenSequences):
     """Documents concatenated in one int64 array, read through the same interface as `IndexedDataset`."""
 
     def __init__(self, name: str, documents: list[list[int]]) -> None:
@@ -48,14 +48,6 @@ class TokenArray:
         self.starts = np.concatenate([[0], np.cumsum(self.sequence_lengths)[:-1]])
         self.tokens = np.fromiter((t for doc in documents for t in doc), dtype=np.int64,
                                   count=int(self.sequence_lengths.sum()))
-
-    def __len__(self) -> int:
-        return len(self.sequence_lengths)
-
-    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
-        start = int(self.starts[i]) + offset
-        stop = int(self.starts[i]) + (int(self.sequence_lengths[i]) if length is None else offset + length)
-        return self.tokens[start:stop]
 
     def token_range(self) -> tuple[int, int]:
         return int(self.tokens.min()), int(self.tokens.max())

@@ -17,14 +17,13 @@ from mf_ds.moe.callbacks import (
     MoEDropRateCallback,
     TopkBiasBalanceCallback,
     drop_rate_lines,
-    logs_drop_rate,
     step_metrics,
     trainer_callbacks,
     update_topk_bias,
 )
-from mf_ds.moe.layer import MFExperts, MFMoE, MoESpec, aux_loss, moe_layers
-from mf_ds.moe.router import MFRouter, RouterSpec, Routing, route
+from mf_ds.moe.layer import MFExperts, MFMoE, aux_loss, moe_layers
+from mf_ds.moe.router import MFRouter, Routing, route
 
-__all__ = ["MFExperts", "MFMoE", "MFRouter", "MoEDropRateCallback", "MoESpec", "RouterSpec", "Routing",
-           "TopkBiasBalanceCallback", "aux_loss", "drop_rate_lines", "logs_drop_rate", "moe_layers", "route",
+__all__ = ["MFExperts", "MFMoE", "MFRouter", "MoEDropRateCallback", "Routing",
+           "TopkBiasBalanceCallback", "aux_loss", "drop_rate_lines", "moe_layers", "route",
            "step_metrics", "trainer_callbacks", "update_topk_bias"]

@@ -30,6 +30,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from mf_ds.moe.layer import MFMoE, moe_layers
+from translators.plan_types import Plan
 
 
 def _sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +53,7 @@ def step_metrics(model: nn.Module) -> dict[int, dict]:
     rows, estimates = [], []
     for layer in layers:
         layer.reset_step()
-        experts = layer.spec.router.num_experts
+        experts = layer.spec.num_experts
         stats = layer.stats
         if stats is None:
             rows.append(torch.zeros(2 + experts, dtype=torch.float64, device=_device(layers)))
@@ -86,22 +87,19 @@ def drop_rate_lines(metrics: dict[int, dict]) -> list[str]:
 
 
 @torch.no_grad()
-def update_topk_bias(model: nn.Module, plan: dict) -> None:
+def update_topk_bias(model: nn.Module, plan: Plan) -> None:
     """TopkBiasBalanceCallback's step-end update of every MoE layer's selection bias; resets its load counter.
     Collective. A no-op unless the router has bias_balance and the YAML lists a TopkBiasBalanceCallback (as in
     MindFormers, where nothing else moves the bias) that reaches these layers (`router.bias_updated`: not a legacy
     Llama model without shared experts); its topk_bias_update_rate, else moe_config's, is u."""
-    entry = plan["run"]["callbacks"]["topk_bias_balance"]
+    rate = plan.topk_bias_update_rate
     layers = [m for m in moe_layers(model) if m.spec.router.bias_balance]
-    if not plan["moe"]["router"]["bias_updated"] or entry is None or entry["balance_via_topk_bias"] is False \
-            or not layers:
+    if rate is None or not layers:
         return
-    rate = entry["topk_bias_update_rate"]
-    rate = plan["moe"]["router"]["bias_update_rate"] if rate is None else rate
     loads = []
     for layer in layers:
         stats = layer.stats
-        experts = layer.spec.router.num_experts
+        experts = layer.spec.num_experts
         if stats is None:
             loads.append(torch.zeros(experts, dtype=torch.float64, device=_device(layers)))
         else:
@@ -113,21 +111,12 @@ def update_topk_bias(model: nn.Module, plan: dict) -> None:
         bias.add_((rate * torch.sign(load_E.mean() - load_E)).to(device=bias.device, dtype=bias.dtype))
 
 
-def logs_drop_rate(plan: dict) -> bool:
-    """MindFormers logs the drop rate only with both `moe_config.callback_moe_droprate: True` and a
-    MoEDropRateCallback entry in `callbacks` (moe.md §5)."""
-    return plan["moe"] is not None and plan["moe"]["drop_rate_callback"] and \
-        plan["run"]["callbacks"]["moe_drop_rate"] is not None
-
-
-def trainer_callbacks(plan: dict) -> list[TrainerCallback]:
+def trainer_callbacks(plan: Plan) -> list[TrainerCallback]:
     """The HF Trainer callbacks the Plan asks for (mf_ds/hf.py)."""
-    if plan["moe"] is None:
-        return []
     callbacks: list[TrainerCallback] = []
-    if logs_drop_rate(plan):
+    if plan.logs_drop_rate:
         callbacks.append(MoEDropRateCallback())
-    if plan["moe"]["router"]["bias_updated"] and plan["run"]["callbacks"]["topk_bias_balance"] is not None:
+    if plan.topk_bias_update_rate is not None:
         callbacks.append(TopkBiasBalanceCallback(plan))
     return callbacks
 
@@ -153,7 +142,7 @@ class MoEDropRateCallback(TrainerCallback):
 class TopkBiasBalanceCallback(TrainerCallback):
     """HF Trainer callback: the aux-loss-free bias update (`update_topk_bias`) at each step end."""
 
-    def __init__(self, plan: dict):
+    def __init__(self, plan: Plan):
         self.plan = plan
 
     def on_step_end(self, args, state, control, model=None, **kwargs):

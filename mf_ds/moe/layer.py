@@ -17,7 +17,7 @@ zero row at the head of every expert's group so no grouped matmul sees an empty 
 outputs and zero weight gradients, so the numbers are unchanged. With expert parallelism (parallel.py) the experts
 here are this rank's shard and the permuted rows travel to their owners by all-to-all.
 
-`use_gmm` and `use_fused_ops_permute` (the Plan's kernels.gmm / fused_permute) select no code path here: the block
+`use_gmm` and `use_fused_ops_permute` select no code path here (the Plan carries neither switch): the block
 always runs mf_ds.ops' grouped matmul, permute and SwiGLU, which take their Triton kernels on CUDA tensors and torch
 on CPU. use_gmm's one effect, dropless by default as MoEV3, is already in the Plan's `dropless`.
 
@@ -36,62 +36,14 @@ Legend: T tokens, H hidden, E experts (E_local on this rank), K top-k, I expert 
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from mf_ds.moe.router import MFRouter, RouterSpec, Routing, aux_losses, aux_top_k, expert_fractions, route
+from mf_ds.moe.router import MFRouter, Routing, aux_losses, aux_top_k, expert_fractions, route
 from mf_ds.ops.gmm import gather_supported, grouped_mm, grouped_mm_gather
 from mf_ds.ops.permute import Permuted, permute, unpermute
 from mf_ds.ops.swiglu import fused_swiglu_packed
-
-
-@dataclass(frozen=True)
-class MoESpec:
-    """What one MFMoE block does, from the Plan's `moe`."""
-
-    router: RouterSpec
-    capacity_factor: float
-    """cf of C = roundup(min(ceil(k N cf / E), N), capacity_multiple)."""
-    dropless: bool
-    """Keep every pair (capacity_factor <= 0, or use_gmm without mf_ds.gmm_capacity)."""
-    capacity_multiple: int = 1
-    """C is rounded up to a multiple of this: model_parallel x comp_comm_parallel_degree (moe.md §3)."""
-    drop_policy: str = "kdrop"
-    """kdrop (first choices before second choices) | sdrop (token order: enable_sdrop)."""
-    safe_tokens: bool = False
-    """enable_gmm_safe_tokens: a zero row per expert so no group is empty."""
-    shared_gating: bool = False
-    """use_shared_expert_gating: shared output times sigmoid(shared_gate(x))."""
-    estimate_capacity_factor: float | None = None
-    """cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E) (MoEDropRateCallback's argument, else
-    capacity_factor); None where MindFormers has no estimate: no fi_parameter (MoEV3, mcore) or no expert aux
-    loss to write it (moe.md §5)."""
-
-    @classmethod
-    def from_plan(cls, moe: dict, drop_rate_callback: dict | None = None) -> MoESpec:
-        router = RouterSpec.from_plan(moe)
-        cf = (drop_rate_callback or {}).get("capacity_factor")
-        cf = moe["capacity_factor"] if cf is None else cf
-        # TopkRouterV2._expert_load_balancing writes fi whenever the YAML sets an expert loss, added or not
-        has_fi = router.path == "moev2" and router.configured[0] > 0
-        return cls(router=router, capacity_factor=moe["capacity_factor"],
-                   capacity_multiple=moe["capacity_multiple"],
-                   dropless=moe["dropless"] or moe["capacity_factor"] <= 0, drop_policy=moe["drop_policy"],
-                   safe_tokens=moe["safe_tokens"], shared_gating=moe["shared_expert_gating"],
-                   estimate_capacity_factor=cf if has_fi else None)
-
-    def capacity(self, tokens: int) -> int | None:
-        """Pairs each expert keeps out of one group of `tokens` tokens; None when dropless (moe.py
-        calculate_expert_capacity_v2, the same float expression so the ceiling agrees with MindFormers')."""
-        if self.dropless:
-            return None
-        k, experts, multiple = self.router.top_k, self.router.num_experts, self.capacity_multiple
-        raw = min(math.ceil(k * tokens * self.capacity_factor / experts), tokens)
-        return -(-raw // multiple) * multiple
+from translators.plan_types import MoE
 
 
 def group_capacity_mask(expert_ids_TK: torch.Tensor, num_experts: int, capacity: int, drop_policy: str,
@@ -226,11 +178,14 @@ class LayerStats:
 class MFMoE(nn.Module):
     """The routed experts (with capacity and drop rules), plus the shared experts when the model has them."""
 
-    def __init__(self, spec: MoESpec, gate: MFRouter, experts: MFExperts, layer_index: int,
+    def __init__(self, spec: MoE, gate: MFRouter, experts: MFExperts, layer_index: int,
                  shared: dict[str, nn.Module] | None = None, shared_names: tuple[str, str | None] = ("", None),
-                 expert_parallel=None):
+                 expert_parallel=None, estimate_capacity_factor: float | None = None):
         super().__init__()
-        self.spec = spec
+        self.spec = spec  # the Plan's moe section
+        # cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E); None: no estimate
+        # (Plan.estimate_capacity_factor)
+        self.estimate_capacity_factor = estimate_capacity_factor
         self.gate = gate
         self.experts = experts
         self.layer_index = layer_index  # global decoder layer index (MTP layers follow the decoder layers)
@@ -248,22 +203,21 @@ class MFMoE(nn.Module):
         shape = hidden_states.shape
         x_TH = hidden_states.reshape(-1, shape[-1])
         spec = self.spec
-        groups = spec.router.token_groups
+        groups = spec.token_groups
         if x_TH.shape[0] % groups:  # not a batch of the YAML's shape (an eval tail): one group, as a whole shard
-            spec = dataclasses.replace(spec, router=dataclasses.replace(spec.router, token_groups=1))
             groups = 1
         bias_E = self.gate.e_score_correction_bias if spec.router.bias_balance else None
         logits_TE = self.gate(x_TH)
-        routing = route(logits_TE, spec.router, bias_E)
+        routing = route(logits_TE, spec, bias_E)
         capacity = spec.capacity(x_TH.shape[0] // groups)
         expert_ids_TK = routing.expert_ids_TK
         if capacity is not None and groups > 1:  # each group keeps its own C; permute then drops no more
-            kept_TK = group_capacity_mask(expert_ids_TK, spec.router.num_experts, capacity, spec.drop_policy, groups)
+            kept_TK = group_capacity_mask(expert_ids_TK, spec.num_experts, capacity, spec.drop_policy, groups)
             expert_ids_TK = expert_ids_TK.masked_fill(~kept_TK, -1)
             capacity *= groups
         # On the Triton path the first grouped matmul gathers the token rows itself (no permuted copy).
         gathered = self.expert_parallel is None and not spec.safe_tokens and gather_supported(x_TH)
-        perm = permute(x_TH, expert_ids_TK, spec.router.num_experts, capacity=capacity,
+        perm = permute(x_TH, expert_ids_TK, spec.num_experts, capacity=capacity,
                        drop_policy=spec.drop_policy, materialize=not gathered)
         exact = self.expert_parallel is None and spec.dropless  # every row a kept pair: no padding rows
         if gathered:
@@ -275,10 +229,10 @@ class MFMoE(nn.Module):
         out_TH = unpermute(y_MH.to(x_TH.dtype), perm, routing.gates_TK)
         counted = self.training and torch._C._current_graph_task_id() == -1  # not a recompute inside backward
         if counted:
-            self._count(routing, perm, spec)
-        if self.training and spec.router.has_aux:
-            f_E = self._global_batch_f(routing, spec, counted) if spec.router.global_batch_f else None
-            aux = aux_losses(logits_TE, routing.scores_TE, spec.router, routing.expert_ids_TK, f_E)
+            self._count(routing, perm, spec, groups)
+        if self.training and spec.has_aux:
+            f_E = self._global_batch_f(routing, spec, counted, groups) if spec.global_batch_f else None
+            aux = aux_losses(logits_TE, routing.scores_TE, spec, routing.expert_ids_TK, f_E, groups)
             if counted:  # a new forward; a recompute in backward keeps the slot of the forward it repeats
                 self._aux_value, self._aux_slot = aux.detach(), _AuxSlot()
             out_TH = _AttachAux.apply(out_TH, aux, self._aux_slot)
@@ -290,14 +244,13 @@ class MFMoE(nn.Module):
         return out_TH.view(shape)
 
     @torch.no_grad()
-    def _global_batch_f(self, routing: Routing, spec: MoESpec, counted: bool) -> torch.Tensor:
+    def _global_batch_f(self, routing: Routing, spec: MoE, counted: bool, groups: int) -> torch.Tensor:
         """gbs_aux_loss's f (mcore TopKRouter._expert_load_balancing, fi_accu): this micro-batch's f averaged over
         every rank (MindFormers' dp x tp x cp groups), added to the step's running sum, normalised. A recompute
         in backward reuses the value of the forward it repeats; `step_metrics` resets the sum every step.
         Collective over the default group in every counted training forward."""
         if counted or self._gbs_f is None:
-            f_E = expert_fractions(aux_top_k(routing.scores_TE, routing.expert_ids_TK, spec.router),
-                                   spec.router).mean(0)
+            f_E = expert_fractions(aux_top_k(routing.scores_TE, routing.expert_ids_TK, spec), spec, groups).mean(0)
             if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
                 torch.distributed.all_reduce(f_E)
                 f_E /= torch.distributed.get_world_size()
@@ -310,9 +263,9 @@ class MFMoE(nn.Module):
         self._gbs_accu = self._gbs_f = None
 
     @torch.no_grad()
-    def _count(self, routing: Routing, perm: Permuted, spec: MoESpec) -> None:
+    def _count(self, routing: Routing, perm: Permuted, spec: MoE, groups: int) -> None:
         ids = routing.expert_ids_TK.flatten()
-        experts = spec.router.num_experts
+        experts = spec.num_experts
         if self.stats is None or self.stats.load_E.device != ids.device:
             self.stats = LayerStats(experts, ids.device)
         stats = self.stats
@@ -322,10 +275,10 @@ class MFMoE(nn.Module):
         stats.dropped += (~perm.kept_TK).sum()
         stats.load_E += load_E
         stats.bias_load_E += load_E
-        cf = spec.estimate_capacity_factor
+        cf = self.estimate_capacity_factor
         if cf is not None:  # MoEDropRateCallback: sum_i max(0, f_i - cf/E) of fi_parameter, which each forward
             # overwrites (the last micro-batch's), from the aux top-k, of this rank's (first) token group
-            f_E = expert_fractions(aux_top_k(routing.scores_TE, routing.expert_ids_TK, spec.router), spec.router)[0]
+            f_E = expert_fractions(aux_top_k(routing.scores_TE, routing.expert_ids_TK, spec), spec, groups)[0]
             stats.estimate_last = (f_E.double() - cf / experts).clamp(min=0).sum()
         stats.micro += 1
 
@@ -333,7 +286,7 @@ class MFMoE(nn.Module):
         spec = self.spec
         capacity = "dropless" if spec.dropless else f"capacity_factor={spec.capacity_factor}, {spec.drop_policy}"
         ep = "" if self.expert_parallel is None else f", expert_parallel={self.expert_parallel.size}"
-        return (f"layer={self.layer_index}, experts={spec.router.num_experts}, top_k={spec.router.top_k}, "
+        return (f"layer={self.layer_index}, experts={spec.num_experts}, top_k={spec.top_k}, "
                 f"{capacity}{', safe_tokens' if spec.safe_tokens else ''}{ep}")
 
 

@@ -18,7 +18,7 @@ DeepSeek-V3), GlmMLP's `up_states * activation_fn(gate)` on the halves of `gate_
 in the v5 MoE experts (MixtralExperts.forward).
 
 Memory: only gate and up are kept for backward; HF keeps silu(gate) as well. This is MindFormers' select_recompute
-of `feed_forward.w1.activation.silu`: mf_ds.recompute's `swiglu_recomputed` is this function, and the fused-SwiGLU
+of `feed_forward.w1.activation.silu`: mf_ds.patch.recompute's `swiglu_recomputed` is this function, and the fused-SwiGLU
 MLP patch (mf_ds/patch/kernels.py) adds `feed_forward.mul` (the product is rebuilt in backward, not kept).
 
 Dispatch (mf_ds/ops/dispatch.py): CUDA -> Triton; CPU -> torch: HF's aten kernels forward; backward, from

@@ -1,15 +1,19 @@
-"""The one place that knows transformers' internals: `apply(model, plan)` patches an HF model as the Plan asks.
+"""The patch room: `apply(model, plan)` changes an HF model as the Plan asks, in the one order that works.
 
     report = mf_ds.patch.apply(model, plan)    # ["model.layers.3.mlp: Qwen3MoeSparseMoeBlock -> MFMoE", ...]
     mf_ds.patch.revert(model)                  # every original back (tests)
 
-One table per feature, `{model_type: patch function}`, drives one generic patcher: `kernels.py` (fused RoPE and
-SwiGLU, `plan.kernels`), `moe.py` (the mf-ds MoE layer, `plan.moe`). A patch function takes
-`(model, plan, recorder)` and returns its report lines. Nothing is patched at import. A requested feature on a model
-type its table does not know, or a patch that matched nothing, raises `PatchError`; a feature that does not apply
-to this model (fused SwiGLU on GPT-2's GELU MLP) is a report line saying why. State-dict keys never change, so a
-patched model saves and loads as the HF model it is. Patches go on before `deepspeed.initialize`, since ZeRO-3
-partitions the parameters that exist then.
+The order is fixed here, so no caller has to know it: `moe.py` (the mf-ds MoE layer, `plan.moe`) first, since it
+replaces modules the others then touch; `kernels.py` (fused RoPE and SwiGLU, `plan.kernels`), then `recompute.py`
+(`plan.layers`), whose checkpoint regions wrap the forwards the first two installed. One table per feature,
+`{model_type: patch function}`, drives one generic patcher; a patch function takes `(model, plan, recorder)` and
+returns its report lines. Nothing is patched at import. The model's own code is reached only here; the other
+places that know transformers' internals are the model build (`mf_ds/model.py`, `mf_ds/zero.py`: construction and
+loading) and the parallel wrappers (`mf_ds/parallel.py`, `mf_ds/moe/parallel.py`: AutoTP and Ulysses hooks).
+A requested feature on a model type its table does not know, or a patch that matched nothing, raises `PatchError`;
+a feature that does not apply to this model (fused SwiGLU on GPT-2's GELU MLP) is a report line saying why.
+State-dict keys never change, so a patched model saves and loads as the HF model it is. Patches go on before
+`deepspeed.initialize`, since ZeRO-3 partitions the parameters that exist then.
 """
 
 from __future__ import annotations
@@ -19,30 +23,35 @@ from collections.abc import Callable
 import torch
 
 from mf_ds.patch.core import Recorder
+from translators.plan_types import Plan
 
-PatchFn = Callable[[torch.nn.Module, dict, Recorder], list[str]]
+PatchFn = Callable[[torch.nn.Module, Plan, Recorder], list[str]]
 
 
 class PatchError(RuntimeError):
     """A patch the Plan asks for that cannot be applied to this model."""
 
 
-def _features(plan: dict) -> list[tuple[str, dict[str, PatchFn]]]:
+def _features(plan: Plan) -> list[tuple[str, dict[str, PatchFn]]]:
     """(feature, table) for every feature the Plan turns on, in the order they are applied."""
     from mf_ds.patch import kernels, moe
 
     wanted = []
-    if plan.get("moe") is not None:
+    if plan.moe is not None:
         wanted.append(("moe", moe.PATCHES))
-    if plan["kernels"]["fused_rope"]:
+    if plan.kernels.fused_rope:
         wanted.append(("fused_rope", kernels.ROPE_PATCHES))
-    if plan["kernels"]["fused_swiglu"]:
+    if plan.kernels.fused_swiglu:
         wanted.append(("fused_swiglu", kernels.SWIGLU_PATCHES))
     return wanted
 
 
-def apply(model: torch.nn.Module, plan: dict) -> list[str]:
-    """Patch `model` as `plan` asks; returns the report. Raises PatchError, leaving the model unpatched."""
+def apply(model: torch.nn.Module, plan: Plan, checkpoint_fn: Callable | None = None) -> list[str]:
+    """Patch `model` as `plan` asks (MoE, kernels, then recompute); returns the report, recompute lines prefixed
+    `recompute: `. `checkpoint_fn` checkpoints the fully recomputed layers (torch's non-reentrant checkpoint by
+    default). Raises PatchError (ValueError for a recompute plan the model cannot take), leaving it unpatched."""
+    from mf_ds.patch.recompute import patch_layers
+
     if getattr(model, "_mf_ds_patches", None):
         raise PatchError("this model is already patched; call mf_ds.patch.revert(model) first")
     model_type = model.config.model_type
@@ -57,6 +66,8 @@ def apply(model: torch.nn.Module, plan: dict) -> list[str]:
             if not lines:
                 raise PatchError(f"{feature}: the {model_type} patch matched nothing in {type(model).__name__}")
             report += lines
+        if plan.layers:
+            report += [f"recompute: {line}" for line in patch_layers(model, plan.layers, recorder, checkpoint_fn)]
     except BaseException:
         recorder.revert()
         raise

@@ -15,7 +15,7 @@ ZeRO-3's included, unchanged), with `act_fn(gate) * up` replaced by `mf_ds.ops.s
 not kept either: `down_proj(swiglu(gate, up))` runs under torch's non-reentrant checkpoint, whose early stop rebuilds
 the product in backward and ends before down_proj's matmul. What is kept is gate and up (2 T I fewer elements than
 HF's MLP: silu(gate) and the product). That is MindFormers' select_recompute of `feed_forward.w1.activation.silu` +
-`feed_forward.mul`, the same mechanism as mf_ds.recompute's SwiGLU region. MoE experts' SwiGLU is the MoE layer's
+`feed_forward.mul`, the same mechanism as mf_ds.patch.recompute's SwiGLU region. MoE experts' SwiGLU is the MoE layer's
 (mf_ds/moe/layer.py calls mf_ds.ops.swiglu.fused_swiglu_packed); here it is a report line. So a model whose every
 MLP is an MoE block (Mixtral, Qwen3-MoE without mlp_only_layers) has no MLP for this patch and a report that says
 where the SwiGLU is fused: MindFormers too fuses it inside the experts there (use_fused_swiglu reaches the MoE
@@ -32,12 +32,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers.activations import SiLUActivation
 
 from mf_ds.ops.rope import fused_rope
 from mf_ds.ops.swiglu import fused_swiglu, fused_swiglu_packed
 from mf_ds.patch import PatchError, PatchFn
-from mf_ds.patch.core import Recorder
+from mf_ds.patch.core import Recorder, is_silu, swiglu_graph
+from translators.families import registry
+from translators.families.record import PatchTargets
+from translators.plan_types import Plan
 
 # --- RoPE adapters: HF's signatures, mf_ds.ops.rope inside ------------------------------------------------------------
 
@@ -74,17 +76,7 @@ def rope_deepseek_v2(xq, xk, freqs_cis):
     return fused_rope(xq, xk, cos, sin, 1, "interleaved", xq.dtype)
 
 
-# --- the families -----------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Family:
-    """Where a model type's RoPE function and SwiGLU MLPs are."""
-
-    module: str  # the transformers modeling module
-    rope: Callable[[nn.Module], tuple[str, Callable]]  # model -> (function name in `module`, adapter)
-    mlps: tuple[str, ...]  # dense SwiGLU MLP classes (shared experts included)
-    experts: str | None = None  # the MoE experts class, whose SwiGLU the MoE layer fuses
-
+# --- the families (their records' patch targets, translators/families/record.py) -----------------------------------
 
 def _fixed(name: str, adapter: Callable) -> Callable[[nn.Module], tuple[str, Callable]]:
     return lambda model: (name, adapter)
@@ -97,26 +89,16 @@ def _deepseek_v3_rope(model: nn.Module) -> tuple[str, Callable]:
     return "apply_rotary_pos_emb", rope_split_half
 
 
-_SPLIT = _fixed("apply_rotary_pos_emb", rope_split_half)
-_MODELS = "transformers.models"
-FAMILIES: dict[str, Family] = {
-    "llama": Family(f"{_MODELS}.llama.modeling_llama", _SPLIT, ("LlamaMLP",)),
-    "qwen2": Family(f"{_MODELS}.qwen2.modeling_qwen2", _SPLIT, ("Qwen2MLP",)),
-    "qwen3": Family(f"{_MODELS}.qwen3.modeling_qwen3", _SPLIT, ("Qwen3MLP",)),
-    "mixtral": Family(f"{_MODELS}.mixtral.modeling_mixtral", _SPLIT, (), "MixtralExperts"),
-    "qwen2_moe": Family(f"{_MODELS}.qwen2_moe.modeling_qwen2_moe", _SPLIT, ("Qwen2MoeMLP",), "Qwen2MoeExperts"),
-    "qwen3_moe": Family(f"{_MODELS}.qwen3_moe.modeling_qwen3_moe", _SPLIT, ("Qwen3MoeMLP",), "Qwen3MoeExperts"),
-    "deepseek_v2": Family(f"{_MODELS}.deepseek_v2.modeling_deepseek_v2", _fixed("apply_rotary_emb", rope_deepseek_v2),
-                          ("DeepseekV2MLP",), "DeepseekV2Experts"),
-    "deepseek_v3": Family(f"{_MODELS}.deepseek_v3.modeling_deepseek_v3", _deepseek_v3_rope, ("DeepseekV3MLP",),
-                          "DeepseekV3Experts"),
-    "glm": Family(f"{_MODELS}.glm.modeling_glm", _fixed("apply_rotary_pos_emb", rope_glm), ("GlmMLP",)),
+# PatchTargets.rope -> model -> (the function's name in the modeling module, its adapter)
+ROPES: dict[str, Callable[[nn.Module], tuple[str, Callable]]] = {
+    "split_half": _fixed("apply_rotary_pos_emb", rope_split_half),
+    "glm": _fixed("apply_rotary_pos_emb", rope_glm),
+    "deepseek_v2": _fixed("apply_rotary_emb", rope_deepseek_v2),
+    "deepseek_v3": _deepseek_v3_rope,
 }
+FAMILIES: dict[str, PatchTargets] = {t: r for t, r in registry.runtimes().items() if not r.not_applicable}
 # known families where a kernel has nothing to replace: a report line, not an error
-NOT_APPLICABLE = {
-    "gpt2": {"fused_rope": "GPT-2 has learned absolute position embeddings (wpe), no rotary embedding",
-             "fused_swiglu": "GPT-2's MLP is c_fc -> GELU -> c_proj, no gated unit"},
-}
+NOT_APPLICABLE = {t: r.not_applicable for t, r in registry.runtimes().items() if r.not_applicable}
 
 
 # --- RoPE -------------------------------------------------------------------------------------------------------------
@@ -139,10 +121,10 @@ def _probe(model_type: str, where: str, original: Callable, adapter: Callable) -
                          f"{adapter.__name__} does; not patched")
 
 
-def _patch_rope(model_type: str, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
+def _patch_rope(model_type: str, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
     family = FAMILIES[model_type]
     modeling = importlib.import_module(family.module)
-    name, adapter = family.rope(model)
+    name, adapter = ROPES[family.rope](model)
     original = getattr(modeling, name, None)
     if original is None:
         raise PatchError(f"fused_rope: {family.module} has no {name} in this transformers version")
@@ -155,10 +137,6 @@ def _patch_rope(model_type: str, model: nn.Module, plan: dict, recorder: Recorde
 
 
 # --- SwiGLU -----------------------------------------------------------------------------------------------------------
-
-def _is_silu(module: nn.Module | None) -> bool:
-    return isinstance(module, (nn.SiLU, SiLUActivation))
-
 
 @dataclass
 class FusedSwiGLUForward:
@@ -183,19 +161,17 @@ class FusedSwiGLUForward:
 
 def _swiglu_mlp(module: nn.Module) -> tuple[bool, str | None]:
     """(packed, why not) for a dense MLP class of the table: None when it is a SiLU-gated MLP this patch can fuse."""
-    children = module._modules
-    if {"gate_up_proj", "down_proj", "activation_fn"} <= children.keys():
-        packed, act = True, children["activation_fn"]
-    elif {"gate_proj", "up_proj", "down_proj", "act_fn"} <= children.keys():
-        packed, act = False, children["act_fn"]
-    else:
+    graph = swiglu_graph(module)
+    if graph is None:
         return False, f"{type(module).__name__} has neither gate_proj/up_proj/act_fn nor gate_up_proj/activation_fn"
-    if not _is_silu(act):
+    packed = any(op.kind == "view" for op in graph)  # gate and up are the halves of one projection
+    act = module._modules[next(op.name for op in graph if op.kind == "act")]
+    if not is_silu(act):
         return packed, f"its activation is {type(act).__name__}, not SiLU (hidden_act), so it is no SwiGLU"
     return packed, None
 
 
-def _patch_swiglu(model_type: str, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
+def _patch_swiglu(model_type: str, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
     from mf_ds.moe.layer import MFExperts
 
     family = FAMILIES[model_type]
@@ -210,7 +186,7 @@ def _patch_swiglu(model_type: str, model: nn.Module, plan: dict, recorder: Recor
             continue
         if "forward" in module.__dict__:  # recompute.py's regions wrap this forward, never the other way round
             raise PatchError(f"fused_swiglu: {name} already has an instance forward (apply mf_ds.patch before "
-                             "mf_ds.recompute)")
+                             "mf_ds.patch.recompute)")
         packed, why = _swiglu_mlp(module)
         if why is not None:
             report.append(f"{name}: {kind} not fused: {why}")

@@ -6,7 +6,8 @@ expert modules themselves), so state-dict keys and checkpoints are unchanged. Th
 the routing (MindFormers' semantics: it may differ from the HF block's, e.g. greedy top-k on DeepSeek-V3 YAMLs);
 translators/ builds the HF config from the same YAML, so the shapes agree, and a disagreement is an error here.
 
-Per family (transformers 5.23 `models/<type>/modeling_<type>.py`):
+Per family (transformers 5.23 `models/<type>/modeling_<type>.py`; the classes are named in each family's record,
+translators/families/record.py `PatchTargets`):
   qwen3_moe    Qwen3MoeSparseMoeBlock   no shared expert
   qwen2_moe    Qwen2MoeSparseMoeBlock   shared_expert, scaled by sigmoid(shared_expert_gate(x)) when the Plan's
                                         shared_expert_gating is on (MindFormers' use_shared_expert_gating)
@@ -23,70 +24,46 @@ attach_router_bias). MTP layers in the Plan have no module in transformers' mode
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from mf_ds.moe.layer import MFExperts, MFMoE, MoESpec
+from mf_ds.moe.layer import MFExperts, MFMoE
 from mf_ds.moe.router import MFRouter
 from mf_ds.patch import PatchError, PatchFn
-from mf_ds.patch.core import Recorder
+from mf_ds.patch.core import Recorder, decoder_layers
 from mf_ds.zero import full_numel, full_shape
+from translators.families import registry
+from translators.families.record import PatchTargets
+from translators.plan_types import MoE, Plan
 
 
-@dataclass(frozen=True)
-class Family:
-    """Where a model type keeps its MoE block's parts."""
-
-    block: str
-    """Class name of the HF sparse MoE block."""
-    shared: str | None = None
-    """Attribute of the shared-expert MLP."""
-    shared_gate: str | None = None
-    """Attribute of the shared expert's sigmoid gate (Linear H -> 1)."""
-    native_bias: bool = False
-    """The HF router has `e_score_correction_bias`."""
+# model_type -> where its MoE block's parts are (the family records' patch targets, translators/families/record.py)
+FAMILIES: dict[str, PatchTargets] = {t: r for t, r in registry.runtimes().items() if r.moe_block is not None}
 
 
-FAMILIES = {
-    "qwen3_moe": Family("Qwen3MoeSparseMoeBlock"),
-    "qwen2_moe": Family("Qwen2MoeSparseMoeBlock", shared="shared_expert", shared_gate="shared_expert_gate"),
-    "mixtral": Family("MixtralSparseMoeBlock"),
-    "deepseek_v2": Family("DeepseekV2Moe", shared="shared_experts"),
-    "deepseek_v3": Family("DeepseekV3MoE", shared="shared_experts", native_bias=True),
-}
-
-
-def _decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    base_name = model.base_model_prefix if hasattr(model, model.base_model_prefix) else ""
-    base = getattr(model, base_name) if base_name else model
-    return (f"{base_name}.layers" if base_name else "layers"), base.layers
-
-
-def _patch(family: Family, model: nn.Module, plan: dict, recorder: Recorder) -> list[str]:
-    moe = plan["moe"]
-    spec = MoESpec.from_plan(moe, plan["run"]["callbacks"]["moe_drop_rate"])
-    prefix, layers = _decoder_layers(model)
-    wanted = set(moe["layers"])
+def _patch(family: PatchTargets, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
+    moe = plan.moe
+    prefix, layers = decoder_layers(model)
+    wanted = set(moe.layers)
     report, ep = [], None
-    if moe["expert_parallel"] > 1:
+    if moe.expert_parallel > 1:
         from mf_ds.moe.parallel import ExpertParallel
 
-        tp = (plan.get("parallel") or {}).get("tensor_parallel", 1)  # MoE unit tests' plans carry no layout
-        ep = ExpertParallel(moe["expert_parallel"], moe["num_experts"], tp)
+        ep = ExpertParallel(moe.expert_parallel, moe.num_experts, plan.parallel.tensor_parallel)
     for index, layer in enumerate(layers):
         block = layer.mlp
-        sparse = type(block).__name__ == family.block
+        sparse = type(block).__name__ == family.moe_block
         if sparse != (index in wanted):
             raise PatchError(f"{prefix}.{index}.mlp is {type(block).__name__}, but the plan makes layer {index} "
                              f"{'a MoE' if index in wanted else 'a dense'} layer")
         if sparse:
-            new, notes = _build(family, block, spec, moe, index, ep, f"{prefix}.{index}.mlp")
+            new, notes = _build(family, block, moe, plan.estimate_capacity_factor, index, ep,
+                                f"{prefix}.{index}.mlp")
             recorder.set(layer, "mlp", new)
             if ep is not None:
                 recorder.on_success.append(lambda experts=block.experts: _release_full_experts(experts))
-                recorder.irreversible = (f"expert parallelism {moe['expert_parallel']}: this rank holds only its "
+                recorder.irreversible = (f"expert parallelism {moe.expert_parallel}: this rank holds only its "
                                          "own experts (the full ones are released; the checkpoint saves them all)")
             report.append(f"{prefix}.{index}.mlp: {type(block).__name__} -> MFMoE ({new.extra_repr()})")
             report += notes
@@ -100,14 +77,13 @@ def _patch(family: Family, model: nn.Module, plan: dict, recorder: Recorder) -> 
     return report
 
 
-def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: int, ep, path: str) \
-        -> tuple[MFMoE, list[str]]:
+def _build(family: PatchTargets, block: nn.Module, moe: MoE, estimate_cf: float | None, index: int, ep,
+           path: str) -> tuple[MFMoE, list[str]]:
     notes = []
     experts = block.experts
     held = full_shape(experts.gate_up_proj)[0]  # a ZeRO-3 shard's whole shape (mf_ds/zero.py)
-    if held != moe["num_experts"]:
-        raise PatchError(f"{path}.experts holds {held} experts, the plan "
-                         f"{moe['num_experts']}")
+    if held != moe.num_experts:
+        raise PatchError(f"{path}.experts holds {held} experts, the plan {moe.num_experts}")
     if getattr(experts, "has_bias", False) or not getattr(experts, "has_gate", True) or \
             getattr(experts, "is_transposed", False):
         raise PatchError(f"{path}.experts: only gated, bias-free [E, 2I, H] experts are supported")
@@ -117,38 +93,39 @@ def _build(family: Family, block: nn.Module, spec: MoESpec, moe: dict, index: in
         gate_up, down = experts.gate_up_proj, experts.down_proj
     else:
         gate_up, down = ep.shard(experts.gate_up_proj), ep.shard(experts.down_proj)
-    mf_experts = MFExperts(gate_up, down, act_fn, safe_tokens=spec.safe_tokens)
+    mf_experts = MFExperts(gate_up, down, act_fn, safe_tokens=moe.safe_tokens)
 
     # the HF router's own bias (DeepSeek-V3), or the one a MindFormers checkpoint's topk_bias gave it
     # (mf_ds/weights.py attach_router_bias)
     bias = getattr(block.gate, "e_score_correction_bias", None)
-    if bias is None and spec.router.bias_balance:
-        bias = torch.zeros(moe["num_experts"], dtype=torch.float32, device=block.gate.weight.device)
+    if bias is None and moe.router.bias_balance:
+        bias = torch.zeros(moe.num_experts, dtype=torch.float32, device=block.gate.weight.device)
         notes.append(f"{path}.gate.e_score_correction_bias: new fp32 buffer for balance_via_topk_bias")
-    if bias is not None and not spec.router.bias_balance and bool(bias.any()):
+    if bias is not None and not moe.router.bias_balance and bool(bias.any()):
         notes.append(f"{path}.gate.e_score_correction_bias: kept but not used for selection "
                      f"(balance_via_topk_bias is off)")
-    gate = MFRouter(block.gate.weight, bias, dtype=moe["router"]["dtype"])
+    gate = MFRouter(block.gate.weight, bias, dtype=moe.router.dtype)
 
     shared, names = {}, ("", None)
     if family.shared:
         shared[family.shared] = getattr(block, family.shared)
         if family.shared_gate:
             shared[family.shared_gate] = getattr(block, family.shared_gate)
-        use_gate = family.shared_gate if spec.shared_gating else None
-        if family.shared_gate and not spec.shared_gating:
+        use_gate = family.shared_gate if moe.shared_expert_gating else None
+        if family.shared_gate and not moe.shared_expert_gating:
             notes.append(f"{path}.{family.shared_gate}: kept, not applied (use_shared_expert_gating is off)")
-        if moe["shared_experts"]:
+        if moe.shared_experts:
             names = (family.shared, use_gate)
         elif any(full_numel(p) for p in shared[family.shared].parameters()):
             raise PatchError(f"{path}.{family.shared} has weights, but the plan has no shared experts")
-    elif moe["shared_experts"]:
-        raise PatchError(f"{path} ({family.block}) has no shared expert, but the plan asks for "
-                         f"{moe['shared_experts']}")
+    elif moe.shared_experts:
+        raise PatchError(f"{path} ({family.moe_block}) has no shared expert, but the plan asks for "
+                         f"{moe.shared_experts}")
     if getattr(block, "jitter_noise", 0):
         notes.append(f"{path}: router_jitter_noise {block.jitter_noise} not applied (MindFormers has none)")
 
-    new = MFMoE(spec, gate, mf_experts, index, shared=shared, shared_names=names, expert_parallel=ep)
+    new = MFMoE(moe, gate, mf_experts, index, shared=shared, shared_names=names, expert_parallel=ep,
+                estimate_capacity_factor=estimate_cf)
     # HF's child order, so parameters (and ZeRO's flat groups) come in the unpatched model's order
     new._modules = {name: new._modules[name] for name in block._modules if name in new._modules}
     if ep is not None:
@@ -167,12 +144,12 @@ def _release_full_experts(experts: nn.Module) -> None:
         setattr(experts, name, nn.Parameter(full.new_empty((0,) + tuple(full.shape[1:])), requires_grad=False))
 
 
-def build_block(model_type: str, block: nn.Module, plan: dict, layer_index: int = 0) -> MFMoE:
+def build_block(model_type: str, block: nn.Module, plan: Plan, layer_index: int = 0) -> MFMoE:
     """The MFMoE for one HF sparse block of `model_type` (sharing its tensors) without touching a model: benches
     and tests of a single layer. Single-rank (the Plan's expert_parallel must be 1)."""
-    if plan["moe"]["expert_parallel"] != 1:
+    if plan.moe.expert_parallel != 1:
         raise PatchError("build_block makes single-rank blocks; patch a whole model for expert parallelism")
-    new, _ = _build(FAMILIES[model_type], block, MoESpec.from_plan(plan["moe"]), plan["moe"], layer_index, None,
+    new, _ = _build(FAMILIES[model_type], block, plan.moe, plan.estimate_capacity_factor, layer_index, None,
                     type(block).__name__)
     return new
 

@@ -1,19 +1,22 @@
-"""Which Plan entries the runtime reads: the Plan handed to mf_ds's Trainer through a recording mapping.
+"""Which Plan entries the runtime reads: the typed Plan handed to mf_ds's Trainer through a recording proxy.
 
     python -m tests.mf_ds.plan_reads OUT_JSON RUN_DIR YAML[::--set key=value...] ...
 
 trains each YAML one or two steps in this process (one rank) and writes the sorted set of Plan paths that were read
 (`run.data.shuffle`, `layers[*].full_recompute`, ...) to OUT_JSON. A path counts as read when the runtime looked
-it up (`plan["run"]["data"]["shuffle"]`); iterating or copying a mapping (`dict(cfg)`, `copy.deepcopy`) reads
-everything below it. Used by tests/mf_ds/test_ledger_truth.py.
+it up (`plan.run.data.shuffle`, or a key of one of the Plan's mappings, `plan.deepspeed["zero_optimization"]`);
+a property of the Plan (`plan.estimate_capacity_factor`) reads the fields it reads; iterating or copying a mapping
+(`dict(cfg)`, `copy.deepcopy`) reads everything below it. Used by tests/mf_ds/test_ledger_truth.py.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import sys
+import types
 from typing import Any
 
 
@@ -69,10 +72,38 @@ class Recorded(dict):
         return unwrap(self)
 
 
-class RecordedList(list):
-    def __init__(self, data: list, path: str, reads: set[str]):
-        super().__init__(wrap(v, _index(path, i), reads) for i, v in enumerate(data))
-        self._path, self._reads = path, reads
+class RecordedObject:
+    """A frozen dataclass of the Plan whose field reads are recorded (fields below it are wrapped too); its
+    properties and methods run on the proxy, so what they read is recorded as well."""
+
+    def __init__(self, obj: Any, path: str, reads: set[str]):
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_path", path)
+        object.__setattr__(self, "_reads", reads)
+        object.__setattr__(self, "_fields", {f.name for f in dataclasses.fields(obj)})
+
+    def __getattr__(self, name: str):
+        obj = self._obj
+        if name in self._fields:
+            path = _join(self._path, name)
+            self._reads.add(path)
+            return wrap(getattr(obj, name), path, self._reads)
+        attr = getattr(type(obj), name, None)
+        if isinstance(attr, property):
+            return attr.fget(self)
+        if isinstance(attr, types.FunctionType):
+            return types.MethodType(attr, self)
+        return getattr(obj, name)
+
+    def __setattr__(self, name: str, value: Any):
+        raise dataclasses.FrozenInstanceError(name)
+
+
+class _RecordedSequence:
+    """Indexing or iterating a sequence of the Plan reads the sequence (its items are wrapped on their own)."""
+
+    _path: str
+    _reads: set[str]
 
     def __getitem__(self, i):
         self._reads.add(self._path)
@@ -82,12 +113,33 @@ class RecordedList(list):
         self._reads.add(self._path)
         return super().__iter__()
 
+
+class RecordedTuple(_RecordedSequence, tuple):
+    def __new__(cls, data: tuple, path: str, reads: set[str]):
+        self = super().__new__(cls, (wrap(v, _index(path, i), reads) for i, v in enumerate(data)))
+        self._path, self._reads = path, reads
+        return self
+
+    def __len__(self):
+        self._reads.add(self._path)
+        return super().__len__()
+
+
+class RecordedList(_RecordedSequence, list):
+    def __init__(self, data: list, path: str, reads: set[str]):
+        super().__init__(wrap(v, _index(path, i), reads) for i, v in enumerate(data))
+        self._path, self._reads = path, reads
+
     def __deepcopy__(self, memo):
         self._reads.add(_join(self._path, "**"))
         return copy.deepcopy(unwrap(self), memo)
 
 
 def wrap(value: Any, path: str, reads: set[str]) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return RecordedObject(value, path, reads)
+    if isinstance(value, tuple) and any(dataclasses.is_dataclass(v) for v in value):
+        return RecordedTuple(value, path, reads)
     if isinstance(value, dict):
         return Recorded(value, path, reads)
     if isinstance(value, list):
@@ -118,7 +170,7 @@ def main(argv: list[str]) -> None:
         path, *sets = spec.split("::")
         sets.append(f"output_dir={os.path.join(run_dir, str(n))}")
         plan = translate_file(path, sets, world_size=1).plan
-        trainer = Trainer(Recorded(plan, "", reads), max_steps=2)
+        trainer = Trainer(wrap(plan, "", reads), max_steps=2)
         trainer.fit()
         trainer.close()
     with open(out, "w") as f:

@@ -4,6 +4,8 @@ and the legacy LlamaForCausalLM's loss with pad = eos keys in mid-sequence and o
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from mf_ds.attention import allowed_keys, document_ids, model_inputs, restarted_
 from mf_ds.model import build_model
 from tests.conftest import CPU_ENV, ROOT
 from translators.plan import translate_file
+from translators.plan_types import Data, Plan, Run
 
 MF = ROOT / "tests" / "fixtures" / "mindformers"
 PACKED = MF / "finetune_qwen2_5_packed.yaml"
@@ -57,19 +60,19 @@ def test_get_eod_attention_mask(pad_length):
         assert (document_ids(TOKENS, EOD).max(1).values > 2).any()
 
 
-def _plan(*sets: str) -> dict:
+def _plan(*sets: str) -> Plan:
     pairs = [s for s in sets if s != "--set"]
     return translate_file(str(PACKED), pairs + ["train_dataset.data_loader.config.data_path=['1', 'unused']"]).plan
 
 
-def _loss(plan: dict, attn: str = "sdpa") -> tuple[float, torch.Tensor]:
+def _loss(plan: Plan, attn: str = "sdpa") -> tuple[float, torch.Tensor]:
     """The runtime's forward on the golden batch (rows[:2]): mask, positions and loss masking as mf_ds/loop.py."""
-    run = plan["run"]
-    model = build_model(plan, run["load_checkpoint"])
+    run = plan.run
+    model = build_model(plan, run.load_checkpoint)
     model.config._attn_implementation = attn
     tokens, labels = TOKENS[:2].contiguous(), LABELS[:2].contiguous()
-    if run["loss_mask_pad_id"] is not None:
-        labels = labels.masked_fill(tokens == run["loss_mask_pad_id"], -100)
+    if run.loss_mask_pad_id is not None:
+        labels = labels.masked_fill(tokens == run.loss_mask_pad_id, -100)
     with torch.no_grad():
         out = model(input_ids=tokens, labels=labels, shift_labels=labels, **model_inputs(tokens, run, attn))
     return out.loss.item(), out.logits
@@ -80,12 +83,12 @@ def test_lower_triangular_mask_with_dynamic_masks_pad_keys(attn):
     """LowerTriangularMaskWithDynamic (casual_mask(tokens)): pad = eos keys in mid-sequence are masked; the loss and
     every real token's logits are MindFormers' (legacy LlamaForCausalLM, Qwen2 shape)."""
     plan = _plan(*PADS)
-    assert plan["run"]["pad_attention_mask"] and plan["run"]["pad_token_id"] == EOD
+    assert plan.run.pad_attention_mask and plan.run.pad_token_id == EOD
     loss, logits = _loss(plan, attn)
     assert loss == pytest.approx(GOLDEN["losses"]["pads"], abs=1e-5)
     real = TOKENS[:2] != EOD
     torch.testing.assert_close(logits[real], torch.from_numpy(ARRAYS["logits"])[real], atol=1e-4, rtol=1e-4)
-    unmasked = {**plan, "run": {**plan["run"], "pad_attention_mask": False}}
+    unmasked = dataclasses.replace(plan, run=dataclasses.replace(plan.run, pad_attention_mask=False))
     assert abs(_loss(unmasked, attn)[0] - GOLDEN["losses"]["pads"]) > 1e-3  # the mask is what makes it equal
 
 
@@ -94,21 +97,21 @@ def test_llama_for_causal_lm_attention_mask_column(form):
     """LlamaModel with GPTDataset's attention_mask column (reset_attention_mask True: per document; False: causal)
     and its loss_mask: no pad-key mask, no input-pad loss mask; MindFormers' loss."""
     plan = _plan(*([] if form == "documents" else ["train_dataset.data_loader.config.reset_attention_mask=False"]))
-    run = plan["run"]
-    assert not run["pad_attention_mask"] and run["loss_mask_pad_id"] is None
-    assert run["data"]["reset_attention_mask"] is (form == "documents")
+    run = plan.run
+    assert not run.pad_attention_mask and run.loss_mask_pad_id is None
+    assert run.data.reset_attention_mask is (form == "documents")
     assert _loss(plan)[0] == pytest.approx(GOLDEN["losses"][form], abs=1e-5)
 
 
 def test_flash_attention_gets_varlen_lengths():
     """Under flash attention the documents become FlashAttention's cu_seq_lens over the flattened batch."""
-    run = _plan()["run"]
+    run = _plan().run
     kwargs = model_inputs(TOKENS[:2], run, "flash_attention_2")
     doc = document_ids(TOKENS[:2], EOD).reshape(-1)
     starts = [0] + [i for i in range(1, len(doc)) if doc[i] != doc[i - 1] or i % TOKENS.shape[1] == 0]
     assert kwargs["cu_seq_lens_q"].tolist() == [*starts, doc.numel()]
     assert kwargs["max_length_q"] == max(np.diff([*starts, doc.numel()]))
-    pads = _plan(*PADS)["run"]
+    pads = _plan(*PADS).run
     assert torch.equal(model_inputs(TOKENS[:2], pads, "flash_attention_2")["attention_mask"],
                        (TOKENS[:2] != EOD).long())
 
@@ -159,8 +162,9 @@ def test_hf_trainer_samples_carry_the_mask(tmp_path):
 
 def test_model_inputs_restart_positions():
     """reset_position_ids alone: position_ids restarted after each eod (MindFormers' golden), no mask."""
-    data = {"reset_attention_mask": False, "reset_position_ids": True, "eod": EOD, "eod_pad_length": None}
-    kwargs = model_inputs(TOKENS, {"data": data, "pad_attention_mask": False, "pad_token_id": None}, "sdpa")
+    run = Run(data=Data(reset_attention_mask=False, reset_position_ids=True, eod=EOD, eod_pad_length=None),
+              pad_attention_mask=False, pad_token_id=None)
+    kwargs = model_inputs(TOKENS, run, "sdpa")
     assert set(kwargs) == {"position_ids"}
     assert torch.equal(kwargs["position_ids"].double(), torch.from_numpy(ARRAYS["ltor_p1_m0_l0_pos"]).double())
 
@@ -168,7 +172,7 @@ def test_model_inputs_restart_positions():
 def test_trailing_pads_need_no_mask():
     """Pads only after the real tokens (finetune rows): no mask, the plain causal path; one pad in the middle: the
     mask."""
-    run = _plan(*PADS)["run"]
+    run = _plan(*PADS).run
     tail = torch.tensor([[5, 6, 7, EOD, EOD], [5, 6, 7, 8, 9]])
     assert model_inputs(tail, run, "sdpa") == {}
     middle = torch.tensor([[5, EOD, 7, 8, EOD]])
@@ -180,9 +184,9 @@ def test_trailing_pads_keep_the_mask_under_moe():
     """With MoE layers the pads are routed (MindFormers' TopkRouterV2 takes every token), so their hidden states
     matter: a batch of trailing pads keeps MindFormers' pad mask (run.trailing_pads_inert False). The same data
     under a dense model's Plan takes the causal path."""
-    moe = translate_file(str(MF / "run_moe" / "moe_kdrop_tiny.yaml")).plan["run"]
-    dense = translate_file(str(MF / "run" / "finetune_llama2_tiny.yaml")).plan["run"]
-    assert moe["pad_token_id"] == dense["pad_token_id"] == 0
+    moe = translate_file(str(MF / "run_moe" / "moe_kdrop_tiny.yaml")).plan.run
+    dense = translate_file(str(MF / "run" / "finetune_llama2_tiny.yaml")).plan.run
+    assert moe.pad_token_id == dense.pad_token_id == 0
     tail = torch.tensor([[1, 6, 7, 2, 0], [1, 6, 7, 8, 9]])
     assert model_inputs(tail, dense, "sdpa") == {}
     mask = model_inputs(tail, moe, "sdpa")["attention_mask"][:, 0]

@@ -4,6 +4,8 @@ and converting back gives MindSpore's tensors bit for bit, in a .ckpt laid out a
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import numpy as np
@@ -18,11 +20,11 @@ from mf_ds.errors import RunError
 from mf_ds.mindspore_ckpt import MindSporeCheckpoint
 from tests.conftest import ROOT
 from tests.mf_ds.test_mindspore_ckpt import MF, TINY, golden, weights_of
-from translators import names
 from translators.plan import translate_file
+from translators.plan_types import Plan
 
 
-def plan_for(family: str, gmm: bool = False) -> dict:
+def plan_for(family: str, gmm: bool = False) -> Plan:
     """The llama fixture's Plan comes from the tiny finetune YAML; the others' HF configs are written out by hand."""
     if family == "llama":
         return translate_file(str(TINY)).plan
@@ -41,7 +43,8 @@ def plan_for(family: str, gmm: bool = False) -> dict:
           "num_hidden_layers": c["num_layers"], "num_attention_heads": c["num_heads"],
           "num_key_value_heads": c["n_kv_heads"], "vocab_size": c["vocab_size"], "rms_norm_eps": c["rms_norm_eps"],
           "rope_theta": c["theta"], "max_position_embeddings": c["seq_length"], "tie_word_embeddings": False, **moe}
-    return {"hf_config": hf, "run": {"family": family, "checkpoint_layout": {"use_gmm": gmm}}, "notes": []}
+    return Plan.from_json({"hf_config": hf, "run": {"family": family, "checkpoint_layout": {"use_gmm": gmm}}},
+                          partial=True)
 
 
 # mixtral, qwen2_moe: 3 projections x 4 experts apart in each layer
@@ -92,9 +95,9 @@ def test_moe_grouped_matmul_layout(tmp_path, family, w1):
     assert all(torch.equal(back.tensor(n), source.tensor(n)) for n in back.names())
 
 
-def mcore_plan(family: str, **layout) -> dict:
-    return {"hf_config": golden(family)[0]["hf_config"], "notes": [],
-            "run": {"family": family, "layer_style": "mcore", "checkpoint_layout": layout}}
+def mcore_plan(family: str, **layout) -> Plan:
+    run = {"family": family, "layer_style": "mcore", "checkpoint_layout": layout}
+    return Plan.from_json({"hf_config": golden(family)[0]["hf_config"], "run": run}, partial=True)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
@@ -140,8 +143,8 @@ def test_deepseek_v3_both_ways(tmp_path, file, gmm, n_mtp):
     halves (q_b, kv_a with their rope rows reordered, kv_b), shared experts, router bias, routed experts in the
     grouped-matmul or the batched layout. The MTP layer is skipped (transformers builds none) and not written back."""
     g, arrays = golden("deepseek_v3")
-    plan = {"hf_config": g["hf_config"], "notes": [],
-            "run": {"family": "deepseek_v3", "layer_style": "deepseek", "checkpoint_layout": {"use_gmm": gmm}}}
+    plan = Plan.from_json({"hf_config": g["hf_config"], "run": {"family": "deepseek_v3", "layer_style": "deepseek",
+                                                                "checkpoint_layout": {"use_gmm": gmm}}}, partial=True)
     counts = to_hf(plan, str(MF / "deepseek_v3" / file), str(tmp_path / "hf"))
     assert counts == {"loaded": 47, "skipped": 0, "mtp_skipped": n_mtp}  # 41 HF tensors, 3 of them per layer in 2 parts
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True).eval()
@@ -166,7 +169,8 @@ def test_legacy_qkv_concat(tmp_path, family):
     back to the same HF tensors."""
     to_hf(plan_for(family), str(MF / family / "model.ckpt"), str(tmp_path / "hf"))
     plan = plan_for(family)
-    plan["run"]["checkpoint_layout"]["qkv_concat"] = True
+    plan = dataclasses.replace(plan, run=dataclasses.replace(
+        plan.run, checkpoint_layout=dataclasses.replace(plan.run.checkpoint_layout, qkv_concat=True)))
     to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "fused.ckpt"))
     fused = MindSporeCheckpoint(tmp_path / "fused.ckpt")
     assert "model.layers.0.attention.w_qkv.bias" in fused.names()
@@ -177,7 +181,7 @@ def test_legacy_qkv_concat(tmp_path, family):
     assert again.keys() == hf.keys() and all(torch.equal(again[k], hf[k]) for k in hf)
 
 
-def glm_plan(**layout) -> dict:
+def glm_plan(**layout) -> Plan:
     c = golden("glm4")[0]["config"]
     hf = {"model_type": "glm", "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
           "num_hidden_layers": c["num_layers"], "num_attention_heads": c["num_attention_heads"],
@@ -186,7 +190,8 @@ def glm_plan(**layout) -> dict:
           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0 * c["rope_ratio"],
                               "partial_rotary_factor": 0.5},
           "max_position_embeddings": c["seq_length"], "pad_token_id": 0, "tie_word_embeddings": False}
-    return {"hf_config": hf, "notes": [], "run": {"family": "glm4", "layer_style": "glm", "checkpoint_layout": layout}}
+    run = {"family": "glm4", "layer_style": "glm", "checkpoint_layout": layout}
+    return Plan.from_json({"hf_config": hf, "run": run}, partial=True)
 
 
 @pytest.mark.parametrize("file,concat", [("model.ckpt", True), ("model_split.ckpt", False)])
@@ -261,9 +266,9 @@ def test_load_into_a_live_model(tmp_path, family, file):
     plans = {"mixtral": lambda: plan_for("mixtral", gmm=True), "qwen2_moe": lambda: plan_for("qwen2_moe"),
              "glm4": lambda: glm_plan(qkv_concat=False, mlp_concat=False),
              "qwen3_moe": lambda: mcore_plan("qwen3_moe"),
-             "deepseek_v3": lambda: {"hf_config": golden("deepseek_v3")[0]["hf_config"], "notes": [],
-                                     "run": {"family": "deepseek_v3", "layer_style": "deepseek",
-                                             "checkpoint_layout": {"use_gmm": True}}}}
+             "deepseek_v3": lambda: Plan.from_json({"hf_config": golden("deepseek_v3")[0]["hf_config"],
+                                                    "run": {"family": "deepseek_v3", "layer_style": "deepseek",
+                                                            "checkpoint_layout": {"use_gmm": True}}}, partial=True)}
     plan = plans[family]()
     to_hf(plan, str(MF / family / file), str(tmp_path / "hf"))
     reference = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True)
@@ -271,7 +276,7 @@ def test_load_into_a_live_model(tmp_path, family, file):
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))  # poisoned: every element must be written
-    family_key = names.table_key(plan["run"]["family"], plan["run"].get("layer_style"))
+    family_key = plan.weights_family
     load_into(model, MF / family / file, family_key, layout=layout_of(plan))
     expected = reference.state_dict()
     assert all(torch.equal(t, expected[n]) for n, t in model.state_dict().items()), family

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import struct
 
@@ -21,18 +23,19 @@ from mf_ds.data import (
     write_indexed,
 )
 from mf_ds.data.indexed import MAGIC
+from translators.plan_types import Data, from_json
 
 L = 16  # seq_length in these tests
 
 
-def plan_data(**changes) -> dict:
+def plan_data(**changes) -> Data:
     """run.data as translators/data.py writes it."""
     data = {"kind": "builtin", "paths": [], "weights": [], "seq_length": L, "shuffle": True, "seed": None,
             "drop_remainder": True, "repeat": 1, "input_columns": ["input_ids"], "train_samples": None,
             "eod_mask_loss": False, "eod": None, "pad": None, "files_as_given": False, "columns": {},
             "shifted": True, "reset_attention_mask": False, "reset_position_ids": False, "eod_pad_length": None}
     data.update(changes)
-    return data
+    return from_json(Data, data, "run.data")
 
 
 def documents(n: int, base: int, seed: int = 0) -> list[list[int]]:
@@ -83,7 +86,7 @@ def test_shuffled_samples_cover_more_epochs_when_asked(megatron):
     assert len(ds) == 500 > (sum(map(len, docs)) - 1) // L
     for k in range(0, 500, 37):
         assert ds[k]["labels"][:-1].tolist() == ds[k]["input_ids"][1:].tolist()
-    unshuffled = build_train_dataset({**data, "shuffle": False}, L, 7, 100)
+    unshuffled = build_train_dataset(dataclasses.replace(data, shuffle=False), L, 7, 100)
     assert [ds[k]["input_ids"].tolist() for k in range(5)] != [unshuffled[k]["input_ids"].tolist() for k in range(5)]
 
 
@@ -113,7 +116,8 @@ def test_gpt_dataset_loss_mask(megatron, mask, fed):
     data = plan_data(kind="megatron", paths=[prefix], weights=[1.0])
     plain = build_train_dataset(data, L, 0, 100)
     columns = {"input_ids": "input_ids", "labels": "labels", **({"loss_mask": "loss_mask"} if fed else {})}
-    ds = build_train_dataset({**data, "eod_mask_loss": mask, "eod": 3, "pad": 12, "columns": columns}, L, 0, 100)
+    ds = build_train_dataset(dataclasses.replace(data, eod_mask_loss=mask, eod=3, pad=12, columns=columns), L, 0,
+                             100)
     raw = torch.cat([plain[k]["labels"] for k in range(len(ds))])
     raw_in = torch.cat([plain[k]["input_ids"] for k in range(len(ds))])
     labels = torch.cat([ds[k]["labels"] for k in range(len(ds))])

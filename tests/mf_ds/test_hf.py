@@ -65,7 +65,7 @@ def test_setup_carries_the_yaml(monkeypatch, tmp_path):
     ds = args.deepspeed if isinstance(args.deepspeed, dict) else json.loads(Path(args.deepspeed).read_text())
     assert ds["gradient_clipping"] == 0.5 and ds["train_micro_batch_size_per_gpu"] == 2
     assert "optimizer" not in ds and "scheduler" not in ds
-    assert setup.plan["run"]["output_dir"] == str(tmp_path)
+    assert setup.plan.run.output_dir == str(tmp_path)
     sample = next(iter(setup.train_dataset))
     assert sample["input_ids"].shape == sample["labels"].shape == (128,)
 

@@ -82,7 +82,7 @@ def yamls() -> list[Path]:
 @cache
 def runtime_notes(path: Path) -> list[tuple[str, str]]:
     sets = ["train_dataset.data_loader.config.data_path=['1', 'x']"] if path == PACKED else []
-    plan = translate_file(str(path), sets).plan
+    plan = translate_file(str(path), sets).json
     return [(n["key"], n["message"]) for n in plan["notes"] if n["kind"] == "runtime" and n["key"]]
 
 
@@ -112,6 +112,9 @@ def reads(tmp_path_factory) -> set[str]:
              str(CONFIGS / "tiny_deepseek_v3.yaml"), str(MF / "finetune_llama_tiny.yaml"),
              # the bias step from moe_config when the callback names none
              f"{CONFIGS / 'tiny_deepseek_v3.yaml'}::callbacks=[{{type: TopkBiasBalanceCallback}}]",
+             # group-limited routing (DeepSeek-V3's noaux_tc): the block reads n_group / topk_group only then
+             f"{CONFIGS / 'tiny_deepseek_v3.yaml'}::moe_config.topk_method=noaux_tc::moe_config.n_group=4"
+             "::moe_config.topk_group=2",
              f"{PACKED}::train_dataset.data_loader.config.data_path=['1', '{tmp / 'packed'}']"]
     proc = subprocess.run([sys.executable, "-m", "tests.mf_ds.plan_reads", str(tmp / "reads.json"), str(tmp / "runs"),
                            *specs], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=900)

@@ -18,7 +18,7 @@ import pytest
 
 from mf_ds.lr import cosine_annealing_warm_restarts, schedule
 from translators.errors import ConfigError
-from translators.lr import ALIASES, CLASSES, NOT_BUILDABLE, class_of, lr_plan, resolve
+from translators.lr import ALIASES, CLASSES, NOT_BUILDABLE, Schedule, class_of, lr_plan, schedule_for
 from translators.notes import Ledger
 from translators.sections import LrSchedule
 
@@ -39,14 +39,14 @@ def ids(names: list[str]) -> list[str]:
     return [f"{_class(CASES[name])}-{name}" for name in names]
 
 
-def resolved(case: dict, run_steps: int | None = None) -> dict:
+def resolved(case: dict, run_steps: int | None = None) -> Schedule:
     """The case the way mf-ds reads it: the section (the template when absent), then the runtime's resolve."""
     section = case["yaml"]
     ledger = Ledger({"lr_schedule": section} if section else {})
     given = bool(section)
     sched = LrSchedule.parse(section if given else LrSchedule.TEMPLATE, ledger)
     spec = lr_plan(sched, given, None, case["epochs"], None, None, ledger)
-    return resolve(spec, case["steps_per_epoch"], run_steps)
+    return schedule_for(spec, case["steps_per_epoch"], run_steps)
 
 
 @pytest.mark.parametrize("name", VALUES, ids=ids(VALUES))
@@ -72,7 +72,7 @@ def test_lr_schedule_construct_matches_mindformers(name):
 @pytest.mark.parametrize("name", VALUES, ids=ids(VALUES))
 def test_lr_schedule_init_logs_like_mindformers(name):
     """_get_lr_steps' ratio lines, create_lr_scheduler's warmup_epochs and warmup_lr_init lines, in order."""
-    assert resolved(CASES[name])["log"] == CASES[name]["log"]
+    assert list(resolved(CASES[name]).log) == CASES[name]["log"]
 
 
 @pytest.mark.parametrize("name", ERRORS, ids=ids(ERRORS))
@@ -126,7 +126,7 @@ def test_cosine_annealing_warm_restarts_restarts_where_mindformers_does():
     assert len(moved) > 10  # e.g. t_0=1, t_mult=2: step 8191 is still the previous cycle's end in MindFormers
     for t_0 in grid["t_0"]:
         for t_mult in grid["t_mult"]:
-            r = {"t_0": t_0, "t_mult": t_mult, "base_lr": 1.0, "eta_min": 0.0}
+            r = Schedule("CosineAnnealingWarmRestarts", 0, 1.0, t_0=t_0, t_mult=t_mult, base_lr=1.0, eta_min=0.0)
             n = 1
             while (start := t_0 * (t_mult**n - 1) // (t_mult - 1)) < grid["below"]:
                 for step in (start - 1, start, start + 1):

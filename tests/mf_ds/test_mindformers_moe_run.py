@@ -73,10 +73,10 @@ def test_moe_plans_keep_the_pad_mask():
     """The MoE YAMLs' Plan says trailing pads are not inert (mf_ds/attention.py then masks them); the dense finetune
     YAML of the same data layout keeps the faster causal path."""
     for stem in RUNS:
-        run = translate_file(str(RUN / f"{stem}.yaml")).plan["run"]
-        assert run["pad_attention_mask"] and not run["trailing_pads_inert"]
-    dense = translate_file(str(RUN.parent / "run" / "finetune_llama2_tiny.yaml")).plan["run"]
-    assert dense["pad_attention_mask"] and dense["trailing_pads_inert"]
+        run = translate_file(str(RUN / f"{stem}.yaml")).plan.run
+        assert run.pad_attention_mask and not run.trailing_pads_inert
+    dense = translate_file(str(RUN.parent / "run" / "finetune_llama2_tiny.yaml")).plan.run
+    assert dense.pad_attention_mask and dense.trailing_pads_inert
 
 
 @pytest.mark.parametrize("stem", RUNS)

@@ -65,18 +65,18 @@ def test_check_grad_accumulation_steps_stand_alone():
     ("Reset the gradient_accumulation_steps from 8 to 1"): the pretrain YAML's 8 trained batches of 2, and the
     finetune YAML with 4 trained the same 10 steps, bit for bit, as with 1 (measured). The translation does the
     same, so mf-train runs the golden runs' batches."""
-    pretrain = translate_file(str(RUN / "pretrain_llama2_tiny.yaml")).plan
+    pretrain = translate_file(str(RUN / "pretrain_llama2_tiny.yaml")).json
     assert pretrain["deepspeed"]["train_batch_size"] == 2 and pretrain["deepspeed"]["gradient_accumulation_steps"] == 1
     yaml = str(RUN / "finetune_llama2_tiny.yaml")
-    assert translate_file(yaml, ["runner_config.gradient_accumulation_steps=4"]).plan["run"] == \
-        translate_file(yaml).plan["run"]
+    assert translate_file(yaml, ["runner_config.gradient_accumulation_steps=4"]).plan.run == \
+        translate_file(yaml).plan.run
 
 
 def test_micro_batch_interleaved_stand_alone():
     """MicroBatchInterleaved (micro_batch_interleave_num 2, stand-alone): MindFormers keeps the batch of 2 per step
     and cuts it into 2 parts of 1; mf-ds trains the same 10 steps of 2 rows, as micro batches of 1 row whose losses
     the runtime adds (run.micro_batch_interleave_num), not a global batch of 4."""
-    plan = translate_file(str(RUN / "interleave_llama2_tiny.yaml")).plan
+    plan = translate_file(str(RUN / "interleave_llama2_tiny.yaml")).json
     ds = plan["deepspeed"]
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == \
         (2, 1, 2)

@@ -5,6 +5,8 @@ what MindDataset(shuffle=False) read from them are committed fixtures (tests/fix
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import shutil
@@ -143,7 +145,7 @@ def test_loss_mask_and_unshifted_rows():
 
 def test_batches_and_shuffle():
     data = plan_data(kind="mindrecord", paths=[str(ALPACA)], columns={"input_ids": "input_ids", "labels": "labels"})
-    ordered = build_train_dataset({**data, "shuffle": False}, 16, 0, 64)
+    ordered = build_train_dataset(dataclasses.replace(data, shuffle=False), 16, 0, 64)
     first = next(batches(ordered, 2, 0, 1))
     assert first["input_ids"].tolist() == [r["input_ids"][:-1].tolist() for r in alpaca_rows()[:2]]
     shuffled = build_train_dataset(data, 16, 7, 64)
@@ -161,7 +163,7 @@ def test_bad_rows_are_named():
         ds = build_train_dataset(data, 16, 0, 40)
         [ds[i] for i in range(len(ds))]
     with pytest.raises(DataError, match="has no column 'labels'") as info:
-        build_train_dataset({**data, "paths": [str(FIXTURES / "wiki")]}, 16, 0, 64)
+        build_train_dataset(dataclasses.replace(data, paths=(str(FIXTURES / "wiki"),)), 16, 0, 64)
     with pytest.raises(DataError, match="column 'raw' is bytes"):
         build_train_dataset(plan_data(kind="mindrecord", paths=[str(FIXTURES / "types.mindrecord")],
                                       columns={"raw": "input_ids"}), 16, 0, 64)

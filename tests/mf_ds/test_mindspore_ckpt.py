@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from mf_ds.errors import RunError
 from mf_ds.mindspore_ckpt import MindSporeCheckpoint, load_into
-from mf_ds.weights import Layout, to_hf
+from mf_ds.weights import WeightLayout, to_hf
 from tests.conftest import CPU_ENV, ROOT
 from translators import names
 from translators.plan import translate_file
@@ -40,7 +40,7 @@ def weights_of(family: str) -> dict:
 def hf_model(family: str) -> torch.nn.Module:
     """The HF model for a fixture: llama through the translator (the tiny finetune YAML), qwen2 by hand."""
     if family == "llama":
-        kwargs = dict(translate_file(str(TINY)).plan["hf_config"])
+        kwargs = dict(translate_file(str(TINY)).plan.hf_config)
         config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     else:
         c = golden(family)[0]["config"]
@@ -146,14 +146,14 @@ def test_fused_qkv_and_gate_up_are_split_back():
     fused = np.concatenate((q.reshape(kv, hidden // kv, -1), k.reshape(kv, hidden // heads, -1),
                             v.reshape(kv, hidden // heads, -1)), axis=1).reshape(w, h)
     parts = {p.name: p.tensor for p in to_hf("model.layers.0.attention.w_qkv.weight", torch.from_numpy(fused),
-                                             "llama", config, Layout())}
+                                             "llama", config, WeightLayout())}
     assert all(torch.equal(parts[attn + p + "_proj.weight"], sd[attn + p + "_proj.weight"]) for p in "qkv")
     mlp = "model.layers.0.mlp."
     gate, up = sd[mlp + "gate_proj.weight"].numpy(), sd[mlp + "up_proj.weight"].numpy()
     ffn = config.intermediate_size
     fused = np.concatenate((gate.reshape(ffn, 1, -1), up.reshape(ffn, 1, -1)), axis=1).reshape(2 * ffn, -1)
     parts = {p.name: p.tensor for p in to_hf("model.layers.0.feed_forward.w_gate_hidden.weight",
-                                             torch.from_numpy(fused), "llama", config, Layout())}
+                                             torch.from_numpy(fused), "llama", config, WeightLayout())}
     assert torch.equal(parts[mlp + "gate_proj.weight"], sd[mlp + "gate_proj.weight"])
     assert torch.equal(parts[mlp + "up_proj.weight"], sd[mlp + "up_proj.weight"])
 
@@ -240,13 +240,13 @@ def test_pretrained_model_dir_gives_the_weights(tmp_path):
     hf_dir = tmp_path / "hf"
     source.config.save_pretrained(str(hf_dir))
     tree["pretrained_model_dir"] = str(hf_dir)
-    assert translate(tree).plan["run"]["load_checkpoint"] is None  # config.json alone: no weights
+    assert translate(tree).plan.run.load_checkpoint is None  # config.json alone: no weights
     source.save_pretrained(str(hf_dir))
     translation = translate(tree)
-    assert translation.plan["run"]["load_checkpoint"] == str(hf_dir)
+    assert translation.plan.run.load_checkpoint == str(hf_dir)
     assert any(n.key == "pretrained_model_dir" and n.kind == "runtime" for n in translation.ledger.finish())
-    model = build_model(translation.plan, translation.plan["run"]["load_checkpoint"])
+    model = build_model(translation.plan, translation.plan.run.load_checkpoint)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values(),
                                                   strict=True))
     tree["load_checkpoint"] = str(MF / "llama" / "model.ckpt")  # load_checkpoint, when given, wins
-    assert translate(tree).plan["run"]["load_checkpoint"] == str(MF / "llama" / "model.ckpt")
+    assert translate(tree).plan.run.load_checkpoint == str(MF / "llama" / "model.ckpt")

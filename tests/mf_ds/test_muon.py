@@ -14,6 +14,7 @@ import torch
 
 from mf_ds.muon import Muon, build_muon, merge, mindformers_name, schedule_of, split, split_rule, uses_muon
 from tests.mf_ds import muon_reference as ref
+from translators.plan_types import MuonOptimizer, from_json
 
 # a tiny MLA layer as transformers' DeepseekV3 names it
 CONFIG = SimpleNamespace(num_attention_heads=2, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4,
@@ -55,6 +56,11 @@ class Tiny(torch.nn.Module):
         return iter(zip(self.names, self.params, strict=True))
 
 
+def typed(s: dict) -> MuonOptimizer:
+    """The Plan's run.optimizer for these settings (what translators/muon.py writes)."""
+    return from_json(MuonOptimizer, {"type": "Muon", **s}, "run.optimizer", partial=True)
+
+
 def spec(**over) -> dict:
     base = {"lr": 0.02, "weight_decay": 0.1, "matched_adamw_rms": 0.2, "momentum": 0.95, "nesterov": True,
             "ns_schedule": schedule_of(SEGMENTED, 5), "eps": 1e-7, "adamw_betas": [0.9, 0.95], "adamw_eps": 1e-8,
@@ -93,7 +99,7 @@ def reference_run(model: Tiny, s: dict, steps: int) -> dict[str, np.ndarray]:
 
 
 def ours_run(model: Tiny, s: dict, steps: int, optimizer: Muon | None = None, first: int = 1) -> Muon:
-    optimizer = optimizer or build_muon(model, s)
+    optimizer = optimizer or build_muon(model, typed(s))
     for t in range(first, first + steps):
         for (_, p), g in zip(model.named_parameters(), grads(t).values(), strict=True):
             p.grad = g.clone()
@@ -127,13 +133,14 @@ def test_parameter_split_and_include():
     """2-D / 3-D weights take Muon except MindFormers' word_embeddings / output_layer; adamw_include globs match the
     MindFormers names; the per-head split puts each head's rows back where they were."""
     model = Tiny()
-    groups = {g["name"]: g for g in build_muon(model, spec()).param_groups}
+    groups = {g["name"]: g for g in build_muon(model, typed(spec())).param_groups}
     muon_names = [n for n, p in model.named_parameters() if any(p is q for q in groups["muon"]["params"])]
     assert muon_names == [n for n in SHAPES if len(SHAPES[n]) > 1 and n not in ("model.embed_tokens.weight",
                                                                                  "lm_head.weight")]
     assert (mindformers_name("model.layers.0.self_attn.o_proj.weight")
             == "decoder.layers.0.self_attention.linear_proj.weight")
-    narrowed = build_muon(Tiny(), spec(adamw_include=["*word_embeddings*", "*output_layer*", "*linear_proj*"]))
+    narrowed = build_muon(Tiny(), typed(spec(adamw_include=["*word_embeddings*", "*output_layer*",
+                                                              "*linear_proj*"])))
     assert len([g for g in narrowed.param_groups if g["muon"]][0]["params"]) == len(muon_names) - 1
     x = torch.arange(12 * 8.0).reshape(12, 8)
     rule = split_rule("model.layers.0.self_attn.q_b_proj.weight", CONFIG)
@@ -182,7 +189,7 @@ def test_resume_is_exact():
     buffer = io.BytesIO()
     torch.save(opt.state_dict(), buffer)
     resumed = copy.deepcopy(first)
-    fresh = build_muon(resumed, spec())
+    fresh = build_muon(resumed, typed(spec()))
     buffer.seek(0)
     fresh.load_state_dict(torch.load(buffer, weights_only=True))
     ours_run(resumed, spec(), 2, optimizer=fresh, first=3)
@@ -214,7 +221,7 @@ def engine_run(steps_before: int, steps_after: int, root: str, resume: bool) -> 
 
     deepspeed.init_distributed(dist_backend="gloo")
     model = tiny_deepseek()
-    optimizer = build_optimizer(model, {"type": "Muon", **spec(lr=0.01, adamw_betas=[0.9, 0.95])})
+    optimizer = build_optimizer(model, typed(spec(lr=0.01, adamw_betas=[0.9, 0.95])))
     assert isinstance(optimizer, Muon) and any(g["muon"] for g in optimizer.param_groups)
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0, "steps_per_print": 10**9,
               "zero_optimization": {"stage": 0}, "zero_allow_untested_optimizer": True}

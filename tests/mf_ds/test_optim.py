@@ -80,14 +80,15 @@ def test_AdamWeightDecayX_construct(case):
     from pathlib import Path
 
     from mf_ds.optim import build_optimizer
+    from translators.plan_types import Optimizer
 
     golden = json.loads((Path(__file__).parents[1] / "fixtures" / "optim_golden.json").read_text())
     eps = golden["cases"][case]["eps"]
     model = torch.nn.Module()
     model.w = torch.nn.Parameter(torch.tensor(golden["w0"]))
     model.b = torch.nn.Parameter(torch.tensor(golden["b0"]))
-    spec = {"type": "AdamWeightDecayX", "lr": golden["lr"], "betas": golden["betas"], "eps": eps,
-            "weight_decay": golden["weight_decay"], "bias_correction": True}
+    spec = Optimizer(type="AdamWeightDecayX", lr=golden["lr"], betas=tuple(golden["betas"]), eps=eps,
+                     weight_decay=golden["weight_decay"], bias_correction=True)
     opt = build_optimizer(model, spec)
     for grads, want in zip(golden["grads"], golden["cases"][case]["steps"], strict=True):
         model.w.grad, model.b.grad = torch.tensor(grads["w"]), torch.tensor(grads["b"])
@@ -105,7 +106,7 @@ def test_AdamWeightDecayX_translates():
     tree = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
     tree["optimizer"] = {"type": "AdamWeightDecayX", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
     t = translate(tree)
-    opt = t.plan["run"]["optimizer"]
-    assert opt["type"] == "AdamWeightDecayX" and opt["betas"] == [0.9, 0.95] and opt["eps"] == 1e-8
+    opt = t.plan.run.optimizer
+    assert opt.type == "AdamWeightDecayX" and opt.betas == (0.9, 0.95) and opt.eps == 1e-8
     assert any(n.key == "optimizer.type" and n.kind == "differs" and "AdamWeightDecayX" in n.message
                for n in t.warnings)

@@ -7,6 +7,8 @@ two models; ZeRO-3 training unchanged.
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import json
 import os
@@ -25,7 +27,8 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from mf_ds import patch  # noqa: E402
 from mf_ds.patch import PatchError, kernels  # noqa: E402
-from mf_ds.recompute import apply_recompute, revert_recompute  # noqa: E402
+from mf_ds.patch.recompute import apply_recompute, revert_recompute  # noqa: E402
+from translators.plan_types import Kernels, Layer, Plan  # noqa: E402
 from tests.conftest import ROOT, free_port  # noqa: E402
 
 B, S = 2, 5
@@ -59,8 +62,8 @@ EXPERTS = {"mixtral": "MixtralExperts", "qwen2_moe": "Qwen2MoeExperts", "qwen3_m
            "deepseek_v3_split_half": "DeepseekV3Experts"}
 
 
-def plan(rope=True, swiglu=True) -> dict:
-    return {"moe": None, "kernels": {"fused_rope": rope, "fused_swiglu": swiglu, "gmm": False, "fused_permute": False}}
+def plan(rope=True, swiglu=True, layers=()) -> Plan:
+    return Plan(kernels=Kernels(fused_rope=rope, fused_swiglu=swiglu), layers=tuple(layers))
 
 
 def build(model_type, **overrides):
@@ -260,19 +263,18 @@ def test_deepcopy_rebinds():
 
 
 def test_with_recompute():
-    """Kernel patches first, then the recompute plan (act_fn + mul, recomputed through the same fused op): the same
-    gradients; the other order is refused."""
+    """patch.apply puts the kernel patches first, then the recompute plan (act_fn + mul, recomputed through the same
+    fused op): the same gradients, and one revert; the other order (recompute already on) is refused."""
     model = build("llama")
     base = forward_backward(model, IDS)
-    layer = {"index": 0, "full_recompute": False, "select_recompute": ["mlp.act_fn", "mlp.mul"],
-             "comm_recompute": [], "mtp": False}
-    patch.apply(model, plan())
-    apply_recompute(model, [layer])
+    layer = Layer(index=0, select_recompute=("mlp.act_fn", "mlp.mul"))
+    report = patch.apply(model, plan(layers=[layer]))
+    assert report[-1].startswith("recompute: model.layers.0.mlp: recompute act_fn, mul")
     try:
         assert_same(base, forward_backward(model, IDS), 1e-5)
     finally:
-        revert_recompute(model)
         patch.revert(model)
+    assert "forward" not in model.model.layers[0].mlp.__dict__
     apply_recompute(model, [layer])
     try:
         with pytest.raises(PatchError, match="already has an instance forward"):
@@ -331,8 +333,7 @@ def test_fused_kernels_on_moe_models_with_the_moe_layer(family):
 
     hf = tiny_model(family)
     model = tiny_model(family)
-    moe_plan = family_plan(family)
-    moe_plan["kernels"].update(fused_rope=True, fused_swiglu=True)
+    moe_plan = dataclasses.replace(family_plan(family), kernels=Kernels(fused_rope=True, fused_swiglu=True))
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(2))
     base = hf(ids, labels=ids)
     base.loss.backward()
@@ -345,8 +346,8 @@ def test_fused_kernels_on_moe_models_with_the_moe_layer(family):
             assert_close(grads(model)[name], grad, atol=1e-5, rtol=1e-5, msg=name)
     finally:
         patch.revert(model)
-    moe_layers = len(moe_plan["moe"]["layers"])
-    assert f"{moe_layers} MFExperts (model.layers.{moe_plan['moe']['layers'][0]}.mlp.experts, ...): nothing to " \
+    moe_layers = len(moe_plan.moe.layers)
+    assert f"{moe_layers} MFExperts (model.layers.{moe_plan.moe.layers[0]}.mlp.experts, ...): nothing to " \
            "replace: the experts' SwiGLU already runs fused inside the mf-ds MoE layer " \
            "(mf_ds.ops.swiglu.fused_swiglu_packed), where MindFormers fuses it too" in report
     assert not any("Experts (" in line and "not fused by this patch" in line for line in report)
@@ -357,8 +358,7 @@ def test_non_silu_experts_are_a_note():
     from tests.moe import family_plan, tiny_model
 
     model = tiny_model("mixtral", hidden_act="gelu")
-    moe_plan = family_plan("mixtral")
-    moe_plan["kernels"]["fused_swiglu"] = True
+    moe_plan = dataclasses.replace(family_plan("mixtral"), kernels=Kernels(fused_swiglu=True))
     report = patch.apply(model, moe_plan)
     patch.revert(model)
     assert report[-1] == ("2 MFExperts (model.layers.0.mlp.experts, ...): not fused: the experts' activation is "
@@ -383,7 +383,7 @@ def test_a_mixtral_yaml_with_use_fused_swiglu_starts():
     tree["parallel_config"].update(data_parallel=1, model_parallel=1, pipeline_stage=1, expert_parallel=1)
     tree.pop("recompute_config", None)
     plan = translate(tree, world_size=1).plan
-    assert plan["kernels"]["fused_swiglu"] and plan["moe"] is not None
+    assert plan.kernels.fused_swiglu and plan.moe is not None
     model = build_model(plan)
     report = patch.apply(model, plan)
     patch.revert(model)

@@ -1,4 +1,4 @@
-"""mf_ds.recompute on tiny from_config models in fp32: the same loss and gradients as the untouched model, and the
+"""mf_ds.patch.recompute on tiny from_config models in fp32: the same loss and gradients as the untouched model, and the
 bytes saved for backward drop by exactly what each form is documented to drop.
 
 Saved bytes are counted with `saved_tensors_hooks`: every tensor autograd packs for backward, by unique storage
@@ -20,12 +20,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from mf_ds.recompute import apply_recompute, revert_recompute, swiglu_recomputed
+from mf_ds.patch.recompute import apply_recompute, revert_recompute, swiglu_recomputed
+from translators.plan_types import Layer
 from tests.conftest import ROOT, free_port
 
 B, S = 2, 8  # batch, sequence
 T = B * S  # tokens
-H, FF, NH = 64, 128, 4  # hidden, MLP width (I in mf_ds/recompute.py), attention heads (= key/value heads)
+H, FF, NH = 64, 128, 4  # hidden, MLP width (I in mf_ds/patch/recompute.py), attention heads (= key/value heads)
 D = H // NH  # head dim
 FP32 = 4
 LAYER = FP32 * (10 * T * H + 2 * T + B * NH * S * S + 4 * T * FF)  # one Llama layer's own saved bytes, see below
@@ -73,9 +74,8 @@ def run(model, ids) -> Run:
     return Run(loss.item(), grads, sum(by_layer.values()), by_layer)
 
 
-def entry(i, full=False, select=(), comm=(), mtp=False) -> dict:
-    return {"index": i, "full_recompute": full, "select_recompute": list(select), "comm_recompute": list(comm),
-            "mtp": mtp}
+def entry(i, full=False, select=(), comm=(), mtp=False) -> Layer:
+    return Layer(index=i, full_recompute=full, select_recompute=tuple(select), comm_recompute=tuple(comm), mtp=mtp)
 
 
 def build(model_type: str, **config):
@@ -158,7 +158,7 @@ def test_llama_forms(llama, form):
     report = apply_recompute(model, plan)
     try:
         got = run(model, ids)
-        full = {e["index"] for e in plan if e["full_recompute"]}
+        full = {e.index for e in plan if e.full_recompute}
         assert [layer.gradient_checkpointing for layer in model.model.layers] == [i in full for i in range(4)]
         assert list(model.state_dict()) == keys
     finally:
@@ -285,8 +285,6 @@ def test_errors(llama):
         apply_recompute(model, [entry(4, full=True)])
     with pytest.raises(ValueError, match="layer 1 is planned twice"):
         apply_recompute(model, [entry(1, full=True), entry(1)])
-    with pytest.raises(ValueError, match=r"missing keys \['mtp'\]"):
-        apply_recompute(model, [{k: v for k, v in entry(1).items() if k != "mtp"}])
     assert untouched(model)  # a bad plan changes nothing
 
     apply_recompute(model, [entry(1, full=True)])

@@ -37,8 +37,8 @@ AttentionInterface.register("mf_fp16_qkv", _fp16_qkv)
 
 def test_translates_to_llama():
     plan = translate_file(str(HERE / "gqa_flash.yaml")).plan
-    hf = plan["hf_config"]
-    assert plan["run"]["family"] == "telechat3" and hf["model_type"] == "llama"
+    hf = plan.hf_config
+    assert plan.run.family == "telechat3" and hf["model_type"] == "llama"
     assert (hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"], hf["tie_word_embeddings"]) == \
         (4, 2, 16, False)
 

@@ -16,6 +16,7 @@ from mf_ds.model import build_model, hf_config
 from tests.conftest import CPU_ENV, ROOT, free_port
 from tests.mf_ds.test_parallel import LLAMA, QWEN3_MOE, saved, train
 from translators.plan import translate_file
+from translators.plan_types import Plan
 
 MF = ROOT / "tests" / "fixtures" / "mindformers"
 
@@ -42,7 +43,7 @@ def one_rank():
             os.environ[k] = v
 
 
-def zero3_plan(config: str, *sets: str) -> dict:
+def zero3_plan(config: str, *sets: str) -> Plan:
     return translate_file(str(config), ["mf_ds.zero_stage=3", *sets], world_size=1).plan
 
 
@@ -55,12 +56,12 @@ def whole(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {name: t.detach().clone() for name, t in model.state_dict().items()}
 
 
-def build_both(plan: dict, weights: str | None = None, monkeypatch=None):
+def build_both(plan: Plan, weights: str | None = None, monkeypatch=None):
     lines = []
-    torch.manual_seed(plan["run"]["seed"])
+    torch.manual_seed(plan.run.seed)
     part = build_model(plan, weights, log=lines.append)
     monkeypatch.setenv(zero.FULL_BUILD, "1")
-    torch.manual_seed(plan["run"]["seed"])
+    torch.manual_seed(plan.run.seed)
     full = build_model(plan, weights, log=lines.append)
     monkeypatch.delenv(zero.FULL_BUILD)
     return part, full, lines
@@ -87,11 +88,11 @@ def test_partitioned_build_is_the_whole_build_bit_for_bit(one_rank, monkeypatch,
     got, want = whole(part), full.state_dict()
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
-    if plan["moe"] is not None:  # the MoE patch reads the shards' whole shapes
+    if plan.moe is not None:  # the MoE patch reads the shards' whole shapes
         report = patch.apply(part, plan)
         assert report == patch.apply(full, plan)
         try:
-            vocab = plan["hf_config"]["vocab_size"]
+            vocab = plan.hf_config["vocab_size"]
             assert first_loss(part, vocab) == first_loss(full, vocab)
         finally:
             patch.revert(full)
@@ -109,12 +110,13 @@ def test_weights_into_shards(one_rank, monkeypatch, tmp_path):
         part, full, _ = build_both(plan, weights, monkeypatch)
         got, want = whole(part), full.state_dict()
         assert all(torch.equal(got[k], want[k]) for k in want), weights
-    vocab = plan["hf_config"]["vocab_size"]
+    vocab = plan.hf_config["vocab_size"]
     assert first_loss(part, vocab) == first_loss(full, vocab)  # the llama one (equal weights: equal losses)
 
 
 def test_tensor_parallel_keeps_the_whole_build():
-    plan = {"deepspeed": {"zero_optimization": {"stage": 3}}, "parallel": {"tensor_parallel": 2}}
+    plan = Plan.from_json({"deepspeed": {"zero_optimization": {"stage": 3}}, "parallel": {"tensor_parallel": 2}},
+                          partial=True)
     assert not zero.partitioned(plan) and "AutoTP" in zero.full_build_reason(plan)
 
 

@@ -7,7 +7,9 @@ import copy
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-KERNELS_OFF = {"fused_rope": False, "fused_swiglu": False, "gmm": False, "fused_permute": False}
+from translators.plan_types import AuxFactors, AuxGroups, MoE, Plan, Router
+
+KERNELS_OFF = {"fused_rope": False, "fused_swiglu": False}
 
 _COMMON = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=4, vocab_size=64, max_position_embeddings=64)
@@ -40,9 +42,9 @@ FAMILIES = {
 
 
 def moe_plan(num_experts: int = 8, top_k: int = 2, router: dict | None = None, callbacks: dict | None = None,
-             **moe) -> dict:
-    """A Plan with only what mf_ds.patch and mf_ds.moe read: `moe` as translators/moe.py writes it, kernels off,
-    `run.callbacks` with the MoE entries (None: not in the YAML)."""
+             **moe) -> Plan:
+    """A Plan with only what mf_ds.patch and mf_ds.moe read (the rest at the dataclasses' defaults): `moe` as
+    translators/moe.py writes it, kernels off, `run.callbacks` with the MoE entries (None: not in the YAML)."""
     section = {
         "num_experts": num_experts, "top_k": top_k, "intermediate_size": None, "shared_experts": 0,
         "shared_expert_gating": False, "layers": [0, 1], "mtp_layers": [], "path": "moev2",
@@ -53,7 +55,7 @@ def moe_plan(num_experts: int = 8, top_k: int = 2, router: dict | None = None, c
         "aux_loss_configured": {},
         "z_loss": 0.0, "capacity_factor": -1.0, "capacity_multiple": 1, "token_groups": 1, "aux_f": "group",
         "dropless": True,
-        "drop_policy": "kdrop", "gmm": False, "fused_permute": False, "safe_tokens": False, "expert_parallel": 1,
+        "drop_policy": "kdrop", "safe_tokens": False, "expert_parallel": 1,
         "drop_rate_callback": False,
     }
     for key, value in moe.items():
@@ -61,10 +63,25 @@ def moe_plan(num_experts: int = 8, top_k: int = 2, router: dict | None = None, c
     section["router"].setdefault("bias_updated", section["router"]["bias_balance"])
     section["aux_loss_configured"] = {**section["aux_loss"], **section["aux_loss_configured"]}
     run = {"callbacks": {"topk_bias_balance": None, "moe_drop_rate": None, **(callbacks or {})}}
-    return {"moe": section, "kernels": dict(KERNELS_OFF), "run": run}
+    return Plan.from_json({"moe": section, "kernels": dict(KERNELS_OFF), "run": run}, partial=True)
 
 
-def family_plan(family: str, **moe) -> dict:
+def moe_spec(num_experts: int, top_k: int, *, aux_expert: float = 0.0, aux_device: float = 0.0,
+             aux_comm: float = 0.0, configured: tuple[float, float, float] | None = None, z_loss: float = 0.0,
+             device_groups: int | None = None, comm_groups: int = 1, token_groups: int = 1, path: str = "moev2",
+             aux_f: str = "group", capacity_factor: float = -1.0, dropless: bool = True, capacity_multiple: int = 1,
+             drop_policy: str = "kdrop", **router) -> MoE:
+    """The Plan's `moe` section for the router and layer tests, from flat arguments (`router`: Router fields;
+    `configured`: the YAML's (expert, device, comm) factors, by default the ones computed)."""
+    aux = AuxFactors(aux_expert, aux_device, aux_comm)
+    return MoE(num_experts=num_experts, top_k=top_k, router=Router(**router), aux_loss=aux,
+               aux_loss_configured=AuxFactors(*configured) if configured else aux,
+               aux_groups=AuxGroups(device_groups, comm_groups), z_loss=z_loss, token_groups=token_groups,
+               path=path, aux_f=aux_f, capacity_factor=capacity_factor, dropless=dropless,
+               capacity_multiple=capacity_multiple, drop_policy=drop_policy)
+
+
+def family_plan(family: str, **moe) -> Plan:
     _, settings = FAMILIES[family]
     merged = copy.deepcopy(settings)
     merged["router"] = {**merged.get("router", {}), **moe.pop("router", {})}

@@ -12,9 +12,8 @@ from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkR
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
-from mf_ds.moe.layer import MoESpec
-from mf_ds.moe.router import RouterSpec, aux_losses, route
-from tests.moe import moe_plan
+from mf_ds.moe.router import aux_losses, route
+from tests.moe import moe_plan, moe_spec
 
 T, H, E, K = 37, 16, 8, 3
 
@@ -33,7 +32,7 @@ def test_softmax_topk_matches_qwen3(norm):
     torch.nn.init.normal_(hf.weight, std=1.0)
     x = torch.randn(T, H)
     logits, gates, ids = hf(x)
-    ours = route(logits, RouterSpec(E, K, norm_topk_prob=norm))
+    ours = route(logits, moe_spec(E, K, norm_topk_prob=norm))
     assert torch.equal(ours.expert_ids_TK, ids)  # same order: by score, first choice first
     assert_close(ours.gates_TK, gates)
     assert ours.expert_ids_TK.dtype == torch.int64 and ours.gates_TK.dtype == torch.float32
@@ -48,7 +47,7 @@ def test_sigmoid_group_limited_with_bias_matches_deepseek_v3():
     hf.e_score_correction_bias.copy_(torch.randn(E))
     x = torch.randn(T, H)
     logits, gates, ids = hf(x)
-    spec = RouterSpec(E, K, score="sigmoid", topk_method="noaux_tc", n_group=4, topk_group=2, norm_topk_prob=True,
+    spec = moe_spec(E, K, score="sigmoid", topk_method="noaux_tc", n_group=4, topk_group=2, norm_topk_prob=True,
                       routed_scaling_factor=2.5, bias_balance=True)
     ours = route(logits, spec, hf.e_score_correction_bias)
     ids_ours, gates_ours = _sorted((ours.gates_TK, ours.expert_ids_TK))
@@ -67,7 +66,7 @@ def test_group_limited_greedy_matches_deepseek_v2():
     hf = DeepseekV2TopkRouter(config)
     torch.nn.init.normal_(hf.weight, std=1.0)
     logits, gates, ids = hf(torch.randn(T, H))
-    ours = route(logits, RouterSpec(E, K, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+    ours = route(logits, moe_spec(E, K, topk_method="group_limited_greedy", n_group=4, topk_group=2,
                                     routed_scaling_factor=1.5))
     assert torch.equal(_sorted((ours.gates_TK, ours.expert_ids_TK))[0], _sorted((gates, ids))[0])
     assert_close(_sorted((ours.gates_TK, ours.expert_ids_TK))[1], _sorted((gates, ids))[1])
@@ -79,7 +78,7 @@ def test_group_limited_greedy_matches_deepseek_v2():
 def test_aux_losses_follow_mindformers_formulas():
     torch.manual_seed(3)
     logits = torch.randn(T, E, requires_grad=True)
-    spec = RouterSpec(E, K, aux_expert=0.01, aux_device=0.02, aux_comm=0.03, z_loss=0.004, device_groups=2,
+    spec = moe_spec(E, K, aux_expert=0.01, aux_device=0.02, aux_comm=0.03, z_loss=0.004, device_groups=2,
                       comm_groups=2)
     scores = logits.softmax(-1)
     got = aux_losses(logits, scores, spec, scores.topk(K, dim=-1).indices)
@@ -98,13 +97,13 @@ def test_aux_losses_follow_mindformers_formulas():
 def test_sigmoid_aux_loss_uses_renormalised_scores():
     torch.manual_seed(4)
     logits = torch.randn(T, E)
-    spec = RouterSpec(E, K, score="sigmoid", aux_expert=0.1)
+    spec = moe_spec(E, K, score="sigmoid", aux_expert=0.1)
     scores = logits.sigmoid()
     probs = scores / scores.sum(-1, keepdim=True)
     ids = probs.topk(K, dim=-1).indices
     f = torch.stack([(ids == i).sum() for i in range(E)]).float() / (K * T)
     assert_close(aux_losses(logits, scores, spec, ids), 0.1 * E * (probs.mean(0) * f).sum(), rtol=1e-5, atol=1e-6)
-    assert aux_losses(logits, scores, RouterSpec(E, K, score="sigmoid")) is None
+    assert aux_losses(logits, scores, moe_spec(E, K, score="sigmoid")) is None
 
 
 @pytest.mark.parametrize("tokens, cf, expected", [
@@ -113,16 +112,17 @@ def test_sigmoid_aux_loss_uses_renormalised_scores():
     (5, 0.5, 1),
 ])
 def test_capacity_formula(tokens, cf, expected):
-    spec = MoESpec.from_plan(moe_plan(num_experts=8, top_k=2, capacity_factor=cf, dropless=False)["moe"])
+    spec = moe_plan(num_experts=8, top_k=2, capacity_factor=cf, dropless=False).moe
     assert spec.capacity(tokens) == expected == min(math.ceil(2 * tokens * cf / 8), tokens)
-    assert MoESpec.from_plan(moe_plan(capacity_factor=cf, dropless=True)["moe"]).capacity(tokens) is None
-    assert MoESpec.from_plan(moe_plan(capacity_factor=-1.0, dropless=False)["moe"]).capacity(tokens) is None
+    assert moe_plan(capacity_factor=cf, dropless=True).moe.capacity(tokens) is None
+    with pytest.raises(ValueError, match="dropless must be True"):  # cf <= 0 is dropless, decided by translators/
+        moe_plan(capacity_factor=-1.0, dropless=False)
 
 
 def test_bad_specs_are_refused():
     with pytest.raises(ValueError, match="top_k"):
-        RouterSpec(4, 5)
+        moe_spec(4, 5)
     with pytest.raises(ValueError, match="n_group"):
-        RouterSpec(8, 2, topk_method="noaux_tc", n_group=3, topk_group=1)
+        moe_spec(8, 2, topk_method="noaux_tc", n_group=3, topk_group=1)
     with pytest.raises(ValueError, match="score"):
-        RouterSpec(8, 2, score="relu")
+        moe_spec(8, 2, score="relu")

@@ -19,9 +19,9 @@ NO_COLUMN = ["train_dataset.input_columns=[input_ids, labels, loss_mask, positio
 def plan(*sets: str) -> tuple[dict, dict]:
     t = translate_file(PACKED, [PATH, *sets])
     notes = {}
-    for note in t.plan["notes"]:
+    for note in t.json["notes"]:
         notes.setdefault(note["key"], []).append(note)
-    return t.plan["run"], notes
+    return t.json["run"], notes
 
 
 def test_mask_column_per_document():
@@ -67,7 +67,7 @@ def test_legacy_model_never_resets_positions():
 def test_mcore_resets_positions_only_with_use_eod_reset():
     yaml = str(CORPUS / "r1.7.0__configs__qwen3_moe__pretrain_qwen3_30b_a3b_4k.yaml")
     sets = [f"{LOADER}.reset_position_ids=True", f"{LOADER}.reset_attention_mask=True"]
-    run = translate_file(yaml, sets).plan["run"]
+    run = translate_file(yaml, sets).json["run"]
     assert not run["data"]["reset_position_ids"] and run["data"]["reset_attention_mask"]
-    run = translate_file(yaml, [*sets, "model.model_config.use_eod_reset=True"]).plan["run"]
+    run = translate_file(yaml, [*sets, "model.model_config.use_eod_reset=True"]).json["run"]
     assert run["data"]["reset_position_ids"] and run["data"]["eod"] == 1

@@ -26,7 +26,7 @@ def notes(t, key: str) -> list[str]:
 
 def test_save_checkpoint_steps_0_saves_no_step():
     t = translated({"type": "CheckpointMonitor", "save_checkpoint_steps": 0, "keep_checkpoint_max": 3})
-    ckpt = t.plan["run"]["callbacks"]["checkpoint"]
+    ckpt = t.json["run"]["callbacks"]["checkpoint"]
     assert ckpt["save_checkpoint_steps"] == 0 and ckpt["keep_checkpoint_max"] == 3
     assert "[runtime] 0: no step-based saving, and none at the end, as in MindSpore's ModelCheckpoint (a stop by " \
            "signal still saves one)" in notes(t, "callbacks[0].save_checkpoint_steps")
@@ -42,13 +42,13 @@ def test_save_checkpoint_steps_0_with_seconds_is_a_warning():
 def test_keep_checkpoint_max_0(minutes, kept):
     """MindSpore's CheckpointConfig makes 0 into 1, unless keep_checkpoint_per_n_minutes is set (kept: all, here)."""
     t = translated({"type": "CheckpointMonitor", "keep_checkpoint_max": 0, "keep_checkpoint_per_n_minutes": minutes})
-    assert t.plan["run"]["callbacks"]["checkpoint"]["keep_checkpoint_max"] == kept
+    assert t.json["run"]["callbacks"]["checkpoint"]["keep_checkpoint_max"] == kept
 
 
 @pytest.mark.parametrize("times", [0, -3])
 def test_per_print_times_below_1_logs_every_step(times):
     t = translated({"type": "MFLossMonitor", "per_print_times": times})
-    assert t.plan["run"]["callbacks"]["loss_monitor"]["per_print_times"] == 1
+    assert t.json["run"]["callbacks"]["loss_monitor"]["per_print_times"] == 1
 
 
 @pytest.mark.parametrize("entry, message", [

@@ -80,7 +80,7 @@ def test_translates_with_exit_0(path, capsys):
 def test_deepspeed_accepts_the_json(path, ds_world):
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    plan = translate_file(str(path)).plan
+    plan = translate_file(str(path)).json
     config = plan["deepspeed"]
     # DeepSpeed's data-parallel world: the whole world less TP / CP peers (its AutoTP mesh, its Ulysses mpu)
     parsed = DeepSpeedConfig(json.loads(json.dumps(config)), mpu=_MPU(plan["run"]["data_parallel"]))

@@ -25,7 +25,7 @@ def test_columns_feed_arguments_by_position_or_by_construct_args_key():
 
 
 def plan_data(*sets: str) -> tuple[dict, list[dict]]:
-    plan = translate_file(FINETUNE, list(sets)).plan
+    plan = translate_file(FINETUNE, list(sets)).json
     return plan["run"]["data"], [n for n in plan["notes"] if n["key"].startswith("train_dataset")]
 
 

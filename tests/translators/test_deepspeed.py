@@ -25,7 +25,7 @@ def plan_of(**sections) -> dict:
             node.pop(keys[-1], None)
         else:
             node[keys[-1]] = value
-    return translate(tree).plan
+    return translate(tree).json
 
 
 def notes_on(plan: dict, key: str) -> list[str]:
@@ -57,7 +57,7 @@ def test_micro_batch_interleaved_parts(use_parallel, micro, ga):
     # --gradient_accumulation_steps 3: 3 accumulation steps of the 2 parts each
     override = translate_file(str(CONFIGS / "tiny_llama.yaml"), ["micro_batch_interleave_num=2",
                                                                  f"use_parallel={use_parallel}"],
-                              gradient_accumulation_steps=3).plan
+                              gradient_accumulation_steps=3).json
     assert override["deepspeed"]["gradient_accumulation_steps"] == 6
 
 
@@ -235,7 +235,7 @@ def test_activation_checkpointing_block_counts_full_layers():
 
 
 def test_moe_plan_of_the_tiny_deepseek():
-    plan = translate(load_yaml(str(CONFIGS / "tiny_deepseek_v3.yaml"))).plan
+    plan = translate(load_yaml(str(CONFIGS / "tiny_deepseek_v3.yaml"))).json
     moe = plan["moe"]
     assert moe["num_experts"] == 8 and moe["top_k"] == 2 and moe["layers"] == [1, 2, 3] and moe["mtp_layers"] == [3]
     assert moe["router"]["score"] == "sigmoid" and moe["router"]["bias_balance"]
@@ -246,9 +246,9 @@ def test_moe_plan_of_the_tiny_deepseek():
 def test_gmm_is_dropless_unless_opted_in():
     tree = load_yaml(str(CONFIGS / "tiny_deepseek_v3.yaml"))
     tree["moe_config"]["use_gmm"] = True
-    assert translate(tree).plan["moe"]["dropless"] is True
+    assert translate(tree).json["moe"]["dropless"] is True
     tree["mf_ds"] = {"gmm_capacity": True}
-    assert translate(tree).plan["moe"]["dropless"] is False
+    assert translate(tree).json["moe"]["dropless"] is False
     tree["mf_ds"] = {"gmm_capacty": True}
     with pytest.raises(ConfigError, match="did you mean 'gmm_capacity'"):
         translate(tree)

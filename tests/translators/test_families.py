@@ -103,7 +103,7 @@ CASES: dict[str, Case] = {
 @dataclass
 class Translated:
     tree: dict
-    family: families.Family
+    family: families.FamilyRecord
     ledger: Ledger
     hf: dict | None
     shape: families.ModelShape | None

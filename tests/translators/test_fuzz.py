@@ -137,7 +137,7 @@ def _check_error(exc: ConfigError) -> None:
 def test_mutated_trees_translate_or_name_the_key(case):
     name, tree, done = case
     try:
-        plan = translate(tree).plan
+        plan = translate(tree).json
     except ConfigError as exc:
         _check_error(exc)
         return

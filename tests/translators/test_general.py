@@ -22,7 +22,7 @@ def test_load_ckpt_format_without_a_checkpoint(fmt, planned):
     """The r1.5.0 DeepSeek-V3 finetune YAML has load_ckpt_format: '' and no load_checkpoint: MindFormers runs it."""
     tree = copy.deepcopy(BASE)
     tree.update(load_checkpoint="", load_ckpt_format=fmt)
-    assert translate(tree).plan["run"]["load_ckpt_format"] == planned
+    assert translate(tree).json["run"]["load_ckpt_format"] == planned
 
 
 def test_load_ckpt_format_with_a_checkpoint_must_be_ckpt_or_safetensors():
@@ -50,7 +50,7 @@ def test_parallel_mode_takes_mindformers_names(mode, accumulates):
     tree.setdefault("parallel_config", {}).update(pipeline_stage=1)
     result = translate(tree, world_size=tree["parallel_config"].get("data_parallel", 1)
                        * tree["parallel_config"].get("model_parallel", 1))
-    assert result.plan["deepspeed"]["gradient_accumulation_steps"] == (4 if accumulates else 1)
+    assert result.json["deepspeed"]["gradient_accumulation_steps"] == (4 if accumulates else 1)
     notes = {n.key: n for n in result.ledger.finish()}
     assert notes["runner_config.gradient_accumulation_steps"].kind == ("mapped" if accumulates else "dropped")
 

@@ -30,7 +30,7 @@ def plan_with(lr_schedule, data: bool = False, **sections) -> dict:
             tree.setdefault(name, {}).update(value)
         else:
             tree[name] = value
-    return translate(tree).plan
+    return translate(tree).json
 
 
 def notes(plan: dict, key: str) -> list[str]:

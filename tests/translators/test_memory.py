@@ -14,6 +14,7 @@ How the bytes are measured:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import os
@@ -27,6 +28,7 @@ import torch.multiprocessing as mp
 from tests.conftest import CONFIGS, CORPUS, free_port, needs_shared
 from translators import memory
 from translators.plan import translate_file
+from translators.plan_types import Plan
 
 LLAMA_70B = CORPUS / "r1.5.0__configs__llama2__finetune_llama2_70b_bf16_64p.yaml"
 DEEPSEEK_V3 = CORPUS / "r1.5.0-beta1__research__deepseek3__deepseek3_671b__pretrain_deepseek3_671b.yaml"
@@ -49,7 +51,7 @@ def _meta_count(hf: dict) -> tuple[int, int]:
                                   pytest.param(DEEPSEEK_V3, marks=needs_shared, id="deepseek3_671b")],
                          ids=lambda p: Path(p).stem)
 def test_parameter_count_is_exact(path):
-    hf = translate_file(str(path)).plan["hf_config"]
+    hf = translate_file(str(path)).plan.hf_config
     weights = memory.inventory(hf)
     total, experts = _meta_count(hf)
     assert sum(w.numel * w.count for w in weights) == total
@@ -77,14 +79,14 @@ def _live() -> int:
     return sum(storages.values())
 
 
-def _measure(rank: int, plan: dict, stage: int, bf16: bool) -> dict:
+def _measure(rank: int, plan: Plan, stage: int, bf16: bool) -> dict:
     import deepspeed
 
     from mf_ds import patch
     from mf_ds.model import build_model
     from mf_ds.optim import build_optimizer
 
-    config = {k: v for k, v in plan["deepspeed"].items() if k not in ("optimizer", "scheduler")}
+    config = {k: v for k, v in plan.deepspeed.items() if k not in ("optimizer", "scheduler")}
     config.pop("bf16", None)
     if bf16:
         config["bf16"] = {"enabled": True}
@@ -95,8 +97,9 @@ def _measure(rank: int, plan: dict, stage: int, bf16: bool) -> dict:
     base = _live()
     torch.manual_seed(0)
     model = build_model(plan)
-    patch.apply(model, plan)  # mf-ds' MoE layer (experts sharded by expert parallelism); nothing for Llama
-    optimizer = build_optimizer(model, plan["run"]["optimizer"])
+    # mf-ds' MoE layer (experts sharded by expert parallelism); nothing for Llama. No recompute: model states only
+    patch.apply(model, dataclasses.replace(plan, layers=()))
+    optimizer = build_optimizer(model, plan.run.optimizer)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
     del model, optimizer
     # mf_ds.patch keeps the HF blocks it replaced (model._mf_ds_patches, for revert); with expert parallelism it
@@ -109,7 +112,7 @@ def _measure(rank: int, plan: dict, stage: int, bf16: bool) -> dict:
             for module in replaced for t in module.parameters() if t.untyped_storage().data_ptr() not in held}
     base += sum(kept.values())
     seen = {"init": _live() - base, "backward": 0, "kept_for_revert": sum(kept.values())}
-    ids = torch.randint(0, plan["hf_config"]["vocab_size"], (config["train_micro_batch_size_per_gpu"], 32),
+    ids = torch.randint(0, plan.hf_config["vocab_size"], (config["train_micro_batch_size_per_gpu"], 32),
                         generator=torch.Generator().manual_seed(rank))
     for _ in range(config["gradient_accumulation_steps"]):
         out = engine(input_ids=ids, labels=ids)
@@ -140,16 +143,16 @@ def test_model_states_equal_what_deepspeed_holds(tmp_path):
     plans = {"dense": translate_file(str(CONFIGS / "tiny_llama.yaml"), world_size=world).plan,
              "moe": translate_file(str(CONFIGS / "tiny_qwen3_moe.yaml"), ["parallel_config.expert_parallel=2"],
                                    world_size=world).plan}
-    assert plans["moe"]["parallel"]["expert_parallel"] == 2
+    assert plans["moe"].parallel.expert_parallel == 2
     out = str(tmp_path / "measured.pt")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     mp.spawn(_states_worker, args=(free_port(), world, plans, out), nprocs=world, join=True)
     for (model, stage, bf16), seen in zip(CASES, torch.load(out), strict=True):
-        weights = memory.inventory(plans[model]["hf_config"])
+        weights = memory.inventory(plans[model].hf_config)
         experts = sum(w.numel * w.count for w in weights if w.shard == "expert")
         assert seen["kept_for_revert"] == 0, (model, experts)  # was 4 bytes per expert parameter before the release
-        par = plans[model]["parallel"]
-        deg = memory.Degrees(world, par["data_parallel"], ep=par["expert_parallel"])
+        par = plans[model].parallel
+        deg = memory.Degrees(world, par.data_parallel, ep=par.expert_parallel)
         s = memory.model_states(weights, deg, seen["zero"], bf16, "bfloat16")
         standing = s.params + s.master + (s.gradients + s.bucket if stage == 3 else 0)  # ZeRO-3 allocates at init
         expected = {"init": standing, "backward": standing + (s.gradients if stage < 3 else 0),
@@ -174,18 +177,19 @@ def _profiled_peak(plan: dict, batch: int, seq: int) -> int:
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from mf_ds.recompute import apply_recompute
+    from mf_ds.patch.recompute import apply_recompute
 
-    kwargs = dict(plan["hf_config"])
+    typed = Plan.from_json(plan, partial=True)
+    kwargs = dict(typed.hf_config)
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     config.use_cache = False
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").train()
-    if plan.get("moe"):
+    if typed.moe:
         from mf_ds import patch
 
-        patch.apply(model, plan)  # mf-ds' MoE layer, as the runtime trains it
-    apply_recompute(model, plan["layers"])
+        patch.apply(model, dataclasses.replace(typed, layers=()))  # mf-ds' MoE layer, as the runtime trains it
+    apply_recompute(model, typed.layers)
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
@@ -221,7 +225,7 @@ def test_moe_mla_activation_peak_within_15_percent():
     layer), measured 5% below the figure. Its head dims are made equal (qk 8 + 8 = v 16): torch's CPU SDPA has no
     fused kernel for unequal ones and falls back to the math path, which keeps the s x s probabilities in fp32;
     the planner counts the fused kernels GPUs run (FlashAttention / memory-efficient), which keep O(s)."""
-    plan = translate_file(str(CONFIGS / "tiny_deepseek_v3.yaml"), world_size=1).plan
+    plan = translate_file(str(CONFIGS / "tiny_deepseek_v3.yaml"), world_size=1).json
     plan["hf_config"].update(qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16)
     batch, seq = plan["run"]["micro_batch_size"], plan["run"]["seq_length"]
     measured = _profiled_peak(plan, batch, seq)

@@ -30,7 +30,7 @@ def test_checkpoint_layout_defaults_and_yaml_values():
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="needs ../shared (the reference corpus)")
 def test_the_plan_carries_the_layout():
     path = CORPUS / "r1.7.0__configs__qwen3_moe__pretrain_qwen3_30b_a3b_4k.yaml"
-    plan = translate_file(str(path)).plan
+    plan = translate_file(str(path)).json
     tree = load_yaml(str(path))
     assert tree["model"]["model_config"]["use_contiguous_weight_layout_attention"] is False
     assert plan["run"]["checkpoint_layout"] == names.checkpoint_layout(tree)

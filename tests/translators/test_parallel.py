@@ -7,7 +7,8 @@ import pytest
 
 from tests.conftest import CONFIGS, ROOT
 from translators.errors import ConfigError
-from translators.parallel import PARTITION_SPECS, Dims, partition_config, resolve
+from translators.families import registry
+from translators.parallel import Dims, partition_config, resolve
 from translators.plan import translate_file
 from translators.sections import ParallelConfig
 
@@ -84,7 +85,7 @@ def _notes(plan: dict) -> dict[str, tuple[str, str]]:
 
 def test_plan_and_ledger_for_tp():
     plan = translate_file(LLAMA, ["parallel_config.model_parallel=2", "parallel_config.vocab_emb_dp=False",
-                                  "parallel_config.use_seq_parallel=True"], world_size=4).plan
+                                  "parallel_config.use_seq_parallel=True"], world_size=4).json
     assert plan["parallel"] == {"world_size": 4, "data_parallel": 2, "tensor_parallel": 2, "context_parallel": 1,
                                 "expert_parallel": 1, "tp_rule": "hf_tp_plan", "folded": {}}
     ds = plan["deepspeed"]
@@ -97,7 +98,7 @@ def test_plan_and_ledger_for_tp():
     assert notes["parallel_config.vocab_emb_dp"][0] == "mapped"
     assert "vocab_parallel_lm_head = true" in notes["parallel_config.vocab_emb_dp"][1]
     odd = translate_file(LLAMA, ["parallel_config.model_parallel=2", "parallel_config.vocab_emb_dp=False",
-                                 "model.model_config.vocab_size=321"], world_size=2).plan
+                                 "model.model_config.vocab_size=321"], world_size=2).json
     assert "vocab_parallel_lm_head" not in odd["deepspeed"]["tensor_parallel"]
     assert _notes(odd)["parallel_config.vocab_emb_dp"][0] == "differs"
     kind, message = notes["parallel_config.use_seq_parallel"]
@@ -107,14 +108,14 @@ def test_plan_and_ledger_for_tp():
 
 def test_plan_and_ledger_for_cp_and_folds():
     plan = translate_file(LLAMA, ["parallel_config.context_parallel=2", "parallel_config.pipeline_stage=2",
-                                  "parallel_config.micro_batch_num=2"], world_size=2).plan
+                                  "parallel_config.micro_batch_num=2"], world_size=2).json
     assert plan["deepspeed"]["sequence_parallel_size"] == 2 and plan["parallel"]["data_parallel"] == 1
     notes = _notes(plan)
     assert notes["parallel_config.context_parallel"][0] == "mapped"
     assert "Ulysses" in notes["parallel_config.context_parallel"][1]
     assert notes["parallel_config.pipeline_stage"][0] == "differs"
     both = translate_file(LLAMA, ["parallel_config.context_parallel=2", "parallel_config.model_parallel=2"],
-                          world_size=2).plan
+                          world_size=2).json
     assert both["parallel"]["context_parallel"] == 1 and "sequence_parallel_size" not in both["deepspeed"]
     assert _notes(both)["parallel_config.context_parallel"][0] == "differs"
 
@@ -122,7 +123,7 @@ def test_plan_and_ledger_for_cp_and_folds():
 def test_deepspeed_accepts_the_parallel_blocks():
     from deepspeed.runtime.tensor_parallel.config import get_tensor_parallel_config
 
-    plan = translate_file(QWEN3_MOE, ["parallel_config.model_parallel=2"], world_size=2).plan
+    plan = translate_file(QWEN3_MOE, ["parallel_config.model_parallel=2"], world_size=2).json
     tp = get_tensor_parallel_config(plan["deepspeed"])
     assert tp.autotp_size == 2 and tp.get_partition_config_object().tp_size == 2
 
@@ -146,7 +147,8 @@ _SHARDED = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", 
             "kv_b_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_up_proj.weight")
 
 
-@pytest.mark.parametrize("model_type", sorted(PARTITION_SPECS))
+@pytest.mark.parametrize("model_type", sorted({r.hf_model_type for r in registry.records()
+                                                 if r.tp not in (None, "hf_tp_plan")}))
 def test_partition_config_shards_attention_and_dense_mlps_not_experts(model_type):
     from deepspeed.module_inject.autotp_config import AutoTPConfig, PartitionType
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -169,11 +171,11 @@ def test_partition_config_shards_attention_and_dense_mlps_not_experts(model_type
 def test_context_parallel_takes_no_attention_mask():
     """Ulysses' attention is causal and takes no mask: pad keys stay visible (a differs note on pad_token_id), and
     per-document attention is refused naming the key."""
-    plan = translate_file(LLAMA, ["parallel_config.context_parallel=2"], world_size=2).plan
+    plan = translate_file(LLAMA, ["parallel_config.context_parallel=2"], world_size=2).json
     assert plan["run"]["pad_attention_mask"] is False
     assert any(n["key"] == "model.model_config.pad_token_id" and n["kind"] == "differs" and "Ulysses" in n["message"]
                for n in plan["notes"])
-    assert translate_file(LLAMA, world_size=1).plan["run"]["pad_attention_mask"] is True
+    assert translate_file(LLAMA, world_size=1).json["run"]["pad_attention_mask"] is True
     with pytest.raises(ConfigError, match=r"^parallel_config\.context_parallel: 2 \(DeepSpeed Ulysses\) cannot run "
                        "per-document attention"):
         translate_file(str(ROOT / "tests" / "fixtures" / "mindformers" / "finetune_qwen2_5_packed.yaml"),

@@ -64,7 +64,7 @@ def test_deepseek_v3_on_256_ranks(capsys):
     experts = report["expert_parameters"]
     from translators.plan import translate_file
 
-    whole = sum(w.numel * w.count for w in memory.inventory(translate_file(str(DEEPSEEK_V3)).plan["hf_config"])
+    whole = sum(w.numel * w.count for w in memory.inventory(translate_file(str(DEEPSEEK_V3)).json["hf_config"])
                 if w.shard == "whole")  # embeddings, lm_head, norms, routers, MLA down projections
     assert mem["local_parameters"] == int(experts / 8 + whole + (report["parameters"] - experts - whole) / 4)
 

@@ -10,16 +10,8 @@ import yaml
 from tests.conftest import DATA
 from translators.errors import ConfigError
 from translators.layout import build_layout
-from translators.recompute import (
-    _TABLES,
-    RESHAPE_NOTE,
-    STYLES,
-    gpt2_full_layers,
-    hf_targets,
-    layer_plan,
-    normalise,
-    swap_mode,
-)
+from translators.recompute import gpt2_full_layers, normalise, swap_mode
+from translators.recompute_ops import _TABLES, RESHAPE_NOTE, STYLES, hf_targets, layer_plan
 
 SEED = build_layout(48, 5, 2, [[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
 # 10 layers, pp 2, vpp 2: layer_list [[2, 3], [3, 2]]; mini-stages hold 0-1 | 2-4 || 5-7 | 8-9
@@ -579,12 +571,12 @@ def test_swap_config_swap_makes_the_plan_read_global_layer_ids():
 
     tree = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
     tree["recompute_config"] = {"recompute": [1], "select_recompute": {r"feed_forward\.mul": [2]}}
-    counts = translate(tree).plan
+    counts = translate(tree).json
     assert [layer["full_recompute"] for layer in counts["layers"]] == [True, False]  # 1 layer of stage 0
     assert counts["layers"][1]["select_recompute"] == ["mlp.mul"]
     tree["recompute_config"]["select_recompute"] = {r"feed_forward\.mul": [0, 7]}
     tree["swap_config"] = {"swap": True}
-    ids = translate(tree).plan
+    ids = translate(tree).json
     assert [layer["full_recompute"] for layer in ids["layers"]] == [False, True]  # layer id 1
     assert ids["layers"][0]["select_recompute"] == ["mlp.mul"]
     notes = {(n["key"], n["kind"]): n["message"] for n in ids["notes"]}

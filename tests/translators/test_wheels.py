@@ -150,7 +150,7 @@ def test_deepseek_v3_671b_is_mindformers_model(version):
     from translators.plan import translate_file
 
     plan = translate_file(str(WHEELS / version / "deepseek3/pretrain_deepseek3_671b.yaml"),
-                          mindformers_version=version).plan
+                          mindformers_version=version).json
     hf = plan["hf_config"]
     assert (hf["n_routed_experts"], hf["num_experts_per_tok"], hf["first_k_dense_replace"],
             hf["num_attention_heads"]) == (256, 8, 3, 128)
@@ -180,7 +180,7 @@ def test_version_decides_and_is_recorded(tmp_path):
         translate_file(str(WHEELS / "2.1.0/telechat3/pretrain_telechat3_36b.yaml"), mindformers_version="1.8.0")
     with pytest.raises(ConfigError, match=r"^--mindformers-version: MindFormers 3\.0\.0: no config-class defaults"):
         translate_file(str(WHEELS / "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml"), mindformers_version="3.0")
-    plan = translate_file(str(WHEELS / "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml")).plan
+    plan = translate_file(str(WHEELS / "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml")).json
     assert plan["run"]["mindformers_version"] == "2.1.0"
 
 
@@ -223,7 +223,7 @@ def test_finetune_yamls_with_their_model_dir(rel, config_json, total, active, tm
     from translators.plan import translate_file
 
     (tmp_path / "config.json").write_text(json.dumps(config_json))
-    plan = translate_file(str(WHEELS / "2.1.0" / rel), [f"pretrained_model_dir={tmp_path}"]).plan
+    plan = translate_file(str(WHEELS / "2.1.0" / rel), [f"pretrained_model_dir={tmp_path}"]).json
     got_total, got_active = counts(plan["hf_config"])
     assert got_total == pytest.approx(total, rel=0.01)
     if active:
@@ -246,7 +246,7 @@ def test_rope_scaling_in_the_yaml_is_flattened_as_mindformers_does():
         del config[key]
     config["rope_scaling"] = DEEPSEEK_V3_JSON["rope_scaling"]
     result = translate(tree)
-    assert result.plan["hf_config"]["rope_parameters"] == {
+    assert result.json["hf_config"]["rope_parameters"] == {
         "rope_theta": 10000.0, "rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
         "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}
     notes = result.ledger.finish()

@@ -42,16 +42,12 @@ from translators.families.base import (
     _ARCH_FAMILY,
     _CONFIG_CLASSES,
     _CONFIG_FAMILY,
-    _FAMILY,
     _GLM_LIKE,
     _LLAMA_LIKE,
-    _MCORE_ARCHS,
-    _MCORE_TYPES,
     ARCH,
     MODEL_CONFIG,
     MOE_CONFIG,
     NO_MODEL,
-    Family,
     ModelShape,
 )
 from translators.families.engine import (
@@ -67,6 +63,8 @@ from translators.families.engine import (
     _Spec,
     _Values,
 )
+from translators.families.record import FamilyRecord
+from translators.families.registry import mcore_architectures, mcore_model_types, record
 from translators.families.rules import _TYPES
 from translators.mf_defaults import NEWEST, class_defaults
 from translators.moe import MCORE_MOE
@@ -106,7 +104,7 @@ _VARIANTS: dict[str, tuple[tuple[str, Callable[[dict, dict, str], bool]], ...]] 
 }
 
 
-def _spec(family: Family) -> _Spec:
+def _spec(family: FamilyRecord) -> _Spec:
     return _SPECS[(family.name, family.mcore)]
 
 
@@ -126,7 +124,7 @@ def _lookup(table: dict, value: Any) -> str | None:
     return table.get(value) if isinstance(value, str) else None
 
 
-def _detect_legacy(tree: dict, config: dict) -> Family:
+def _detect_legacy(tree: dict, config: dict) -> FamilyRecord:
     arch = tree["model"].get("arch") or {}
     name = _model_name(tree)
     kind = (_lookup(_ARCH_FAMILY, arch.get("type")) or _lookup(_CONFIG_FAMILY, config.get("type"))
@@ -137,10 +135,10 @@ def _detect_legacy(tree: dict, config: dict) -> Family:
                                    f"{show((tree.get('trainer') or {}).get('model_name'))} are none this "
                                    "translator knows",
                           f"known config classes: {', '.join(_CONFIG_CLASSES)}")
-    return _FAMILY[(_variant(kind, config, tree) if kind in _VARIANTS else kind, False)]
+    return record(_variant(kind, config, tree) if kind in _VARIANTS else kind, False)
 
 
-def _detect_mcore(tree: dict, config: dict) -> Family:
+def _detect_mcore(tree: dict, config: dict) -> FamilyRecord:
     seed, seed_path = _seed(tree)
     if seed_path and not seed:
         # MindFormers builds the model from this config.json and raises "... does not exist" without it
@@ -151,26 +149,26 @@ def _detect_mcore(tree: dict, config: dict) -> Family:
     merged = {**seed, **config}
     model_type = merged.get("model_type")
     if model_type is not None:
-        if _lookup(_MCORE_TYPES, model_type) is None:
+        if _lookup(mcore_model_types(), model_type) is None:
             where = join(MODEL_CONFIG, "model_type") if "model_type" in config else f"{seed_path}: model_type"
             raise ConfigError(where, f"not an mcore model this translator knows: {show(model_type)}",
-                              f"known: {', '.join(_MCORE_TYPES)}")
-        return _FAMILY[(_MCORE_TYPES[model_type], True)]
+                              f"known: {', '.join(mcore_model_types())}")
+        return record(mcore_model_types()[model_type], True)
     archs = merged.get("architectures")
     for arch in archs if isinstance(archs, list) else [archs]:
-        if _lookup(_MCORE_ARCHS, arch):
-            return _FAMILY[(_MCORE_ARCHS[arch], True)]
+        if _lookup(mcore_architectures(), arch):
+            return record(mcore_architectures()[arch], True)
     variant = _variant("mcore", merged, tree)
     if variant is None:
         raise ConfigError("model", "cannot tell which mcore model this is (use_legacy: False)",
-                          f"set model.model_config.model_type to one of {', '.join(_MCORE_TYPES)}")
-    return _FAMILY[(variant, True)]
+                          f"set model.model_config.model_type to one of {', '.join(mcore_model_types())}")
+    return record(variant, True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Public API.
 
-def detect_family(tree: dict) -> Family:
+def detect_family(tree: dict) -> FamilyRecord:
     """The architecture a MindFormers YAML describes; NO_MODEL (hf_model_type None) when it has no model section."""
     if tree.get("model") is None:
         return NO_MODEL
@@ -178,7 +176,7 @@ def detect_family(tree: dict) -> Family:
     return _detect_mcore(tree, config) if tree.get("use_legacy") is False else _detect_legacy(tree, config)
 
 
-def model_shape(tree: dict, family: Family, ledger: Ledger, version: str = NEWEST) -> ModelShape:
+def model_shape(tree: dict, family: FamilyRecord, ledger: Ledger, version: str = NEWEST) -> ModelShape:
     """The model numbers the rest of the translator needs; notes the keys carried into the Plan as `runtime`.
     `version`: the MindFormers version whose config-class defaults fill what the YAML leaves out (mcore)."""
     spec, m, _ = _load(tree, family, version)
@@ -213,7 +211,7 @@ _SHAPE_NOTES: dict[str, Callable[[Any], str]] = {
 }
 
 
-def hf_config(tree: dict, family: Family, ledger: Ledger, version: str = NEWEST) -> dict | None:
+def hf_config(tree: dict, family: FamilyRecord, ledger: Ledger, version: str = NEWEST) -> dict | None:
     """`AutoConfig.for_model(**d)` keyword arguments for the YAML's model, or None (with a note on `model`) when
     transformers has no architecture for the family. Every key under model.model_config and model.arch is noted."""
     if family.hf_model_type is None:
@@ -264,7 +262,7 @@ def _note_seed(tree: dict, spec: _Spec, ledger: Ledger) -> None:
         ledger.mapped("pretrained_model_dir", f"{path} seeds model.model_config (model_config keys win)")
 
 
-def mcore_model_config(tree: dict, family: Family, version: str = NEWEST) -> dict:
+def mcore_model_config(tree: dict, family: FamilyRecord, version: str = NEWEST) -> dict:
     """The model_config MindFormers builds an mcore model from: its config class's defaults in `version`, then
     pretrained_model_dir's config.json, then the YAML's model_config (MindFormers' own names; the MoE plan and the
     layout checks read it). Legacy families: the YAML's model_config as written."""

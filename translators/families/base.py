@@ -1,27 +1,16 @@
-"""The families this translator knows, what it reads from a model_config for the rest of the translator, and the
-class / model_type names that tell them apart."""
+"""What the translator reads from a model_config for the rest of the translator, and the class / model_type names
+that tell the families apart (the families themselves: translators/families/registry.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from translators.families.record import FamilyRecord
+
 MODEL_CONFIG = "model.model_config"
 ARCH = "model.arch"
 MOE_CONFIG = "moe_config"
 DTYPES = ("bfloat16", "float16", "float32")
-
-
-@dataclass(frozen=True)
-class Family:
-    """A model architecture as this translator knows it."""
-
-    name: str  # e.g. "llama", "qwen2_moe", "deepseek_v3", "glm4", "telechat"
-    hf_model_type: str | None  # transformers model_type; None when transformers has no architecture for it
-    # how MindFormers names ops in a decoder layer: llama|deepseek|mcore|gpt2|glm|other (recompute.STYLES; Telechat
-    # names its ops as Llama does)
-    layer_style: str
-    mcore: bool  # the YAML uses the mcore model_config (use_legacy: False)
-    reason: str = ""  # why hf_model_type is None
 
 
 @dataclass(frozen=True)
@@ -45,35 +34,7 @@ class ModelShape:
     return_extra_loss: bool = False  # MoE aux losses join the LM loss (DeepSeek, mcore MoE: True; Llama MoE: no)
 
 
-NO_MODEL = Family("none", None, "other", False, "no model section")
-
-# Families with a module of their own (one record each); imported here, once Family exists.
-from translators.families import glm4_moe, telechat3  # noqa: E402
-
-FAMILIES = (
-    Family("llama", "llama", "llama", False),
-    Family("qwen2", "qwen2", "llama", False),
-    Family("mixtral", "mixtral", "llama", False),
-    Family("qwen2_moe", "qwen2_moe", "llama", False),
-    Family("deepseek_v2", "deepseek_v2", "deepseek", False),
-    Family("deepseek_v3", "deepseek_v3", "deepseek", False),
-    # ChatGLM2/3 and GLM-4-9B share one architecture (ChatGLM2Config): transformers' `glm` (THUDM/glm-4-9b-hf).
-    # Its `glm4` is GLM-4-0414, which adds post-attention and post-MLP norms that these models do not have.
-    Family("glm4", "glm", "glm", False),
-    Family("chatglm", "glm", "glm", False),
-    Family("gpt2", "gpt2", "gpt2", False),
-    Family("telechat", None, "llama", False,
-           "Telechat has no transformers architecture (it ships as trust_remote_code)"),
-    Family("baichuan2", None, "llama", False,
-           "Baichuan2 has no transformers architecture (trust_remote_code: NormHead, and ALiBi in the 13B)"),
-    Family("yizhao", None, "glm", False,
-           "YiZhao has no transformers architecture (a MindFormers research model)"),
-    Family("qwen3", "qwen3", "mcore", True),
-    Family("qwen3_moe", "qwen3_moe", "mcore", True),
-    Family("deepseek_v3", "deepseek_v3", "mcore", True),
-)
-FAMILIES += telechat3.FAMILIES + glm4_moe.FAMILIES
-_FAMILY = {(f.name, f.mcore): f for f in FAMILIES}
+NO_MODEL = FamilyRecord("none", None, "other", False, "no model section")
 
 # Which family a class or model_type names ("llama*" / "glm*": told apart by their keys, see _VARIANTS).
 _LLAMA_LIKE, _GLM_LIKE = "llama*", "glm*"
@@ -89,8 +50,4 @@ _ARCH_FAMILY = {
     "GPT2LMHeadModel": "gpt2", "Baichuan7BV2ForCausalLM": "baichuan2", "Baichuan13BV2ForCausalLM": "baichuan2",
     "YiZhaoForCausalLM": "yizhao",
 }
-_MCORE_TYPES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", **telechat3.MODEL_TYPES,
-                **glm4_moe.MODEL_TYPES}
-_MCORE_ARCHS = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
-                "DeepseekV3ForCausalLM": "deepseek_v3", **telechat3.ARCHS, **glm4_moe.ARCHS}
 _CONFIG_CLASSES, _ARCH_CLASSES = tuple(_CONFIG_FAMILY), tuple(_ARCH_FAMILY)

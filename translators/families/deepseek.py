@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from translators import names
+from translators.families import parts
 from translators.families.llama import LLAMA
+from translators.families.parts import MODELS
+from translators.families.record import FamilyRecord, PatchTargets, Weights
 from translators.families.rules import (
                     _GENERATION_KEYS,
                     _SHAPE_KEYS,
@@ -94,3 +98,25 @@ DS2_DEFAULTS = {
     **DS3_DEFAULTS, "num_layers": 30, "n_kv_heads": 32, "max_position_embeddings": 4096, "intermediate_size": 12288,
     "vocab_size": 102400, "compute_dtype": "float16", "param_init_type": "float16",
 }
+
+# --- the family records (translators/families/record.py) ------------------------------------------------------------
+DEEPSEEK_V2_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v2.modeling_deepseek_v2", rope="deepseek_v2",
+                                   mlps=("DeepseekV2MLP",), experts="DeepseekV2Experts", moe_block="DeepseekV2Moe",
+                                   shared="shared_experts")
+# layers < first_k_dense_replace stay dense (HF builds them so); gate.e_score_correction_bias is the selection bias
+# TopkBiasBalanceCallback moves
+DEEPSEEK_V3_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v3.modeling_deepseek_v3", rope="deepseek_v3",
+                                   mlps=("DeepseekV3MLP",), experts="DeepseekV3Experts", moe_block="DeepseekV3MoE",
+                                   shared="shared_experts")
+DEEPSEEK_V3_MEMORY = {**parts.MLA_DEFAULTS, "n_shared_experts": 1, "num_experts_per_tok": 8,
+                      "first_k_dense_replace": 3, "n_routed_experts": 256, "moe_intermediate_size": 2048}
+RECORDS = (
+    FamilyRecord("deepseek_v2", "deepseek_v2", "deepseek", False, tp=parts.MLA + parts.MLP,
+                 memory_defaults={**parts.MLA_DEFAULTS, "n_shared_experts": 2, "num_experts_per_tok": 6,
+                                  "first_k_dense_replace": 0, "n_routed_experts": 64, "moe_intermediate_size": 1407},
+                 runtime=DEEPSEEK_V2_RUNTIME),
+    FamilyRecord("deepseek_v3", "deepseek_v3", "deepseek", False,
+                 weights=Weights(names.DEEPSEEK, split=names.DEEPSEEK_SPLIT, experts=names.DEEPSEEK_EXPERTS,
+                                 bmm_names=names.DEEPSEEK_BMM),
+                 tp=parts.MLA + parts.MLP, memory_defaults=DEEPSEEK_V3_MEMORY, runtime=DEEPSEEK_V3_RUNTIME),
+)

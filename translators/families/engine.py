@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from translators.errors import ConfigError, did_you_mean, join, show
-from translators.families import glm4_moe, telechat3
-from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL, Family
+from translators.families import registry
+from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL
 from translators.families.deepseek import (
     DEEPSEEK_V2,
     DEEPSEEK_V2_MOE,
@@ -51,6 +51,7 @@ from translators.families.mcore import (
     QWEN3_MOE,
     QWEN3_MOE_DEFAULTS,
 )
+from translators.families.record import FamilyRecord
 from translators.families.rules import _TYPES, ARCH_RULES, Feeds, Map, Rule
 from translators.mf_defaults import NEWEST, class_defaults
 from translators.notes import Ledger
@@ -119,7 +120,9 @@ _SPECS: dict[tuple[str, bool], _Spec] = {
                                      (_kv_heads, _mcore_rope, _mcore_tie, _qwen3_dense_layers)),
     ("deepseek_v3", True): _mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
                                        (_mla_kv_heads, _mcore_rope, _mcore_tie, _mcore_groups, _shared_width)),
-    **{(name, True): _mcore_spec(*spec) for module in (telechat3, glm4_moe) for name, spec in module.specs().items()},
+    # families whose module holds their config rules too (translators/families/registry.py MODULES)
+    **{(name, True): _mcore_spec(*spec) for module in registry.modules() if hasattr(module, "specs")
+       for name, spec in module.specs().items()},
 }
 ARCH_SPEC = _Spec("model.arch", ARCH_RULES, {})
 
@@ -179,7 +182,7 @@ class _Values:
 
 @dataclass
 class _Ctx:
-    family: Family
+    family: FamilyRecord
     ledger: Ledger
     out: dict
     fed: dict[tuple[str, str], dict] = field(default_factory=dict)  # (section, name) -> the HF values it fed
@@ -307,7 +310,7 @@ def class_defaults_typed(spec: _Spec, version: str) -> dict[str, Any]:
     return out
 
 
-def _load(tree: dict, family: Family, version: str = NEWEST) -> tuple[_Spec, _Values, _Values]:
+def _load(tree: dict, family: FamilyRecord, version: str = NEWEST) -> tuple[_Spec, _Values, _Values]:
     """The family's spec, its model_config values, and the MoE values (moe_config, or model_config under mcore).
     mcore values a YAML leaves out take the defaults of MindFormers `version`'s config class."""
     if family is NO_MODEL:

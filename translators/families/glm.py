@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from translators import names
+from translators.families import parts
 from translators.families.base import _CONFIG_CLASSES
 from translators.families.llama import LLAMA
+from translators.families.parts import MODELS
+from translators.families.record import FamilyRecord, PatchTargets, Weights
 from translators.families.rules import (
     _GENERATION_KEYS,
     _SHAPE_KEYS,
@@ -94,3 +98,17 @@ GLM_DEFAULTS = {
     "compute_dtype": "float16", "param_init_type": "float16", "eos_token_id": 2, "pad_token_id": 0,
     "pp_interleave_num": 1, "offset": 0,
 }
+
+# --- the family records (translators/families/record.py) ------------------------------------------------------------
+# ChatGLM2/3 and GLM-4-9B share one architecture (ChatGLM2Config): transformers' `glm` (THUDM/glm-4-9b-hf). Its
+# `glm4` is GLM-4-0414, which adds post-attention and post-MLP norms that these models do not have.
+_GLM_WEIGHTS = Weights(names.GLM, split=names.GLM_SPLIT)
+_GLM_RUNTIME = PatchTargets(f"{MODELS}.glm.modeling_glm", rope="glm", mlps=("GlmMLP",))
+RECORDS = (
+    FamilyRecord("glm4", "glm", "glm", False, weights=_GLM_WEIGHTS, tp=parts.ATTENTION + parts.GLM_MLP,
+                 runtime=_GLM_RUNTIME),
+    FamilyRecord("chatglm", "glm", "glm", False, weights=_GLM_WEIGHTS, tp=parts.ATTENTION + parts.GLM_MLP,
+                 runtime=_GLM_RUNTIME),
+    FamilyRecord("yizhao", None, "glm", False,
+                 reason="YiZhao has no transformers architecture (a MindFormers research model)"),
+)

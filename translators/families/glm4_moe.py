@@ -8,14 +8,13 @@ predict YAML only). A training YAML for it describes no MindFormers run to repro
 
 from __future__ import annotations
 
-from translators.families.base import Family  # base imports this module once Family exists: nothing else here
+from translators.families.record import FamilyRecord
 
-GLM4_MOE = Family("glm4_moe", None, "mcore", True,
-                  "MindFormers does not train Glm4Moe (Glm4MoeForCausalLM raises \"Train mode is not supported for "
-                  "Glm4Moe model.\", 1.7.0 to 2.1.0): no MindFormers run to reproduce")
-FAMILIES = (GLM4_MOE,)
-MODEL_TYPES = {"glm4_moe": "glm4_moe"}
-ARCHS = {"Glm4MoeForCausalLM": "glm4_moe"}
+RECORDS = (
+    FamilyRecord("glm4_moe", None, "mcore", True, model_types=("glm4_moe",), architectures=("Glm4MoeForCausalLM",),
+                 reason="MindFormers does not train Glm4Moe (Glm4MoeForCausalLM raises \"Train mode is not supported "
+                        "for Glm4Moe model.\", 1.7.0 to 2.1.0): no MindFormers run to reproduce"),
+)
 
 
 def specs() -> dict[str, tuple]:

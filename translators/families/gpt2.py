@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from translators.families.base import _CONFIG_CLASSES
 from translators.families.llama import LLAMA
+from translators.families.parts import MODELS
+from translators.families.record import FamilyRecord, PatchTargets
 from translators.families.rules import (
     _GENERATION_KEYS,
     _SHAPE_KEYS,
@@ -64,3 +66,11 @@ GPT2_DEFAULTS = {
     "hidden_dropout_rate": 0.1, "attention_dropout_rate": 0.1, "param_init_type": "float32",
     "compute_dtype": "float16", "hidden_act": "gelu_new", "pp_interleave_num": 1, "offset": 0,
 }
+
+# --- the family record (translators/families/record.py) -------------------------------------------------------------
+RECORDS = (
+    FamilyRecord("gpt2", "gpt2", "gpt2", False, tied_embeddings=True, runtime=PatchTargets(
+        f"{MODELS}.gpt2.modeling_gpt2",
+        not_applicable={"fused_rope": "GPT-2 has learned absolute position embeddings (wpe), no rotary embedding",
+                        "fused_swiglu": "GPT-2's MLP is c_fc -> GELU -> c_proj, no gated unit"})),
+)

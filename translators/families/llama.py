@@ -3,7 +3,11 @@ MindFormers' MoEConfig defaults."""
 
 from __future__ import annotations
 
+from translators import names
+from translators.families import parts
 from translators.families.base import _CONFIG_CLASSES
+from translators.families.parts import MODELS
+from translators.families.record import FamilyRecord, PatchTargets, Weights
 from translators.families.rules import (
     _GENERATION_KEYS,
     _SHAPE_KEYS,
@@ -136,3 +140,31 @@ MOE_DEFAULTS = {
     "first_k_dense_replace": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": True, "topk_method": "greedy",
     "use_gating_sigmoid": False,
 }
+
+# --- the family records (translators/families/record.py) ------------------------------------------------------------
+_LLAMA_WEIGHTS = Weights(names.LLAMA)  # Qwen2 runs on LlamaForCausalLM too: the same names
+LLAMA_TARGETS = PatchTargets(f"{MODELS}.llama.modeling_llama", rope="split_half", mlps=("LlamaMLP",))
+RECORDS = (
+    FamilyRecord("llama", "llama", "llama", False, weights=_LLAMA_WEIGHTS, tp="hf_tp_plan", runtime=LLAMA_TARGETS),
+    FamilyRecord("qwen2", "qwen2", "llama", False, weights=_LLAMA_WEIGHTS, tp="hf_tp_plan",
+                 runtime=PatchTargets(f"{MODELS}.qwen2.modeling_qwen2", rope="split_half", mlps=("Qwen2MLP",))),
+    FamilyRecord("mixtral", "mixtral", "llama", False,
+                 weights=Weights(names.MIXTRAL, experts=names.MIXTRAL_EXPERTS, gmm_names=names.MIXTRAL_GMM),
+                 tp=parts.ATTENTION,
+                 # router_jitter_noise is not applied: MindFormers has none
+                 runtime=PatchTargets(f"{MODELS}.mixtral.modeling_mixtral", rope="split_half",
+                                      experts="MixtralExperts", moe_block="MixtralSparseMoeBlock")),
+    FamilyRecord("qwen2_moe", "qwen2_moe", "llama", False,
+                 weights=Weights(names.QWEN2_MOE, experts=names.QWEN2_MOE_EXPERTS, gmm_names=names.QWEN2_MOE_GMM),
+                 tp=parts.ATTENTION + parts.MLP,
+                 # the shared expert, scaled by sigmoid(shared_expert_gate(x)) under use_shared_expert_gating
+                 runtime=PatchTargets(f"{MODELS}.qwen2_moe.modeling_qwen2_moe", rope="split_half",
+                                      mlps=("Qwen2MoeMLP",), experts="Qwen2MoeExperts",
+                                      moe_block="Qwen2MoeSparseMoeBlock", shared="shared_expert",
+                                      shared_gate="shared_expert_gate")),
+    FamilyRecord("telechat", None, "llama", False,  # Telechat names its ops as Llama does
+                 reason="Telechat has no transformers architecture (it ships as trust_remote_code)"),
+    FamilyRecord("baichuan2", None, "llama", False,
+                 reason="Baichuan2 has no transformers architecture (trust_remote_code: NormHead, and ALiBi in the "
+                        "13B)"),
+)

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-from translators.families.base import _MCORE_ARCHS, _MCORE_TYPES
-from translators.families.deepseek import DEEPSEEK, DEEPSEEK_MOE, DEEPSEEK_V3, DEEPSEEK_V3_MOE
+from translators import names
+from translators.families import parts, registry
+from translators.families.deepseek import (
+    DEEPSEEK,
+    DEEPSEEK_MOE,
+    DEEPSEEK_V3,
+    DEEPSEEK_V3_MEMORY,
+    DEEPSEEK_V3_MOE,
+    DEEPSEEK_V3_RUNTIME,
+)
 from translators.families.glm import GLM
 from translators.families.llama import LLAMA
+from translators.families.parts import MODELS
+from translators.families.record import FamilyRecord, PatchTargets, Weights
 from translators.families.rules import (
     _GENERATION_KEYS,
     _SHAPE_KEYS,
@@ -94,8 +104,8 @@ MCORE_MOE_RULES: dict[str, Rule | str] = {
 assert set(MCORE_MOE_RULES) <= set(MCORE_MOE), set(MCORE_MOE_RULES) - set(MCORE_MOE)
 
 MCORE: dict[str, Rule | str] = {
-    "model_type": Ident(tuple(_MCORE_TYPES)),
-    "architectures": Ident(tuple(_MCORE_ARCHS)),
+    "model_type": Ident(registry.mcore_model_types),
+    "architectures": Ident(registry.mcore_architectures),
     "batch_size": DROP(PREDICT_BATCH),
     "seq_length": Shape(),
     "num_layers": "num_hidden_layers",
@@ -201,3 +211,19 @@ DEEPSEEK_MCORE_DEFAULTS = {**MCORE_DEFAULTS, "return_extra_loss": True}
 # Every mcore MoE spelling is accounted: the router settings by MCORE_MOE_RULES, the shape ones by a MoE model table.
 _ACCOUNTED = {s for table in (QWEN3_MOE, DEEPSEEK_MCORE) for key in table for s in MCORE_SPELLINGS.get(key, (key,))}
 assert set(MCORE_MOE) <= _ACCOUNTED, set(MCORE_MOE) - _ACCOUNTED
+
+# --- the family records (translators/families/record.py) ------------------------------------------------------------
+RECORDS = (
+    FamilyRecord("qwen3", "qwen3", "mcore", True, model_types=("qwen3",), architectures=("Qwen3ForCausalLM",),
+                 weights=Weights(names.MCORE), tp="hf_tp_plan",
+                 runtime=PatchTargets(f"{MODELS}.qwen3.modeling_qwen3", rope="split_half", mlps=("Qwen3MLP",))),
+    FamilyRecord("qwen3_moe", "qwen3_moe", "mcore", True, model_types=("qwen3_moe",),
+                 architectures=("Qwen3MoeForCausalLM",), weights=Weights(names.MCORE, experts=names.MCORE_EXPERTS),
+                 tp=parts.ATTENTION + parts.QK_NORM + parts.MLP,
+                 runtime=PatchTargets(f"{MODELS}.qwen3_moe.modeling_qwen3_moe", rope="split_half",
+                                      mlps=("Qwen3MoeMLP",), experts="Qwen3MoeExperts",
+                                      moe_block="Qwen3MoeSparseMoeBlock")),
+    FamilyRecord("deepseek_v3", "deepseek_v3", "mcore", True, model_types=("deepseek_v3",),
+                 architectures=("DeepseekV3ForCausalLM",), tp=parts.MLA + parts.MLP,
+                 memory_defaults=DEEPSEEK_V3_MEMORY, runtime=DEEPSEEK_V3_RUNTIME),
+)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -350,14 +350,16 @@ class Runtime:
 
 @dataclass(frozen=True)
 class Ident:
-    """Names the family: a config class, arch class or model_type among `known`."""
+    """Names the family: a config class, arch class or model_type among `known` (or what `known()` returns, for
+    names the family records hold: translators/families/registry.py)."""
 
-    known: tuple[str, ...]
+    known: tuple[str, ...] | Callable[[], Iterable[str]]
     untyped = True
 
     def account(self, s: _Values, key: str, name: str, ctx: _Ctx) -> None:
         value = s.raw[key]
-        if any(v in self.known for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)):
+        known = self.known() if callable(self.known) else self.known
+        if any(v in known for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)):
             ctx.note(s, key, "mapped", f"family {ctx.family.name} (hf model_type {ctx.family.hf_model_type})")
         else:
             ctx.note(s, key, "unknown", f"not a class this translator knows; the family is {ctx.family.name}")
@@ -404,7 +406,6 @@ FP32_SOFTMAX = ("float32 softmax, as in HF", "HF attention keeps the softmax in 
 NO_CACHE = (False, "inference KV-cache switch, off", "inference KV cache; ignored in training")
 IGNORE_100 = (-100, "label value the loss ignores; HF ignores -100 too",
               "HF's loss ignores only label -100: the data pipeline must write -100 for ignored labels")
-MOE_RUNTIME = "MoE router setting (moe_config.{legacy}); read by the MoE runtime from model_config"
 
 ARCH_RULES: dict[str, Rule | str] = {"type": Ident(_ARCH_CLASSES), "auto_register": DROP(REGISTER)}
 

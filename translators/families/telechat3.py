@@ -15,15 +15,20 @@ are Ascend-only), so no logits can show a mapping onto HF DeepseekV3 equal: it i
 
 from __future__ import annotations
 
-from translators.families.base import Family  # base imports this module once Family exists: nothing else here
+from translators import names
+from translators.families.llama import LLAMA_TARGETS
+from translators.families.record import FamilyRecord, Weights
 
-TELECHAT3 = Family("telechat3", "llama", "mcore", True)
-TELECHAT3_MOE = Family("telechat3_moe", None, "mcore", True,
-                       "TeleChat3-MoE has no transformers architecture, and its MoE layers do not run on CPU here, so "
-                       "a mapping onto HF DeepseekV3 cannot be shown equal to MindFormers' model: not supported")
-FAMILIES = (TELECHAT3, TELECHAT3_MOE)
-MODEL_TYPES = {"telechat3": "telechat3", "telechat3_moe": "telechat3_moe"}
-ARCHS = {"TeleChat3ForCausalLM": "telechat3", "TeleChat3MoeForCausalLM": "telechat3_moe"}
+RECORDS = (
+    # HF Llama's architecture, AutoTP plan, memory inputs and patch targets; Qwen3's mcore weight names
+    FamilyRecord("telechat3", "llama", "mcore", True, model_types=("telechat3",),
+                 architectures=("TeleChat3ForCausalLM",), weights=Weights(names.MCORE), tp="hf_tp_plan",
+                 runtime=LLAMA_TARGETS),
+    FamilyRecord("telechat3_moe", None, "mcore", True, model_types=("telechat3_moe",),
+                 architectures=("TeleChat3MoeForCausalLM",),
+                 reason="TeleChat3-MoE has no transformers architecture, and its MoE layers do not run on CPU here, so "
+                        "a mapping onto HF DeepseekV3 cannot be shown equal to MindFormers' model: not supported"),
+)
 
 
 

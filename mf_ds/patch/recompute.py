@@ -38,22 +38,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
-from transformers.activations import SiLUActivation
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from mf_ds.ops.swiglu import fused_swiglu
+from mf_ds.patch.core import Op, Recorder, decoder_layers, is_silu, swiglu_graph
+from translators.plan_types import Layer
 
-_APPLIED = "_mf_ds_recompute"  # model attribute holding what apply_recompute changed, for revert_recompute
-_MISSING = object()
-_KEYS = {"index", "full_recompute", "select_recompute", "comm_recompute", "mtp"}
-_OPTIONAL_KEYS = {"full_recompute_exclude"}  # written by translators.recompute.layer_plan
+_APPLIED = "_mf_ds_recompute"  # model attribute holding apply_recompute's Recorder, for revert_recompute
 _COMM_NOTE = "comm recompute: no sequence-parallel communication on this stack, so the op itself is recomputed"
 _MODULE_NOTE = "keeps its input, drops its internals; its output stays saved where a reader needs it"
 
@@ -66,42 +63,14 @@ def swiglu_recomputed(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 # --- the SwiGLU MLP as a graph of ops, so any selection of them becomes checkpoint regions -----------------------
 
-class _Op(NamedTuple):
-    name: str  # the child module, or `mul` / `chunk` computed inline
-    kind: str  # "module" | "act" | "mul" | "view" (a view keeps its input's storage: never a region boundary)
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]  # tensors are named after the op making them
-
-
-_GRAPHS = (
-    # LlamaMLP and its copies (Qwen2/3, Qwen2/3-MoE shared and dense MLPs, DeepseekV3MLP, Mistral...)
-    (_Op("gate_proj", "module", ("input",), ("gate_proj",)), _Op("up_proj", "module", ("input",), ("up_proj",)),
-     _Op("act_fn", "act", ("gate_proj",), ("act_fn",)), _Op("mul", "mul", ("act_fn", "up_proj"), ("mul",)),
-     _Op("down_proj", "module", ("mul",), ("down_proj",))),
-    # GlmMLP / Phi3MLP: gate and up are the two halves of one projection
-    (_Op("gate_up_proj", "module", ("input",), ("gate_up_proj",)),
-     _Op("chunk", "view", ("gate_up_proj",), ("gate", "up")),
-     _Op("activation_fn", "act", ("gate",), ("activation_fn",)), _Op("mul", "mul", ("activation_fn", "up"), ("mul",)),
-     _Op("down_proj", "module", ("mul",), ("down_proj",))),
-)
-
-
-def _graph_of(module: nn.Module | None) -> tuple[_Op, ...] | None:
-    """The SwiGLU graph whose modules `module` has as children, if any."""
-    for graph in _GRAPHS:
-        if module is not None and all(op.name in module._modules for op in graph if op.kind in ("module", "act")):
-            return graph
-    return None
-
-
 class _Unit(NamedTuple):
-    ops: tuple[_Op, ...]
+    ops: tuple[Op, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     recompute: bool
 
 
-def _units(graph: tuple[_Op, ...], selected: set[str]) -> list[_Unit]:
+def _units(graph: tuple[Op, ...], selected: set[str]) -> list[_Unit]:
     """Selected ops plus the ops reading their outputs (through views), split into connected regions, and the
     other ops one by one, in an order where each unit's inputs exist before it runs."""
     region, frontier = set(selected), list(selected)
@@ -113,7 +82,7 @@ def _units(graph: tuple[_Op, ...], selected: set[str]) -> list[_Unit]:
                 region.add(op.name)
                 if op.kind == "view":
                     frontier.append(op.name)
-    groups: list[list[_Op]] = []
+    groups: list[list[Op]] = []
     for op in (op for op in graph if op.name in region):
         linked = [g for g in groups if any(set(o.outputs) & set(op.inputs) for o in g)]
         groups = [g for g in groups if g not in linked] + [[o for g in linked for o in g] + [op]]
@@ -134,13 +103,9 @@ def _units(graph: tuple[_Op, ...], selected: set[str]) -> list[_Unit]:
     return ordered
 
 
-def _is_silu(module: nn.Module) -> bool:
-    return isinstance(module, (nn.SiLU, SiLUActivation))
-
-
-def _run_ops(mlp: nn.Module, ops: tuple[_Op, ...], values: dict[str, torch.Tensor]) -> None:
+def _run_ops(mlp: nn.Module, ops: tuple[Op, ...], values: dict[str, torch.Tensor]) -> None:
     act = next((op for op in ops if op.kind == "act"), None)
-    fused = act is not None and any(op.kind == "mul" for op in ops) and _is_silu(getattr(mlp, act.name))
+    fused = act is not None and any(op.kind == "mul" for op in ops) and is_silu(getattr(mlp, act.name))
     for op in ops:
         if op.kind == "act" and fused:
             continue  # made together with the product
@@ -181,7 +146,7 @@ class _SwiGLUForward:
         return values["down_proj"]  # both graphs end there
 
     def _fused(self, unit: _Unit) -> bool:
-        return _is_silu(getattr(self.mlp, next(op.name for op in unit.ops if op.kind == "act")))
+        return is_silu(getattr(self.mlp, next(op.name for op in unit.ops if op.kind == "act")))
 
     def _region(self, unit: _Unit, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         values = dict(zip(unit.inputs, tensors, strict=True))
@@ -218,21 +183,6 @@ class _CheckpointedForward:
         return self.inner(*args, **kwargs) if self.inner else type(self.module).forward(self.module, *args, **kwargs)
 
 
-@dataclass
-class _Applied:
-    """What apply_recompute changed: (object, attribute, previous instance value or _MISSING), and hook handles."""
-
-    attrs: list[tuple[object, str, object]] = field(default_factory=list)
-    hooks: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
-
-    def set(self, obj: object, name: str, value: object) -> None:
-        self.attrs.append((obj, name, obj.__dict__.get(name, _MISSING)))
-        setattr(obj, name, value)
-
-    def set_forward(self, module: nn.Module, make: Callable[[Callable | None], Callable]) -> None:
-        self.set(module, "forward", make(module.__dict__.get("forward")))
-
-
 # --- reading the plan ---------------------------------------------------------------------------------------------
 
 def _find(root: nn.Module, path: str) -> tuple[nn.Module | None, nn.Module, str]:
@@ -246,27 +196,14 @@ def _find(root: nn.Module, path: str) -> tuple[nn.Module | None, nn.Module, str]
     return module, module, ""
 
 
-def _decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    found = [(name, m) for name, m in model.named_modules()
-             if isinstance(m, nn.ModuleList) and len(m) and all(isinstance(x, GradientCheckpointingLayer) for x in m)]
-    if len(found) != 1:
-        raise ValueError(f"recompute: expected one list of decoder layers (GradientCheckpointingLayer) in "
-                         f"{type(model).__name__}, found {[name for name, _ in found] or 'none'}")
-    return found[0]
-
-
-def _check_entries(layers: list[dict], num_layers: int, model_name: str) -> None:
+def _check_entries(layers: tuple[Layer, ...], num_layers: int, model_name: str) -> None:
     seen = set()
     for n, entry in enumerate(layers):
-        missing, unknown = _KEYS - entry.keys(), entry.keys() - _KEYS - _OPTIONAL_KEYS
-        if missing or unknown:
-            raise ValueError(f"recompute plan layers[{n}]: missing keys {sorted(missing)}, unknown keys "
-                             f"{sorted(unknown)}; expected {sorted(_KEYS)}")
-        index = entry["index"]
+        index = entry.index
         if index in seen:
             raise ValueError(f"recompute plan layers[{n}]: layer {index} is planned twice")
         seen.add(index)
-        if not entry["mtp"] and not 0 <= index < num_layers:
+        if not entry.mtp and not 0 <= index < num_layers:
             raise ValueError(f"recompute plan layers[{n}]: layer {index} does not exist: {model_name} has "
                              f"{num_layers} decoder layers")
 
@@ -274,7 +211,7 @@ def _check_entries(layers: list[dict], num_layers: int, model_name: str) -> None
 def _route(layer: nn.Module, path: str) -> tuple[str, str | None]:
     """("mlp", prefix) for an op of a SwiGLU MLP, ("module", None) for a module, ("missing", why) otherwise."""
     prefix, _, leaf = path.rpartition(".")
-    graph = _graph_of(_find(layer, prefix)[0])
+    graph = swiglu_graph(_find(layer, prefix)[0])
     if graph and any(op.name == leaf and op.kind != "view" for op in graph):
         return "mlp", prefix
     module, ancestor, name = _find(layer, path)
@@ -283,7 +220,7 @@ def _route(layer: nn.Module, path: str) -> tuple[str, str | None]:
     return "module", None
 
 
-def _kept(graph: tuple[_Op, ...], units: list[_Unit]) -> str:
+def _kept(graph: tuple[Op, ...], units: list[_Unit]) -> str:
     """What the recompute units keep, by the op whose output it is (a view's tensors live in its input's storage)."""
     owner = {t: op.inputs[0] for op in graph if op.kind == "view" for t in op.outputs}
     kept = dict.fromkeys(owner.get(t, t) for u in units if u.recompute for t in u.inputs)
@@ -292,13 +229,13 @@ def _kept(graph: tuple[_Op, ...], units: list[_Unit]) -> str:
     return " and ".join(parts + ([f"the outputs of {', '.join(outputs)}"] if outputs else []))
 
 
-def _resolve(model_name: str, prefix: str, decoder: nn.ModuleList, layers: list[dict]) -> dict:
+def _resolve(model_name: str, prefix: str, decoder: nn.ModuleList, layers: tuple[Layer, ...]) -> dict:
     """(layer index, path) -> _route's answer for every planned path; raises for a path no planned layer has."""
     routes = {}
     for entry in layers:
-        if not entry["mtp"]:
-            for path in (*entry["select_recompute"], *entry["comm_recompute"]):
-                routes[entry["index"], path] = _route(decoder[entry["index"]], path)
+        if not entry.mtp:
+            for path in (*entry.select_recompute, *entry.comm_recompute):
+                routes[entry.index, path] = _route(decoder[entry.index], path)
     for path in dict.fromkeys(path for _, path in routes):
         outcomes = {i: route for (i, p), route in routes.items() if p == path}
         # MoE layers hold `mlp.experts`, not `mlp.act_fn`: their SwiGLU belongs to the MoE layer (another
@@ -312,11 +249,11 @@ def _resolve(model_name: str, prefix: str, decoder: nn.ModuleList, layers: list[
     return routes
 
 
-def _apply_select(applied: _Applied, name: str, layer: nn.Module, entry: dict, routes: dict) -> list[str]:
+def _apply_select(applied: Recorder, name: str, layer: nn.Module, entry: Layer, routes: dict) -> list[str]:
     report, mlp_ops, modules = [], {}, []
-    comm = set(entry["comm_recompute"])
-    for path in dict.fromkeys([*entry["select_recompute"], *entry["comm_recompute"]]):
-        kind, detail = routes[entry["index"], path]
+    comm = set(entry.comm_recompute)
+    for path in dict.fromkeys([*entry.select_recompute, *entry.comm_recompute]):
+        kind, detail = routes[entry.index, path]
         if kind == "mlp":
             mlp_ops.setdefault(detail, set()).add(path.rpartition(".")[2])
         elif kind == "module":
@@ -325,7 +262,7 @@ def _apply_select(applied: _Applied, name: str, layer: nn.Module, entry: dict, r
             report.append(f"{name}.{path}: not applicable to this layer ({detail})")
     for mlp_path, ops in mlp_ops.items():
         mlp = _find(layer, mlp_path)[0]
-        graph = _graph_of(mlp)
+        graph = swiglu_graph(mlp)
         units = _units(graph, ops)
         applied.set_forward(mlp, functools.partial(_SwiGLUForward, mlp, units=units))
         chosen = [op for op in graph if op.name in ops]
@@ -343,20 +280,19 @@ def _apply_select(applied: _Applied, name: str, layer: nn.Module, entry: dict, r
 
 # --- public API -----------------------------------------------------------------------------------------------------
 
-def apply_recompute(model: nn.Module, layers: list[dict], checkpoint_fn: Callable | None = None) -> list[str]:
-    """Apply the Plan's per-layer recompute settings to `model` (before `deepspeed.initialize`); return the report.
+def patch_layers(model: nn.Module, layers: tuple[Layer, ...], recorder: Recorder,
+                 checkpoint_fn: Callable | None = None) -> list[str]:
+    """Apply the Plan's per-layer recompute settings to `model`, recording every change in `recorder`; return the
+    report (`mf_ds.patch.apply` calls this after the MoE and kernel patches, whose modules it then wraps).
 
     `checkpoint_fn` checkpoints the fully recomputed layers (default: torch's non-reentrant checkpoint, as HF).
     A path a layer lacks (an MoE layer has `mlp.experts`, not `mlp.gate_proj`) is reported as not applicable
     there; MTP entries are reported and skipped (transformers' causal LMs do not build MTP layers).
     Raises ValueError for a malformed plan, a planned path that exists in none of the layers it is planned for,
-    a model already under activation checkpointing, or a second apply without `revert_recompute`; a bad plan
-    changes nothing.
+    or a model already under activation checkpointing; a bad plan changes nothing.
     """
-    if hasattr(model, _APPLIED):
-        raise ValueError("recompute is already applied to this model; call revert_recompute(model) first")
     model_name = type(model).__name__
-    prefix, decoder = _decoder_layers(model)
+    prefix, decoder = decoder_layers(model)
     on = [f"{prefix}.{i}" for i, layer in enumerate(decoder) if layer.gradient_checkpointing]
     if on:
         raise ValueError(f"activation checkpointing is already on in {', '.join(on)}; the recompute plan decides "
@@ -364,40 +300,44 @@ def apply_recompute(model: nn.Module, layers: list[dict], checkpoint_fn: Callabl
     _check_entries(layers, len(decoder), model_name)
     routes = _resolve(model_name, prefix, decoder, layers)
 
-    applied, report = _Applied(), []
+    report = []
     full_fn = checkpoint_fn or functools.partial(checkpoint, use_reentrant=False)  # HF's default
-    for entry in sorted(layers, key=lambda e: e["index"]):
-        name = f"{prefix}.{entry['index']}"
-        if entry["mtp"]:
+    for entry in sorted(layers, key=lambda e: e.index):
+        name = f"{prefix}.{entry.index}"
+        if entry.mtp:
             report.append(f"{name}: MTP layer, not built by {model_name}; its recompute plan is skipped")
-        elif entry["full_recompute"]:
-            layer = decoder[entry["index"]]
-            applied.set(layer, "gradient_checkpointing", True)
-            applied.set(layer, "_gradient_checkpointing_func", full_fn)
+        elif entry.full_recompute:
+            layer = decoder[entry.index]
+            recorder.set(layer, "gradient_checkpointing", True)
+            recorder.set(layer, "_gradient_checkpointing_func", full_fn)
             report.append(f"{name}: full recompute")
             report += [f"{name}.{path}: covered by the layer's full recompute (full wins over select, as in "
-                       "MindFormers)" for path in dict.fromkeys([*entry["select_recompute"], *entry["comm_recompute"]])]
+                       "MindFormers)" for path in dict.fromkeys([*entry.select_recompute, *entry.comm_recompute])]
             report += [f"{name}.{path}: full_recompute_exclude not honoured: the whole layer is recomputed"
-                       for path in entry.get("full_recompute_exclude", ())]
+                       for path in entry.full_recompute_exclude]
         else:
-            report += _apply_select(applied, name, decoder[entry["index"]], entry, routes)
-    if any(entry["full_recompute"] and not entry["mtp"] for entry in layers):
+            report += _apply_select(recorder, name, decoder[entry.index], entry, routes)
+    if any(entry.full_recompute and not entry.mtp for entry in layers):
         # as HF's activation_checkpointing_enable: a reentrant checkpoint_fn needs an input that requires grad
         embeddings = model.get_input_embeddings()
-        applied.hooks.append(embeddings.register_forward_hook(lambda module, args, out: out.requires_grad_(True)))
-    setattr(model, _APPLIED, applied)
+        recorder.hooks.append(embeddings.register_forward_hook(lambda module, args, out: out.requires_grad_(True)))
+    return report
+
+
+def apply_recompute(model: nn.Module, layers: tuple[Layer, ...], checkpoint_fn: Callable | None = None) -> list[str]:
+    """The recompute patch alone (tests; `checkpoint_fn` e.g. `deepspeed.checkpointing.checkpoint`): as
+    `patch_layers`, undone by `revert_recompute`. A second apply without revert raises ValueError."""
+    if hasattr(model, _APPLIED):
+        raise ValueError("recompute is already applied to this model; call revert_recompute(model) first")
+    recorder = Recorder()
+    report = patch_layers(model, tuple(layers), recorder, checkpoint_fn)
+    setattr(model, _APPLIED, recorder)
     return report
 
 
 def revert_recompute(model: nn.Module) -> None:
     """Undo apply_recompute: every instance attribute and hook it set goes back to what it was."""
-    applied = model.__dict__.pop(_APPLIED, None)
-    if applied is None:
+    recorder = model.__dict__.pop(_APPLIED, None)
+    if recorder is None:
         raise ValueError("recompute is not applied to this model")
-    for handle in applied.hooks:
-        handle.remove()
-    for obj, name, previous in reversed(applied.attrs):
-        if previous is _MISSING:
-            delattr(obj, name)
-        else:
-            setattr(obj, name, previous)
+    recorder.revert()

@@ -1,0 +1,93 @@
+"""The family record: everything mf-ds knows about one model family, in one place, found through one registry.
+
+A record is declared in the module of the family's MindFormers config class (translators/families/llama.py,
+deepseek.py, glm.py, gpt2.py, mcore.py: the config rules of `model.model_config` live beside it) and listed in
+translators/families/registry.py. It holds:
+  name, mcore           the family as the Plan names it (`run.family`), and which schema its YAML uses
+  model_types, architectures   the names an mcore YAML (or its pretrained_model_dir) gives the family
+  hf_model_type         the transformers architecture (None: none, with the `reason`)
+  layer_style           the MindFormers op names of its decoder layer (recompute tables, translators/recompute_ops.py)
+  weights               its MindFormers <-> HF weight names (translators/names.py holds the shared tables)
+  tp                    the AutoTP rule: "hf_tp_plan", or DeepSpeed partition specs, or None (no rule: TP refused)
+  memory_defaults       HF config defaults the memory formulas read when a translated hf_config leaves them out
+  runtime               PatchTargets: what mf_ds patches in the transformers model, named by string (translators/
+                        never imports transformers): the modeling module, the RoPE function, the SwiGLU MLP,
+                        experts and MoE block classes
+mf_ds reads the runtime part through `registry.runtime(model_type)`; the translator reads the rest through
+`registry.record(name, mcore)` and `registry.by_hf_type(model_type)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PatchTargets:
+    """The transformers classes and functions mf_ds/patch replaces for this architecture."""
+
+    module: str
+    """The transformers modeling module (`transformers.models.llama.modeling_llama`)."""
+    rope: str | None = None
+    """Which RoPE function and adapter (mf_ds/patch/kernels.py ROPES): split_half | glm | deepseek_v2 |
+    deepseek_v3 (by config.rope_interleave); None: no rotary embedding."""
+    mlps: tuple[str, ...] = ()
+    """Dense SwiGLU MLP classes (shared experts included): fused_swiglu's targets."""
+    experts: str | None = None
+    """The HF experts class, whose SwiGLU the mf-ds MoE layer fuses."""
+    moe_block: str | None = None
+    """The HF sparse MoE block class mf_ds/patch/moe.py replaces (None: no MoE layer here)."""
+    shared: str | None = None
+    """Attribute of the block's shared-expert MLP."""
+    shared_gate: str | None = None
+    """Attribute of the shared expert's sigmoid gate (Linear H -> 1)."""
+    not_applicable: Mapping[str, str] = field(default_factory=dict)
+    """Kernel feature -> why it has nothing to replace in this architecture (a report line, not an error)."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """MindFormers <-> HF weight names (translators/names.py applies them)."""
+
+    names: tuple[tuple[str, str], ...]
+    """(MindFormers substring, HF substring), applied in order as MindFormers' name_replace does."""
+    split: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    """HF part -> (kind, MindFormers parts): one HF tensor MindFormers keeps in two."""
+    experts: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    """MindFormers part -> (kind, HF per-expert parts): stacked experts."""
+    bmm_names: tuple[tuple[str, str], ...] = ()
+    """(grouped-matmul name, batched name) where the router's names depend on use_grouped_gemm."""
+    gmm_names: tuple[tuple[str, str], ...] = ()
+    """(MoEV2 name, MoEV3 name) of the router and its bias, where use_gmm builds MoEV3 (read both ways, written with
+    the MoEV2 names)."""
+
+
+@dataclass(frozen=True)
+class FamilyRecord:
+    """One model family as mf-ds knows it (module docstring)."""
+
+    name: str
+    hf_model_type: str | None
+    layer_style: str
+    """llama | deepseek | mcore | gpt2 | glm | other: how MindFormers names the ops of a decoder layer."""
+    mcore: bool
+    """The YAML uses the mcore model_config (use_legacy: False)."""
+    reason: str = ""
+    """Why hf_model_type is None."""
+    model_types: tuple[str, ...] = ()
+    """mcore: the `model_type` values (model_config or pretrained_model_dir's config.json) that name this family."""
+    architectures: tuple[str, ...] = ()
+    """mcore: the `architectures` class names that name this family."""
+    weights: Weights | None = None
+    tp: str | tuple[Mapping[str, Any], ...] | None = None
+    memory_defaults: Mapping[str, Any] = field(default_factory=dict)
+    tied_embeddings: bool = False
+    """The HF config's default for tie_word_embeddings."""
+    runtime: PatchTargets | None = None
+
+    @property
+    def weights_key(self) -> str:
+        """The key of the family's weight tables: mcore models name their weights differently."""
+        return f"{self.name}/mcore" if self.mcore else self.name

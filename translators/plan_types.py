@@ -1,0 +1,508 @@
+"""The Plan, typed: frozen dataclasses that `translate()` fills and mf_ds reads by attribute (no torch here).
+
+The Plan is the contract between translators/ and mf_ds/ (docs/DESIGN.md). Its JSON (`mf-translate --plan`) is
+`plan.to_json()`: each dataclass a JSON object with its fields in declaration order, tuples as lists. Four entries
+stay mappings, because their keys are another program's names: `deepspeed` (DeepSpeed's config), `hf_config`
+(AutoConfig.for_model's kwargs), `run.lr_schedule` (the arguments of MindFormers' LR class, resolved by
+translators.lr) and the small name tables `run.data.columns`, `parallel.folded`.
+
+Derived values live here once, as properties beside the fields they come from (`MoE.has_drop_estimate`,
+`Plan.estimate_capacity_factor`, `Plan.topk_bias_update_rate`, `Plan.logs_drop_rate`, `Plan.zero_stage`,
+`Plan.weights_family`), not re-derived by each reader. `Plan.from_json(d)` reads a Plan back (a `--plan` file, a
+test's hand-written section with `partial=True`); an unknown key is an error naming its path.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any
+
+from translators.notes import Note
+
+_OMIT_NONE = {"omit_none": True}  # serialised only when set (keys that exist for some optimizers only)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One decoder layer's recompute (translators/recompute.py, MindFormers' LayerSetting)."""
+
+    index: int = 0
+    """Global layer id (MTP layers follow the main ones)."""
+    full_recompute: bool = False
+    """The whole layer is checkpointed."""
+    select_recompute: tuple[str, ...] = ()
+    """HF module paths inside the layer recomputed one by one."""
+    comm_recompute: tuple[str, ...] = ()
+    """HF module paths whose communication is recomputed (select_comm_recompute)."""
+    full_recompute_exclude: tuple[str, ...] = ()
+    """Ops kept out of a full recompute (MindFormers' recompute exclude)."""
+    mtp: bool = False
+    """A multi-token-prediction layer (no HF module to wrap)."""
+
+
+@dataclass(frozen=True)
+class Router:
+    score: str = "softmax"
+    """softmax | sigmoid (use_gating_sigmoid)."""
+    dtype: str = "float32"
+    """float32 | bfloat16 (router_dense_type)."""
+    topk_method: str = "greedy"
+    """greedy | group_limited_greedy | noaux_tc."""
+    n_group: int | None = None
+    topk_group: int | None = None
+    norm_topk_prob: bool = False
+    """Renormalise the K gates (already False for K = 1)."""
+    routed_scaling_factor: float = 1.0
+    bias_balance: bool = False
+    """balance_via_topk_bias: a selection-only per-expert bias."""
+    bias_update_rate: float = 0.0
+    bias_updated: bool = False
+    """TopkBiasBalanceCallback moves this bias (MindFormers reaches routed_experts routers only)."""
+
+
+@dataclass(frozen=True)
+class AuxFactors:
+    """The balance-loss factors per level."""
+
+    expert: float = 0.0
+    device: float = 0.0
+    comm: float = 0.0
+
+
+@dataclass(frozen=True)
+class AuxGroups:
+    device: int | None = None
+    """Expert groups of the device loss (expert_group_size)."""
+    comm: int = 1
+    """Groups of the comm loss: the YAML's expert_parallel."""
+
+
+SCORES = ("softmax", "sigmoid")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+PATHS = ("moev2", "moev3", "mcore")
+
+
+@dataclass(frozen=True)
+class MoE:
+    """The MoE blocks: router, capacity and drop policy, losses (translators/moe.py); mf_ds/moe routes with it."""
+
+    num_experts: int = 8
+    top_k: int = 2
+    intermediate_size: int | None = None
+    """The DeepSeek families' expert width (None: the HF config's)."""
+    shared_experts: float = 0
+    shared_expert_gating: bool = False
+    layers: tuple[int, ...] = (0, 1)
+    """Layer ids whose MLP is an MoE block (MTP layers included)."""
+    mtp_layers: tuple[int, ...] = ()
+    path: str = "moev2"
+    """moev2 | moev3 | mcore: whose routing and capacity rules."""
+    router: Router = field(default_factory=Router)
+    aux_loss: AuxFactors = field(default_factory=AuxFactors)
+    """The factors this path computes."""
+    aux_loss_configured: AuxFactors = field(default_factory=AuxFactors)
+    """The factors as the YAML sets them, before the path dropped any (the legacy Llama path computes the losses
+    and discards them): they still decide the aux top-k and MindFormers' drop-rate estimate."""
+    aux_groups: AuxGroups = field(default_factory=AuxGroups)
+    z_loss: float = 0.0
+    """Factor of the router z-loss."""
+    capacity_factor: float = -1.0
+    capacity_multiple: int = 1
+    """C rounds up to a multiple of this."""
+    token_groups: int = 1
+    """MindFormers token groups (data-parallel shards) per forward: capacity and aux losses are per group."""
+    aux_f: str = "group"
+    """group | global_batch (mcore gbs_aux_loss)."""
+    dropless: bool = True
+    """Every pair kept: capacity_factor <= 0, use_gmm without mf_ds.gmm_capacity, or mcore."""
+    drop_policy: str = "kdrop"
+    safe_tokens: bool = False
+    expert_parallel: int = 1
+    drop_rate_callback: bool = False
+    """moe_config.callback_moe_droprate."""
+
+    def __post_init__(self):
+        if self.capacity_factor <= 0 and not self.dropless:
+            raise ValueError(f"moe.capacity_factor {self.capacity_factor} keeps no capacity: dropless must be True")
+        router = self.router
+        if router.score not in SCORES:
+            raise ValueError(f"router score {router.score!r}: expected one of {SCORES}")
+        if router.topk_method not in TOPK_METHODS:
+            raise ValueError(f"topk_method {router.topk_method!r}: expected one of {TOPK_METHODS}")
+        if self.path not in PATHS:
+            raise ValueError(f"router path {self.path!r}: expected one of {PATHS}")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k {self.top_k} must be in [1, num_experts {self.num_experts}]")
+        if self.grouped and (not (router.n_group and router.topk_group) or self.num_experts % router.n_group):
+            raise ValueError(f"{router.topk_method} needs n_group dividing {self.num_experts} experts and "
+                             f"topk_group (got {router.n_group}, {router.topk_group})")
+        device = self.aux_groups.device
+        if self.aux_loss.device and (not device or self.num_experts % device):
+            raise ValueError(f"the device loss needs expert_group_size dividing {self.num_experts} experts "
+                             f"(got {device})")
+        if self.aux_loss.comm and self.num_experts % self.aux_groups.comm:
+            raise ValueError(f"{self.num_experts} experts do not split into {self.aux_groups.comm} comm-loss groups")
+        if self.token_groups < 1:
+            raise ValueError(f"token_groups {self.token_groups} must be >= 1")
+
+    def capacity(self, tokens: int) -> int | None:
+        """Pairs each expert keeps out of one group of `tokens` tokens; None when dropless (MindFormers' moe.py
+        calculate_expert_capacity_v2: C = roundup(min(ceil(k N cf / E), N), capacity_multiple), the same float
+        expression so the ceiling agrees with MindFormers')."""
+        if self.dropless:
+            return None
+        raw = min(math.ceil(self.top_k * tokens * self.capacity_factor / self.num_experts), tokens)
+        return -(-raw // self.capacity_multiple) * self.capacity_multiple
+
+    @property
+    def grouped(self) -> bool:
+        """Group-limited selection (MoEV3 has none)."""
+        return self.router.topk_method != "greedy" and self.path != "moev3"
+
+    @property
+    def has_balance(self) -> bool:
+        return bool(self.aux_loss.expert or self.aux_loss.device or self.aux_loss.comm)
+
+    @property
+    def has_aux(self) -> bool:
+        return self.has_balance or bool(self.z_loss)
+
+    @property
+    def plain_aux_topk(self) -> bool:
+        """f of the balance losses (and MoEDropRateCallback's estimate) from a separate plain top-k of p, not from
+        the routing (moe.py TopkRouterV2.construct; moev3.py MoEV3.construct; mcore uses the routing)."""
+        configured = self.aux_loss_configured
+        if self.path == "moev2":
+            return self.router.bias_balance and any(f > 0 for f in (configured.expert, configured.device,
+                                                                    configured.comm))
+        return self.router.bias_balance and self.path == "moev3"
+
+    @property
+    def global_batch_f(self) -> bool:
+        """mcore gbs_aux_loss: f of the balance loss is the mean over every rank and the step's micro-batches so far
+        (MFMoE keeps it), not the group's own."""
+        return self.aux_f == "global_batch"
+
+    @property
+    def has_drop_estimate(self) -> bool:
+        """MindFormers' drop-rate estimate exists: TopkRouterV2 writes fi whenever the YAML sets an expert loss
+        (moe.md §5); MoEV3 and mcore have no fi_parameter."""
+        return self.path == "moev2" and self.aux_loss_configured.expert > 0
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The fused kernels the model asks for (the MoE block's own are always on)."""
+
+    fused_rope: bool = False
+    fused_swiglu: bool = False
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """The optimizer mf-train and mf_ds.hf build (MindFormers' exact update where torch has none)."""
+
+    type: str = "AdamW"
+    """MindFormers' class name."""
+    torch: str = "AdamW"
+    """The DeepSpeed / torch optimizer of the same family."""
+    bias_correction: bool = True
+    lr: float = 1e-3
+    betas: tuple[float, float] | None = field(default=None, metadata=_OMIT_NONE)
+    eps: float | None = field(default=None, metadata=_OMIT_NONE)
+    weight_decay: float = 0.0
+    weight_decay_on: str = ""
+
+
+@dataclass(frozen=True)
+class MuonOptimizer:
+    """MindFormers' Muon with its AdamW part (translators/muon.py; mf_ds/muon.py runs it)."""
+
+    type: str = "Muon"
+    torch: str = "Muon"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    matched_adamw_rms: float = 0.2
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_schedule: tuple[tuple[float, ...], ...] = ()
+    """The Newton-Schulz steps' (a, b, c) coefficients."""
+    eps: float = 1e-7
+    adamw_betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    adamw_include: tuple[str, ...] = ()
+    """Globs of the MindFormers names that take AdamW instead of Muon."""
+    bias_correction: bool = True
+    weight_decay_on: str = ""
+
+
+@dataclass(frozen=True)
+class Data:
+    """The training data (translators/data.py)."""
+
+    kind: str = "builtin"
+    """megatron | mindrecord | json | builtin."""
+    paths: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+    seq_length: int | None = None
+    shuffle: bool = True
+    seed: int | None = None
+    """The data set's own seed (None: the run's)."""
+    drop_remainder: bool = True
+    repeat: int = 1
+    input_columns: tuple[str, ...] = ("input_ids",)
+    train_samples: int | None = None
+    eod_mask_loss: bool = False
+    eod: int | None = None
+    pad: int | None = None
+    files_as_given: bool = False
+    columns: Mapping[str, str] = field(default_factory=dict)
+    """Role (input_ids, labels, loss_mask, ...) -> the data set's column name."""
+    shifted: bool = True
+    """Labels are the inputs shifted by one (input_sliced_sig off)."""
+    reset_attention_mask: bool = False
+    reset_position_ids: bool = False
+    eod_pad_length: int | None = None
+
+
+@dataclass(frozen=True)
+class LossMonitor:
+    per_print_times: int = 1
+    check_for_nan_in_loss_and_grad: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointMonitor:
+    prefix: str = "CKP"
+    directory: str | None = None
+    save_checkpoint_steps: int = 1
+    keep_checkpoint_max: int = 5
+    checkpoint_format: str = "safetensors"
+
+
+@dataclass(frozen=True)
+class TopkBiasBalance:
+    balance_via_topk_bias: bool | None = None
+    topk_bias_update_rate: float | None = None
+    """None: moe.router.bias_update_rate."""
+    expert_num: int | None = None
+
+
+@dataclass(frozen=True)
+class MoEDropRate:
+    expert_num: int | None = None
+    capacity_factor: float | None = None
+    """The estimate's cf (None: moe.capacity_factor)."""
+
+
+@dataclass(frozen=True)
+class Callbacks:
+    """The callbacks mf_ds runs, each with its arguments, or None when the YAML has none."""
+
+    loss_monitor: LossMonitor | None = None
+    checkpoint: CheckpointMonitor | None = None
+    topk_bias_balance: TopkBiasBalance | None = None
+    moe_drop_rate: MoEDropRate | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """How MindFormers laid out the weights of a checkpoint this YAML loads (translators/names.py)."""
+
+    qkv_concat: bool | None = None
+    mlp_concat: bool | None = None
+    use_rearrange_rope: bool = False
+    use_contiguous_weight_layout_attention: bool = False
+    use_interleaved_weight_layout_mlp: bool = True
+    use_gmm: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    """Steps, batch arithmetic, data, optimizer, schedule, callbacks, checkpoints, logging."""
+
+    run_mode: str = "train"
+    seed: int = 0
+    output_dir: str = "./output"
+    epochs: int = 1
+    stop_step: int = 0
+    steps_per_epoch: int | None = None
+    total_steps: int | None = None
+    world_size: int = 1
+    data_parallel: int = 1
+    micro_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    micro_batch_interleave_num: int = 1
+    global_batch_size: int = 1
+    """micro x GA x data-parallel ranks (x interleave)."""
+    mindformers_global_batch_size: int = 1
+    seq_length: int | None = None
+    compute_dtype: str = "float32"
+    param_dtype: str = "float32"
+    gradient_clipping: float = 0.0
+    optimizer: Optimizer | MuonOptimizer = field(default_factory=Optimizer)
+    lr_schedule: Mapping[str, Any] = field(default_factory=dict)
+    """MindFormers' LR class and its arguments by name; `resolved` holds translators.lr.resolve's numbers."""
+    data: Data = field(default_factory=Data)
+    callbacks: Callbacks = field(default_factory=Callbacks)
+    load_checkpoint: str | None = None
+    load_ckpt_format: str = "ckpt"
+    resume_training: bool = False
+    ignore_data_skip: bool = False
+    deterministic: bool = False
+    print_separate_loss: bool = False
+    model_name: str = ""
+    family: str = ""
+    layer_style: str = ""
+    tokenizer_dir: str | None = None
+    max_nan_steps: int = 0
+    loss_mask_pad_id: int | None = None
+    pad_attention_mask: bool = False
+    pad_token_id: int | None = None
+    checkpoint_layout: CheckpointLayout = field(default_factory=CheckpointLayout)
+    mindformers_version: str = ""
+    """The MindFormers version whose config-class defaults filled what the YAML leaves out (translators/mf_defaults)."""
+    trailing_pads_inert: bool = False
+    """Pads after a sample's last real token change nothing the run computes, so no pad mask is needed for them
+    (translators/attention.py)."""
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """The degrees DeepSpeed runs (translators/parallel.py)."""
+
+    world_size: int = 1
+    data_parallel: int = 1
+    tensor_parallel: int = 1
+    context_parallel: int = 1
+    expert_parallel: int = 1
+    tp_rule: str | None = None
+    """hf_tp_plan | partition_config | None (no TP)."""
+    folded: Mapping[str, str] = field(default_factory=dict)
+    """YAML key -> why its degree folds into data parallel."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a MindFormers YAML became: the runtime reads this, never the YAML."""
+
+    deepspeed: Mapping[str, Any] = field(default_factory=dict)
+    """The DeepSpeed config."""
+    hf_config: Mapping[str, Any] | None = None
+    """{model_type, ...} for AutoConfig.for_model; None: no transformers architecture."""
+    layers: tuple[Layer, ...] = ()
+    moe: MoE | None = None
+    """None: a dense model."""
+    kernels: Kernels = field(default_factory=Kernels)
+    run: Run = field(default_factory=Run)
+    parallel: Parallel = field(default_factory=Parallel)
+    notes: tuple[Note, ...] = ()
+    """Every YAML key and what it became (the ledger)."""
+
+    @property
+    def estimate_capacity_factor(self) -> float | None:
+        """cf of MindFormers' drop-rate estimate sum_i max(0, f_i - cf/E): MoEDropRateCallback's capacity_factor,
+        else moe.capacity_factor; None where MindFormers has no estimate (MoE.has_drop_estimate)."""
+        if self.moe is None or not self.moe.has_drop_estimate:
+            return None
+        callback = self.run.callbacks.moe_drop_rate
+        given = callback.capacity_factor if callback is not None else None
+        return self.moe.capacity_factor if given is None else given
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage of the DeepSpeed config (0: none)."""
+        return self.deepspeed.get("zero_optimization", {}).get("stage", 0)
+
+    @property
+    def weights_family(self) -> str:
+        """The key of the family's weight-name tables (translators.names): mcore models name theirs differently."""
+        from translators.names import table_key
+
+        return table_key(self.run.family, self.run.layer_style)
+
+    @property
+    def topk_bias_update_rate(self) -> float | None:
+        """u of TopkBiasBalanceCallback's step-end update (the callback's topk_bias_update_rate, else
+        moe_config's); None where nothing moves the bias: no such callback, balance_via_topk_bias False in it, or
+        routers it does not reach (moe.router.bias_updated)."""
+        entry = self.run.callbacks.topk_bias_balance
+        if self.moe is None or not self.moe.router.bias_updated or entry is None \
+                or entry.balance_via_topk_bias is False:
+            return None
+        return self.moe.router.bias_update_rate if entry.topk_bias_update_rate is None else entry.topk_bias_update_rate
+
+    @property
+    def logs_drop_rate(self) -> bool:
+        """MindFormers logs the drop rate only with both `moe_config.callback_moe_droprate: True` and a
+        MoEDropRateCallback entry in `callbacks` (moe.md §5)."""
+        return self.moe is not None and self.moe.drop_rate_callback and self.run.callbacks.moe_drop_rate is not None
+
+    def notes_on(self, key: str) -> list[str]:
+        return [note.message for note in self.notes if note.key == key]
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], partial: bool = False) -> Plan:
+        """A Plan from its JSON. `partial`: absent entries take the dataclasses' defaults (tests' hand-made plans);
+        otherwise every field must be there. Unknown keys are errors either way."""
+        return from_json(cls, data, "plan", partial)
+
+
+def to_json(value: Any) -> Any:
+    if is_dataclass(value):
+        return {f.name: to_json(getattr(value, f.name)) for f in fields(value)
+                if not (f.metadata.get("omit_none") and getattr(value, f.name) is None)}
+    if isinstance(value, (list, tuple)):
+        return [to_json(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: to_json(item) for key, item in value.items()}
+    return value
+
+
+def from_json(hint: Any, value: Any, path: str, partial: bool = False) -> Any:
+    """`value` (JSON) as the type `hint`, checked against the dataclasses' fields; raises ValueError naming the path."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None:
+            return None
+        inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if len(inner) > 1:  # dataclasses told apart by their `type` (Optimizer | MuonOptimizer)
+            kind = value.type if is_dataclass(value) else value.get("type")
+            chosen = [arg for arg in inner if dict((f.name, f.default) for f in fields(arg)).get("type") == kind]
+            inner = chosen or inner[:1]
+        return from_json(inner[0], value, path, partial)
+    if isinstance(hint, type) and is_dataclass(hint):
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{path}: expected a mapping, got {type(value).__name__}")
+        hints = typing.get_type_hints(hint)
+        known = {f.name for f in fields(hint)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown entries {unknown} (a {hint.__name__} has {sorted(known)})")
+        kwargs = {}
+        for f in fields(hint):
+            if f.name in value:
+                kwargs[f.name] = from_json(hints[f.name], value[f.name], f"{path}.{f.name}", partial)
+            elif not partial and not f.metadata.get("omit_none"):
+                raise ValueError(f"{path}.{f.name}: missing")
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise ValueError(f"{path}.{f.name}: missing (no default)")
+        return hint(**kwargs)
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_json(args[0], item, f"{path}[{i}]", partial) for i, item in enumerate(value))
+        return tuple(value)
+    if origin is Mapping or hint is Mapping:
+        return dict(value)
+    return value
+
