@@ -16,7 +16,6 @@ Targets (issue 4): mf_ds no slower than hf_grouped_mm, well ahead of hf_eager.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import platform
 import statistics

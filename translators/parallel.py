@@ -32,6 +32,7 @@ from typing import Any
 
 from translators.errors import ConfigError
 
+
 def _tp_rule(hf_model_type: str | None):
     """The family record's AutoTP rule (translators/families/record.py `tp`): "hf_tp_plan" where DeepSpeed 0.19.8's
     TPPlanConverter converts the HF base_model_tp_plan (checked for each), partition specs of ours where it cannot,

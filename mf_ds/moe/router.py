@@ -41,6 +41,7 @@ from torch import nn
 
 from translators.plan_types import MoE
 
+
 class Routing(NamedTuple):
     scores_TE: torch.Tensor
     """float32 probabilities (softmax or sigmoid), unbiased."""

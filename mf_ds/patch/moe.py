@@ -37,7 +37,6 @@ from translators.families import registry
 from translators.families.record import PatchTargets
 from translators.plan_types import MoE, Plan
 
-
 # model_type -> where its MoE block's parts are (the family records' patch targets, translators/families/record.py)
 FAMILIES: dict[str, PatchTargets] = {t: r for t, r in registry.runtimes().items() if r.moe_block is not None}
 

@@ -5,7 +5,6 @@ and the legacy LlamaForCausalLM's loss with pad = eos keys in mid-sequence and o
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import subprocess
 import sys

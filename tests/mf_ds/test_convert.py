@@ -5,7 +5,6 @@ and converting back gives MindSpore's tensors bit for bit, in a .ckpt laid out a
 from __future__ import annotations
 
 import dataclasses
-
 import json
 
 import numpy as np

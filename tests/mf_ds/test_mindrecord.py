@@ -6,7 +6,6 @@ what MindDataset(shuffle=False) read from them are committed fixtures (tests/fix
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import shutil

@@ -8,7 +8,6 @@ two models; ZeRO-3 training unchanged.
 from __future__ import annotations
 
 import dataclasses
-
 import importlib
 import json
 import os
@@ -28,8 +27,8 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 from mf_ds import patch  # noqa: E402
 from mf_ds.patch import PatchError, kernels  # noqa: E402
 from mf_ds.patch.recompute import apply_recompute, revert_recompute  # noqa: E402
-from translators.plan_types import Kernels, Layer, Plan  # noqa: E402
 from tests.conftest import ROOT, free_port  # noqa: E402
+from translators.plan_types import Kernels, Layer, Plan  # noqa: E402
 
 B, S = 2, 5
 H, FF, NH, KVH, D = 32, 48, 4, 2, 8  # hidden, MLP width, heads, key/value heads (GQA), head dim

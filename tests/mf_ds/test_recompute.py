@@ -21,8 +21,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mf_ds.patch.recompute import apply_recompute, revert_recompute, swiglu_recomputed
-from translators.plan_types import Layer
 from tests.conftest import ROOT, free_port
+from translators.plan_types import Layer
 
 B, S = 2, 8  # batch, sequence
 T = B * S  # tokens
