@@ -280,7 +280,11 @@ def run_model(name: str, out: Path, steps: int, smoke: bool, device: dict) -> di
     yaml_path = MODELS[name][0]
     sets = overrides(name, smoke)
     profile_step = min(PROFILE_STEP, steps)
-    env = {**os.environ, **({"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""} if smoke else {})}
+    # each child is a one-process run of its own (mf_ds/train.py gives it a free port): a launcher's or a test
+    # process's rendezvous variables would send every child to a port that process already holds (EADDRINUSE)
+    rendezvous = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {**{k: v for k, v in os.environ.items() if k not in rendezvous},
+           **({"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""} if smoke else {})}
     runs = {}
     for impl in IMPLS:
         why = skip_reason(impl, device["kind"])

@@ -144,7 +144,7 @@ def _at_every_config(launch: Launch) -> list[Launch]:
     if tuned is None or launch.kernel.__name__.endswith("_tma_kernel"):
         return [launch]
     configs, heuristics = tuned
-    named = dict(zip(launch.kernel.arg_names, launch.args, strict=True))
+    named = dict(zip(launch.kernel.arg_names, launch.args, strict=False))  # constexprs come as kwargs
     out = []
     for index, config in enumerate(configs):
         kwargs = {**launch.kwargs, **config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages,
