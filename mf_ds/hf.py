@@ -218,6 +218,16 @@ class MFTrainer(Trainer):
             state_dict.update({k: v.detach().cpu() for k, v in model.state_dict().items() if k not in state_dict})
         super()._save(output_dir, state_dict=state_dict)
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Under AutoTP or ZeRO-3 the save is collective (every rank gathers its shards to rank 0, which writes):
+        every rank returns once rank 0 has written. Without the barrier the other ranks returned first, and a script
+        that ended there tore down its process group while rank 0 still wrote (SIGABRT in gloo's teardown, "terminate
+        called without an active exception", 2 of 3 suite runs on 2 CPU ranks)."""
+        super().save_model(output_dir, _internal_call)
+        collective = self.plan.parallel.tensor_parallel > 1 or self.plan.zero_stage == 3
+        if not _internal_call and collective and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
     def create_optimizer(self, model=None):
         from mf_ds.optim import build_optimizer
 
