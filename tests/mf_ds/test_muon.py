@@ -174,6 +174,8 @@ def test_torch_muon_agrees_on_a_plain_matrix():
         ours.step()
         theirs.step()
     moved = (a.detach() - w0).abs().max()
+    # 2% of the step: both run Newton-Schulz in bf16 (8-bit mantissa, ~4e-3 per rounding, over 5 iterations), torch
+    # normalising in bf16 where MindFormers normalises in fp32; any other difference in the update is far larger
     torch.testing.assert_close(a.detach(), b.detach(), atol=2e-2 * moved, rtol=0)
     assert not torch.allclose(ours.state[a]["momentum_buffer"], theirs.state[b]["momentum_buffer"])
     torch.testing.assert_close(theirs.state[b]["momentum_buffer"], ours.state[a]["momentum_buffer"] * (1 - 0.95))
