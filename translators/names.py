@@ -159,13 +159,15 @@ DEEPSEEK4_EXPERTS = {
     ".mlp.experts.weight1": ("experts_w1", (".mlp.experts.{e}.w1.weight", ".mlp.experts.{e}.w3.weight")),
     ".mlp.experts.weight2": ("experts_w2", (".mlp.experts.{e}.w2.weight",)),
 }
-# MindFormers parameters HF does not hold, each written beside another when converting back (and checked to be
-# these constants when converting to HF): the frozen ones of the weightless norms (q_rms_gamma: the per-head q norm,
-# v_head_dim wide like kv_layernorm; rms_weight: the mHC norm over n x H, mapping_proj's input width).
+# MindFormers parameters HF does not hold, each written beside another when converting back (the frozen ones of the
+# weightless norms are checked to be ones when converting to HF): q_rms_gamma, the per-head q norm, v_head_dim wide
+# like kv_layernorm; rms_weight, the mHC norm over n x H, mapping_proj's input width; the router's load counter,
+# written as zeros (what the network holds after each step), in place of EXPERT_LOAD's expert_load.
 DEEPSEEK4_FROZEN = {
     ".self_attention.q_rms_gamma": (".self_attention.kv_layernorm.weight", "ones", 0),
     ".attn_hc.rms_weight": (".attn_hc.mapping_proj.weight", "ones", 1),
     ".ffn_hc.rms_weight": (".ffn_hc.mapping_proj.weight", "ones", 1),
+    ".mlp.tokens_per_expert": (".mlp.router.weight", "zeros", 0),  # the router's load counter (NOT_WEIGHTS), float32
 }
 # One shared-expert MLP: linear_fc1 holds gate and up interleaved per row (pynative/transformers/mlp.py reshapes its
 # output to [..., I, 2] and takes gate = [..., 0], up = [..., 1]; MindFormers' own HF template, utils.py, concatenates

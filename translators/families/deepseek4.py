@@ -116,8 +116,8 @@ def specs() -> dict[str, tuple]:
     feeds = {key: Feeds(conv=conv) for key, conv in (
         ("hc_mult", pos), ("hc_sinkhorn_iters", pos), ("hc_eps", _positive), ("sliding_window", pos),
         ("num_hash_layers", nonneg), ("compress_rope_theta", _positive), ("norm_topk_prob", _flag),
-        ("enable_hyper_connections", _flag), ("csa_dense_mode", _flag), ("v_head_dim", pos), ("head_dim", pos),
-        ("qk_nope_head_dim", pos), ("qk_rope_head_dim", pos), ("n_group", None), ("topk_group", None),
+        ("enable_hyper_connections", _flag), ("csa_dense_mode", _flag), ("v_head_dim", pos),
+        ("qk_rope_head_dim", pos), ("n_group", None), ("topk_group", None),
         ("shared_expert_num", None), ("moe_shared_expert_intermediate_size", None))}
     untyped = {key: Feeds(conv=lambda value, path: value) for key in (
         "compress_ratios", "hidden_act", "use_gating_sigmoid", "experimental_attention_variant")}
@@ -131,6 +131,10 @@ def specs() -> dict[str, tuple]:
         "n_kv_heads": Drop("not read: DeepSeek-V4's attention has one shared KV head (as HF's: "
                            "num_key_value_heads 1)"),
         "intermediate_size": Drop("no dense MLP: every DeepSeek-V4 layer is MoE"),
+        **_each(("head_dim", "qk_nope_head_dim"), Drop(
+            "not read by the hybrid attention: its q, kv and compressor heads are v_head_dim wide, of which the "
+            "trailing qk_rope_head_dim lanes rotate (DeepseekV4Config derives qk_nope_head_dim = head_dim - "
+            "qk_rope_head_dim; the model uses neither); HF's head_dim = v_head_dim")),
         "pad_token_id": Drop("the tokenizer's pad id: MindFormers' embedding has no padding row, so HF's padding_idx "
                              "is left unset"),
         "use_flash_attention": Drop("Ascend FlashAttention; HF's DeepSeek-V4 attention is eager (sinks and "
@@ -228,14 +232,8 @@ def _heads(m, moe) -> dict:
     """HF's head_dim is the width of every q / kv head: MindFormers' v_head_dim (q_head_dim = v_head_dim in the
     hybrid attention), of which the trailing qk_rope_head_dim lanes are rotated."""
     v, rope = m.need("v_head_dim"), m.get("qk_rope_head_dim")
-    nope, kv_channels = m.get("qk_nope_head_dim"), m.get("head_dim")
-    if kv_channels is not None and kv_channels != v:
-        _refuse(m, "head_dim", f"{kv_channels} differs from v_head_dim {v}: DeepseekV4Config derives "
-                               "qk_nope_head_dim from head_dim while the attention sizes its heads by v_head_dim; "
-                               "HF has one head_dim, so the two must agree")
-    if nope is not None and nope + rope != v:
-        _refuse(m, "qk_nope_head_dim", f"{nope} + qk_rope_head_dim {rope} is not v_head_dim {v}: HF's DeepSeek-V4 "
-                                       "heads are nope + rope = head_dim wide")
+    if not 0 < rope <= v or rope % 2:
+        _refuse(m, "qk_rope_head_dim", f"{rope}: the rotated lanes must be an even number within v_head_dim {v}")
     return {"head_dim": v, "partial_rotary_factor": rope / v, "num_key_value_heads": 1, "pad_token_id": None}
 
 
