@@ -346,7 +346,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     run = {
         "run_mode": "train",
         "seed": cfg["training"]["seed"],
-        "output_dir": account.output_dir(cfg),
+        "output_dir": account.output_dir(tree),
         # MindFormers' PyNative trainer counts steps, not epochs: as many passes over the data as the steps need
         "epochs": steps,
         "stop_step": steps,

@@ -46,8 +46,13 @@ def data_tree(tree: dict) -> dict:
     return {"train_dataset": out}
 
 
-def output_dir(cfg: dict) -> str:
-    return "./output"  # MindFormers' PyNative trainer writes its logs there (the checkpoints: checkpoint.save_path)
+def output_dir(tree: dict) -> str:
+    """run.output_dir: mf-ds' own top-level `output_dir` (mf-train --output_dir sets it), else ./output, where
+    MindFormers' PyNative trainer writes its logs (its checkpoints go to checkpoint.save_path)."""
+    value = tree.get("output_dir", "./output")
+    if not isinstance(value, str) or not value:
+        raise ConfigError("output_dir", f"expected a directory path, got {show(value)}")
+    return value
 
 
 def max_nan_steps(cfg: dict, tree: dict, extra: Any) -> int:
@@ -412,10 +417,14 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
                       "class defaults, and the schema is this version's (run.mindformers_version records it)")
     if present("mf_ds"):
         ledger.runtime("mf_ds", "mf-ds' own settings")
+    if present("output_dir"):
+        ledger.runtime("output_dir", "run.output_dir (mf-ds' own key, set by mf-train --output_dir: metrics, logs "
+                       "and, unless checkpoint.save_path says otherwise, checkpoints; MindFormers' PyNative trainer "
+                       "reads no such key)")
     if present("callbacks") and not cfg["callbacks"]:
         ledger.dropped("callbacks", "empty: the trainer's built-in loss logging and checkpoint saving only")
     for name in tree:
-        if name not in sections_known and name not in ("mindformers_version", "mf_ds"):
+        if name not in sections_known and name not in ("mindformers_version", "mf_ds", "output_dir"):
             ledger.unknown(name, "not a PyNative TrainConfig section: MindFormers keeps it as an attribute and "
                            "nothing reads it")
     ledger.mapped("", f"PyNative schema: data_parallel {deg.data_parallel} = world {deg.world} / (tp {deg.tp} x pp "
