@@ -66,6 +66,23 @@ def test_hf_model_has_mindformers_parameter_count(tmp_path):
     assert math.isinf(model.config.swiglu_limit)  # hidden_act silu: MindFormers does not clamp
 
 
+def test_fresh_model_starts_hash_table_and_mhc_as_mindformers(tmp_path):
+    """transformers leaves tid2eid at zeros (every token to expert 0); MindFormers starts it round-robin, and its mHC
+    gates at mhc_init_gating_factor (mf_ds/init.py)."""
+    from mf_ds.model import build_model
+
+    plan = translate_file(str(tiny_yaml(tmp_path))).plan
+    lines = []
+    model = build_model(plan, log=lines.append)
+    table = model.model.layers[0].mlp.gate.tid2eid
+    assert table.tolist()[:3] == [[0, 1], [1, 2], [2, 3]] and int(table.max()) == 4
+    hc = model.model.layers[1].attn_hc
+    assert hc.scale.tolist() == pytest.approx([0.01] * 3) and hc.base[:4].tolist() == pytest.approx([-math.log(3)] * 4)
+    assert hc.base[8:].reshape(4, 4).tolist() == ((torch.eye(4) - 1) * 5).tolist()
+    assert float(hc.fn.std()) < 1e-3 and model.model.hc_head.hc_scale.item() == 0.0
+    assert any("1 hash routers" in line for line in lines)
+
+
 def test_mf_convert_round_trip_is_exact_and_covers_every_hf_weight(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -81,9 +81,10 @@ def test_effective_config_of_mindformers_is_carried(name):
     assert set(_model(name)) <= set(notes), set(_model(name)) - set(notes)
     assert "unknown" not in notes.values(), [k for k, v in notes.items() if v == "unknown"]
     for key in ("dsa_indexer_loss_coeff", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
-                "num_nextn_predict_layers", "mhc_init_gating_factor"):
+                "num_nextn_predict_layers"):
         assert notes[key] == "differs", key
     assert notes["qk_nope_head_dim"] == "dropped"  # not read by MindFormers' model: heads are v_head_dim wide
+    assert notes["mhc_init_gating_factor"] == "mapped" and hf["mhc_init_gating_factor"] == 0.01  # mf_ds/init.py
 
 
 @pytest.mark.parametrize("change, key", [

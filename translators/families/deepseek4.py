@@ -27,9 +27,10 @@ experts.py). Compared from source, piece by piece, with transformers' modeling_d
              is then +inf.
 What differs in training only (stated on the keys): the indexer's KL loss (dsa_indexer_loss_coeff: HF has none, so
 the indexer's weights get no gradient here), the sequence aux loss, the expert-bias update, the router's dtype under
-bf16, MTP (HF builds none, as for DeepSeek-V3: num_nextn_predict_layers), and the initial values (transformers'
-_init_weights: tid2eid zeros, mHC scale 1 and bias 0, where MindFormers starts tid2eid round-robin, the mHC gates at
-mhc_init_gating_factor with biases -log 3 / 0 / -5 off the diagonal).
+bf16, MTP (HF builds none, as for DeepSeek-V3: num_nextn_predict_layers). A fresh model starts its hash table and
+mHC as MindFormers does (mf_ds/init.py: transformers' _init_weights leaves tid2eid at zeros, one expert for every
+token); its other initial values are transformers' (normal(initializer_range) weights, zero sinks and position
+biases).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def specs() -> dict[str, tuple]:
         Drop,
         Expect,
         Feeds,
+        Map,
         _choice,
         _each,
         _flag,
@@ -193,10 +195,7 @@ def specs() -> dict[str, tuple]:
             "indexer's weights (compressor.indexer.*) keep their initial or loaded values here"),
         "dsa_indexer_use_sparse_loss": Differs("the indexer loss's sparse form; no indexer loss here (see "
                                                "dsa_indexer_loss_coeff)"),
-        "mhc_init_gating_factor": Differs(
-            "initialisation only: MindFormers starts the mHC gates (alpha_pre/post/res) at this value; HF's "
-            "_init_weights starts scale at 1, base at 0 (MindFormers: -log 3, 0, -5 off the diagonal); equal once "
-            "weights are loaded"),
+        "mhc_init_gating_factor": Map("mhc_init_gating_factor", conv=_positive),  # read by mf_ds/init.py
         "rope_scaling": Feeds(),
         **_each(("mscale", "mscale_all_dim"), Drop(
             "not read: the hybrid attention applies its YaRN rope with mscale 1.0 (deepseek_v4_hybrid_attention.py "
