@@ -375,6 +375,11 @@ def activations(plan: dict, deg: Degrees, micro: int, seq: int, dtype: str) -> A
     if hf["model_type"] == "gpt2":
         notes.append("GPT-2: counted as a pre-norm layer of the same widths (LayerNorm, GELU MLP, dropout masks "
                      "not counted separately; not measured)")
+    if hf["model_type"] == "deepseek_v4":
+        notes.append("DeepSeek-V4: counted as one-KV-head attention of its widths with its MoE; not counted: the "
+                     f"{hf.get('hc_mult', 4)} mHC streams a layer keeps (fp32 copies), the compressors, and the "
+                     "attention probabilities of its eager-only attention (heads x seq x (seq + compressed) per "
+                     "layer); not measured")
     if moe_layers:
         notes.append("MoE layers: top_k routed rows per token, none dropped (tiny DeepSeek-V3 on CPU: 5% under "
                      "the measured peak)")
