@@ -1,6 +1,7 @@
 """A shrunk DeepSeek-V4 Flash (tests/fixtures/pynative/tiny_deepseek4_flash.yaml: the 2.1.0 wheel's YAML with its
 schema kept; 4 layers of sliding, compressed sparse, heavily compressed and compressed sparse attention, the first
-hash-routed) trains on transformers' DeepseekV4ForCausalLM: 20 steps with mf-train and the loss falls, a run killed
+hash-routed; mf-ds' MoE layer in the other three) trains on transformers' DeepseekV4ForCausalLM: 20 steps with
+mf-train and the loss falls, the expert bias moves as MindFormers moves it, a run killed
 mid-way resumes from its checkpoint with the same losses, and 2 ranks of `deepspeed mf_ds/train.py` give the single
 rank's losses. Muon waits on mf_ds/muon.py knowing DeepSeek-V4's names (see test_muon_step_needs_the_v4_split_rule).
 """
@@ -68,6 +69,20 @@ def test_trains_20_steps_with_the_loss_falling(one_rank):
         "checkpoint-step10", "checkpoint-step20"]
 
 
+def test_expert_bias_moves_as_mindformers_moves_it(one_rank):
+    """The top-k layers' bias (mf-ds' MoE layer) moves by moe_router_bias_update_rate x sign(mean load - load) after
+    each step: after 20 steps, multiples of 1e-4, not all zero; the hash layer has none (HF's block)."""
+    from transformers import AutoModelForCausalLM
+
+    out, _ = one_rank
+    model = AutoModelForCausalLM.from_pretrained(str(out / "checkpoint" / "checkpoint-step20"))
+    for layer in model.model.layers[1:]:
+        steps = layer.mlp.gate.e_score_correction_bias / 1e-4
+        assert bool(steps.any()) and torch.allclose(steps, steps.round(), atol=1e-3), steps
+        assert float(steps.abs().max()) <= 20
+    assert not hasattr(model.model.layers[0].mlp.gate, "e_score_correction_bias")
+
+
 def test_killed_run_resumes_with_the_same_losses(tmp_path, corpus, one_rank):
     """SIGKILLed in step 15's backward; --resume_training continues from step 10's checkpoint."""
     killed = run(tmp_path, corpus, *ADAMW, env={"MF_DS_TEST_KILL_AT": "step.backward@15"}, check=False)
@@ -108,5 +123,6 @@ def test_plan():
     from translators.plan import translate_file
 
     plan = translate_file(str(TINY), world_size=2).plan
-    assert plan.zero_stage == 0 and plan.run.gradient_accumulation_steps == 1 and plan.moe is None
+    assert plan.zero_stage == 0 and plan.run.gradient_accumulation_steps == 1
+    assert plan.moe.layers == (1, 2, 3) and plan.moe.router.score == "sqrtsoftplus"  # the hash layer 0 stays HF's
     assert plan.hf_config["model_type"] == "deepseek_v4" and plan.weights_family == "deepseek_v4/mcore"
