@@ -299,7 +299,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
         with _renamed(view):
             ds_optimizer, run_optimizer = muon_optimizer.plan(
-                tree.get("optimizer") or {}, peak_lr(lr), zero_stage=zero["stage"],
+                account.muon_section(cfg, tree, ledger), peak_lr(lr), zero_stage=zero["stage"],
                 mla="kv_lora_rank" in (hf_config or {}), mcore=True, pynative=True, ledger=ledger)
     else:
         opt = Optimizer.parse({k: cfg["optimizer"][k] for k in ("type", "betas", "eps", "weight_decay")})
@@ -396,8 +396,23 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                            "kernels": Kernels(fused_rope=shape.use_fused_rope, fused_swiglu=shape.use_fused_swiglu),
                            "run": run, "parallel": lay.as_plan(), "notes": notes})
     asked = {"data_parallel": deg.data_parallel, "model_parallel": deg.tp, "context_parallel": deg.cp,
-             "expert_parallel": deg.ep, "pipeline_stage": deg.pp, "micro_batch_num": ga}
+             "expert_parallel": deg.ep, "pipeline_stage": deg.pp, "micro_batch_num": deg.gradient_accumulation_steps}
     return Translation(plan, (), ledger, asked)
+
+
+def layout_setting(setting: str, n_layers: int) -> str | None:
+    """A setting the layout planner suggests (graph mode's keys) in this schema's keys; None where it has none
+    (select recompute: recompute.select_module names MindFormers' PyNative modules, not mapped here)."""
+    key, _, value = setting.partition("=")
+    if key == "recompute_config.select_recompute":
+        return None
+    if key == "runner_config.batch_size":
+        return f"training.local_batch_size={value}"
+    if key == "recompute_config.recompute":
+        return f"recompute={{mode: full, full_recompute_layer: ['0-{n_layers - 1}']}}"
+    if key == "parallel_config.expert_parallel":
+        return f"parallelism.expert_parallel={value}"
+    return setting  # mf_ds.* and the command-line flags are the same in both schemas
 
 
 def _experts(config: dict) -> int:

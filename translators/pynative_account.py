@@ -75,8 +75,9 @@ def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | Non
         if stage == 3 and ep > 1:
             raise ConfigError("mf_ds.zero_stage", "ZeRO-3 with expert parallelism is not supported (DeepSpeed expert "
                               "groups need ZeRO-1 or -2)")
-    elif muon:
-        stage, why = 0, "Muon updates whole weights (translators/muon.py)"
+    elif muon:  # Muon updates whole weights: ZeRO 0, where fp32 master weights need no ZeRO optimizer
+        stage, why = (1, "DeepSpeed keeps the fp32 master weights of bf16/fp16 training only through a ZeRO "
+                         "optimizer") if mixed else (0, "Muon updates whole weights (translators/muon.py)")
     elif lay.data_parallel == 1:
         stage, why = (1 if mixed else 0), "one data-parallel rank: nothing to shard" + (
             " (ZeRO-1 keeps the fp32 master weights of bf16/fp16 training)" if mixed else "")
@@ -132,6 +133,21 @@ def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | Non
     else:
         ledger.dropped("parallelism.cpu_offload", "false: nothing offloaded")
     return block
+
+
+def muon_section(cfg: dict, tree: dict, ledger: Ledger) -> dict:
+    """The arguments MindFormers' PyNative trainer hands Muon: the YAML's optimizer keys, and OptimizerConfig's
+    defaults where it leaves out eps or weight_decay (trainer/utils.py _build_optimizer passes
+    `config.to_dict()` as **kwargs, so those are TrainConfig's 1e-8 / 0.01, not Muon's own 1e-7 / 0.1)."""
+    raw = tree.get("optimizer") or {}
+    section = dict(raw)
+    taken = [f"{name} {cfg['optimizer'][name]!r}" for name in ("eps", "weight_decay") if name not in raw]
+    for name in ("eps", "weight_decay"):
+        section.setdefault(name, cfg["optimizer"][name])
+    if taken:
+        ledger.mapped("", "Muon takes OptimizerConfig's defaults for what the optimizer section leaves out, as "
+                      "MindFormers' _build_optimizer passes them: " + ", ".join(taken))
+    return section
 
 
 def optimizer_extras(cfg: dict, tree: dict, ledger: Ledger) -> None:

@@ -223,3 +223,70 @@ def test_every_key_is_accounted():
 def test_graph_mode_tree_with_runner_config_is_not_pynative():
     assert not is_pynative({"training": {}, "runner_config": {}})
     assert is_pynative({"parallelism": {}})
+
+
+TINY = ROOT / "tests" / "fixtures" / "pynative" / "tiny_deepseek3_pynative.yaml"
+MUON = {"type": "Muon", "qk_clip_enabled": False,
+        "ns_coefficients": [[[3.4445, -4.7750, 2.0315], 8], [[2.0, -1.5, 0.5], 2]]}
+
+
+def test_muon_goes_through_the_pynative_muon_path():
+    """optimizer: Muon -> translators/muon.py with pynative=True: its segmented Newton-Schulz schedule, ZeRO 0, and
+    the eps / weight_decay MindFormers' _build_optimizer hands it from OptimizerConfig (1e-8, 0.01), not Muon's own."""
+    tree = load_yaml(str(TINY))
+    tree["optimizer"] = dict(MUON)
+    plan = translate(tree, world_size=2).plan
+    opt = plan.run.optimizer
+    assert opt.type == "Muon" and len(opt.ns_schedule) == 10 and opt.ns_schedule[-1] == (2.0, -1.5, 0.5)
+    assert (opt.eps, opt.weight_decay) == (1e-8, 0.01)
+    assert plan.zero_stage == 0
+    assert [n.kind for n in plan.notes if n.key == "parallelism.data_parallel_shard"] == ["differs"]
+    tree["optimizer"]["weight_decay"] = 0.1
+    assert translate(tree, world_size=2).plan.run.optimizer.weight_decay == 0.1
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"optimizer": {"type": "Muon"}}, "optimizer.qk_clip_enabled"),  # QK-clip: translators/muon.py refuses it
+    ({"optimizer": MUON, "model": {"compute_dtype": "bfloat16"}}, "optimizer.type"),  # bf16 needs ZeRO >= 1
+    ({"optimizer": {"type": "Lion"}}, "optimizer.type"),
+    ({"lora_config": {"target_modules": ".*"}}, "lora_config"),
+    ({"run_mode": "predict"}, "run_mode"),
+    ({"training": {"rampup_batch_size": [1, 1, 10]}}, "training.rampup_batch_size"),
+    ({"model": {"model_type": "deepseek_v9"}}, "model.model_type"),
+])
+def test_what_mf_ds_cannot_run_is_one_line(change, key):
+    tree = load_yaml(str(TINY))
+    for section, values in change.items():
+        if isinstance(tree.get(section), dict) and section != "optimizer":
+            tree[section].update(values)
+        else:
+            tree[section] = values
+    with pytest.raises(ConfigError) as caught:
+        translate(tree, world_size=1)
+    assert caught.value.path == key, caught.value
+
+
+def test_layout_and_memory_for_the_pynative_degrees(capsys):
+    """mf-translate --layout: the PyNative YAML's degrees (tensor_parallel 2, expert_parallel 4 of 8 ranks) as the
+    layout runs them, with what the YAML asked beside, and the memory per device."""
+    from translators.planner import layout_report
+
+    tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    tree["parallelism"].update(tensor_parallel=2, expert_parallel=4, pipeline_parallel=2)
+    tree["training"]["global_batch_size"] = 16
+    result = translate(tree, world_size=8)
+    report = layout_report(result.json, result.asked)
+    assert report["degrees"] == {"data_parallel": 4, "tensor_parallel": 2, "context_parallel": 1,
+                                 "expert_parallel": 4}
+    # MindFormers: dp = 8 / (tp 2 x pp 2) = 2, accumulation 16 / (1 x 2) = 8; pp folds into data parallel here
+    assert report["yaml"] == {"data_parallel": 2, "model_parallel": 2, "context_parallel": 1, "expert_parallel": 4,
+                              "pipeline_stage": 2, "micro_batch_num": 8}
+    assert report["data"]["global_batch"] == report["data"]["mindformers_global_batch"] == 16
+    assert "parallelism.pipeline_parallel" in report["folded"]
+    assert report["memory"]["zero_stage"] == 2 and report["memory"]["peak"] > 0  # EP: ZeRO-2
+    path = WHEELS / "2.1.0" / DS3
+    assert run([str(path), "--layout", "--world-size", "8", "--gpu-memory", "8GiB", "--json"]) == 0
+    fixes = json.loads(capsys.readouterr().out)["memory"]["what_if"]
+    settings = {s for fix in fixes for s in fix["set"]}  # what to change, in the PyNative schema's own keys
+    assert "recompute={mode: full, full_recompute_layer: ['0-16']}" in settings
+    assert not [s for s in settings if s.startswith(("recompute_config", "runner_config", "parallel_config"))]
