@@ -212,8 +212,10 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
 
     # training
     for name, kind, message in (
-            ("steps", "runtime", f"run.total_steps = run.stop_step = {t['steps']}; the LR schedule's total_steps, "
-                                 "as MindFormers' _build_lr_scheduler passes it"),
+            ("steps", "runtime", f"run.stop_step = {t['steps']} steps, with run.epochs = {t['steps']} so that the "
+                                 "data is passed over as often as the steps need (MindFormers counts steps, not "
+                                 "epochs); the LR schedule's total_steps, as MindFormers' _build_lr_scheduler passes "
+                                 "it"),
             ("local_batch_size", "mapped", f"deepspeed.train_micro_batch_size_per_gpu = {t['local_batch_size']}"),
             ("global_batch_size", "mapped", f"deepspeed.gradient_accumulation_steps = {ga} on {lay.data_parallel} "
                                             f"data-parallel ranks: a global batch of {global_batch} (MindFormers: "
@@ -290,10 +292,10 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
             ledger.dropped(join("parallelism", name), _PIPELINE)
     if present("parallelism.disable_gradient_division"):
         if p["disable_gradient_division"]:
-            ledger.runtime("parallelism.disable_gradient_division", "true: MindFormers sums the gradients over the "
+            ledger.dropped("parallelism.disable_gradient_division", "true: MindFormers sums the gradients over the "
                            "FSDP ranks and scales each rank's loss by 1 / (world / pp) (distributed/utils.py "
-                           "get_loss_sense): together the mean over the data-parallel ranks, which is the gradient "
-                           "DeepSpeed's averaging gives")
+                           "get_loss_sense): together the mean over the data-parallel ranks, which DeepSpeed's "
+                           "averaging computes anyway: nothing to carry")
         else:
             ledger.differs("parallelism.disable_gradient_division", "false: MindFormers divides twice (FSDP's mean and "
                            "the 1 / (world / pp) loss sense), a gradient 1/dp of the mean; mf-ds takes the mean (AdamW "
@@ -326,9 +328,12 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
             ledger.dropped("parallelism.enable_loss_parallel", "no tensor parallelism runs" if p["enable_loss_parallel"]
                            else "false")
     if present("parallelism.moe_token_dispatcher_type"):
-        if p["moe_token_dispatcher_type"] == "alltoall":
+        if lay.expert_parallel == 1:
+            ledger.dropped("parallelism.moe_token_dispatcher_type", f"{p['moe_token_dispatcher_type']}: no expert "
+                           "parallelism runs, so no tokens travel between ranks")
+        elif p["moe_token_dispatcher_type"] == "alltoall":
             ledger.runtime("parallelism.moe_token_dispatcher_type", "alltoall: mf-ds' MoE layer dispatches with "
-                           "all-to-all over the expert-parallel group")
+                           "all-to-all over the expert-parallel group (moe.expert_parallel)")
         else:
             ledger.differs("parallelism.moe_token_dispatcher_type", f"{p['moe_token_dispatcher_type']}: the plain "
                            "all-to-all here (the per-node de-duplication is a communication saving: the same tokens "
@@ -347,13 +352,14 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
         else ("dropped", "enable_save is false"),
         "prefix": ("runtime", "run.callbacks.checkpoint.prefix and run.model_name"),
         "no_save_optim": ("differs", "true: mf-ds' checkpoints always hold the optimizer state (a resume needs it)")
-        if c["no_save_optim"] else ("runtime", "false: the checkpoints hold the optimizer state"),
+        if c["no_save_optim"] else ("dropped", "false: mf-ds' checkpoints hold the optimizer state, as asked"),
         "async_save": ("dropped", "checkpoints are written synchronously (never left half-written)"),
         "remove_redundancy": ("dropped", "DeepSpeed writes each shard once; the HF weights come from rank 0"),
         "load_path": ("runtime", "run.load_checkpoint: a Checkpoint 2.0 directory (mf_ds/checkpoint2.py, its ranks "
                                  "merged), MindFormers safetensors or an HF directory") if load else
         ("dropped", "empty: the model starts from random weights"),
-        "no_load_optim": ("runtime", "true: the weights only, the optimizer starts fresh") if c["no_load_optim"] else
+        "no_load_optim": ("runtime", "true: the weights only, the optimizer starts fresh (run.resume_training "
+                                     "false)") if c["no_load_optim"] else
         ("differs", "false: mf-ds loads the weights of load_path and starts the optimizer fresh (no optimizer state "
                     "is read from a Checkpoint 2.0 directory)") if load else ("dropped", "no load_path"),
         "load_balanced": ("dropped", "how MindFormers spreads the reading over ranks"),
