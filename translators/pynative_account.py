@@ -244,6 +244,9 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
                         "MindFormers stops after that many skipped steps") if n > 0 else
             ("differs", "0: MindFormers never stops; mf-ds stops after mf_ds.max_nan_steps non-finite losses in a "
                         "row")))
+    if present("lr_scheduler.total_steps"):
+        ledger.dropped("lr_scheduler.total_steps", f"MindFormers' PyNative trainer replaces it with training.steps "
+                       f"{t['steps']} (trainer/utils.py _build_lr_scheduler)")
     if present("training.rampup_batch_size"):
         ledger.dropped("training.rampup_batch_size", "null: a fixed batch")
 

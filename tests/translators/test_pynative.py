@@ -99,6 +99,12 @@ def check_plan(plan, golden: dict, tree: dict) -> None:
     assert run_.lr_schedule["type"] == lr["type"]
     assert run_.lr_schedule["learning_rate"] == lr["learning_rate"]
     assert run_.lr_schedule["total_steps"] == t["steps"]  # _build_lr_scheduler passes training.steps
+    from mf_ds.lr import schedule  # MindFormers' formulas (pure Python; tests/mf_ds/test_lr.py holds them to 1.7.0)
+    from translators.lr import schedule_for
+
+    rate = schedule(schedule_for(dict(run_.lr_schedule)))
+    peak = max(der["lr"])
+    assert [rate(step) for step in range(len(der["lr"]))] == pytest.approx(der["lr"], abs=1e-6 * peak)
     full = spans(der["full_recompute_layer"]) if eff["recompute"]["mode"] != "None" and \
         der["full_recompute_layer"] else set()
     assert {layer.index for layer in plan.layers if layer.full_recompute} == full
@@ -290,3 +296,22 @@ def test_layout_and_memory_for_the_pynative_degrees(capsys):
     settings = {s for fix in fixes for s in fix["set"]}  # what to change, in the PyNative schema's own keys
     assert "recompute={mode: full, full_recompute_layer: ['0-16']}" in settings
     assert not [s for s in settings if s.startswith(("recompute_config", "runner_config", "parallel_config"))]
+
+
+def test_deepseek_v4_sections_are_accounted():
+    """Every section of the DeepSeek-V4 Flash YAML but its model (which waits for the family record), on the shrunk
+    DeepSeek-V3 model: no key unaccounted; lr_scheduler.total_steps -1 gives way to training.steps, as in
+    MindFormers."""
+    tree = load_yaml(str(TINY))
+    flash = load_yaml(str(WHEELS / "2.1.0" / "deepseek4" / "pretrain_deepseek4_flash.yaml"))
+    tree.update({k: v for k, v in flash.items() if k != "model"})
+    tree["optimizer"]["qk_clip_enabled"] = False  # QK-clip: translators/muon.py
+    tree["recompute"]["full_recompute_layer"] = ["0-3"]  # the shrunk model's 3 layers + MTP
+    tree["train_dataset"]["dataloader"]["config"]["seq_length"] = 64
+    plan = translate(tree, world_size=8).plan
+    assert [n.line() for n in plan.notes if n.kind == "unknown"] == []
+    assert plan.run.lr_schedule["total_steps"] == 300 == plan.run.stop_step
+    assert plan.notes_on("lr_scheduler.total_steps") == ["MindFormers' PyNative trainer replaces it with "
+                                                         "training.steps 300 (trainer/utils.py _build_lr_scheduler)"]
+    assert plan.moe.expert_parallel == 8 and plan.run.optimizer.type == "Muon" and plan.zero_stage == 0
+    assert all(layer.full_recompute for layer in plan.layers)
