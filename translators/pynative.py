@@ -285,11 +285,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     # Optimizer and schedule.
     steps = cfg["training"]["steps"]
-    sched_raw = {k: v for k, v in cfg["lr_scheduler"].items() if v is not None or k not in ("type",)}
-    if cfg["lr_scheduler"]["type"] is None:
-        raise ConfigError("lr_scheduler.type", "required: MindFormers' PyNative trainer builds the LR class from it")
-    with _renamed(view):
-        sched = LrSchedule.parse({**sched_raw, "total_steps": steps}, view)
+    with _renamed(view):  # the LR class the Trainer builds: the section (its type is required) + training.steps
+        sched = LrSchedule.parse({**cfg["lr_scheduler"], "total_steps": steps}, view)
         lr = lr_plan(sched, True, None, 1, None, None, view)
     compute_dtype, param_dtype = shape.compute_dtype, shape.param_init_type
     zero = account.zero(cfg, deg, lay, extra, compute_dtype != "float32", moe, ledger)

@@ -106,3 +106,18 @@ def test_checkpoint_load_path_reads_a_checkpoint2_directory(tmp_path, corpus):
     fresh = run("fresh", "--max_steps", "1")
     assert from_c2[0]["loss"] == from_hf[0]["loss"] and from_c2[0]["grad_norm"] == from_hf[0]["grad_norm"]
     assert from_c2[0]["loss"] < fresh[0]["loss"] - 0.1
+
+
+def test_hf_trainer_path_runs_the_pynative_yaml(tmp_path, corpus, one_rank):
+    """mf_ds.hf (examples/hf_trainer.py) takes the PyNative YAML unchanged: the same losses as mf-train."""
+    import yaml
+
+    tree = yaml.safe_load(TINY.read_text())
+    tree["train_dataset"]["dataloader"]["config"]["data_path"] = ["1", corpus]
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tree, sort_keys=False))
+    proc = subprocess.run([sys.executable, "examples/hf_trainer.py", str(config), "--max_steps", "3", "--output_dir",
+                           str(tmp_path / "hf")], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "hf" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in one_rank[:3]], rel=1e-4)

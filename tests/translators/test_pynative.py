@@ -46,7 +46,7 @@ REFUSED_KEY = {
     "recompute_full_bad_spec": "recompute.full_recompute_layer[0]",
     "recompute_full_empty": "recompute.full_recompute_layer", "recompute_bad_mode": "recompute.mode",
     "profiler_bad": "profiler.start_step", "rampup": "training.rampup_batch_size",
-    "skip_on_nan": "training.use_skip_step_on_nan",
+    "skip_on_nan": "training.use_skip_step_on_nan", "no_lr_scheduler": "lr_scheduler.type",
 }
 # Mutations MindFormers accepts and mf-ds refuses (what it cannot run), with the key it names.
 MF_DS_REFUSES = {"rampup": "training.rampup_batch_size"}
@@ -178,6 +178,16 @@ def test_defaults_left_out_are_mindformers_defaults():
     tree, world = mutated("2.1.0", "no_max_norm")
     assert translate(tree, world_size=world).plan.deepspeed["gradient_clipping"] == \
         golden["no_max_norm"]["effective"]["training"]["max_norm"]
+
+
+def test_gradient_accumulation_override():
+    """--gradient_accumulation_steps (MindFormers' run-script override) wins; the global batch follows."""
+    tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    plan = translate(tree, world_size=8, gradient_accumulation_steps=4).plan
+    assert plan.deepspeed["gradient_accumulation_steps"] == 4 and plan.run.global_batch_size == 32
+    assert plan.run.mindformers_global_batch_size == 8
+    with pytest.raises(ConfigError, match="^--gradient_accumulation_steps"):
+        translate(tree, world_size=8, gradient_accumulation_steps=0)
 
 
 def test_world_size_defaults_to_accumulation_one():
