@@ -26,6 +26,7 @@ from typing import Any
 
 from translators import deepspeed as ds
 from translators import families, mf_defaults
+from translators import pynative_account as account
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.data import parse_data
 from translators.errors import ConfigError, join, show
@@ -231,9 +232,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                                   else "mindformers_version")
     cfg = effective(tree, version)
     ledger = Ledger(tree)
-    view = ledger.view(_PATHS)
-    from translators import pynative_account as account
-
+    view = ledger.view(_PATHS, {"model.model_config": "model"})
     account.refusals(cfg, tree)
     deg = degrees(cfg, version, world_size, ledger)
     check_context_parallel(cfg["parallelism"])
@@ -383,7 +382,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "mindformers_version": version,
     }
     run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
-    account.sections(cfg, tree, deg, lay, ga, global_batch, full, n_layers,
+    account.sections(cfg, tree, deg, lay, moe, ga, global_batch, full, n_layers,
                      tuple(schema(version)["classes"]["TrainConfig"]["fields"]), ledger)
     if gradient_accumulation_steps is not None:
         ledger.mapped("training.global_batch_size", f"--gradient_accumulation_steps {ga}: the global batch is "

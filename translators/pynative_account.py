@@ -203,8 +203,8 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger) -> dict:
     return out
 
 
-def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: int, full: set[int], n_layers: int,
-             sections_known: tuple[str, ...], ledger: Ledger) -> None:
+def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: int, global_batch: int,
+             full: set[int], n_layers: int, sections_known: tuple[str, ...], ledger: Ledger) -> None:
     """The notes on the keys of checkpoint, training, parallelism, recompute*, swap, train_dataset, monitor, context,
     profiler, callbacks and the top level."""
     present = ledger.present
@@ -269,9 +269,11 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
         if path == "parallelism.expert_parallel":
             ledger.differs(path, reason)
     if "parallelism.expert_parallel" not in folded and present("parallelism.expert_parallel"):
-        ledger.runtime("parallelism.expert_parallel", f"moe.expert_parallel = {lay.expert_parallel} (DeepSpeed "
-                       "expert-parallel groups inside data parallel)" if lay.expert_parallel > 1 or deg.ep == 1
-                       else "a dense model has no experts to shard")
+        if moe is not None:
+            ledger.runtime("parallelism.expert_parallel", f"moe.expert_parallel = {lay.expert_parallel} (DeepSpeed "
+                           "expert-parallel groups inside data parallel)")
+        elif deg.ep == 1:  # a dense model's ep > 1 is noted by translators/moe.py
+            ledger.dropped("parallelism.expert_parallel", "1: a dense model, no experts to shard")
     method = (p["context_parallel_method"] or "colossal").lower()
     if present("parallelism.context_parallel_method"):
         if lay.context_parallel == 1:

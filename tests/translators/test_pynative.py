@@ -232,6 +232,7 @@ def test_every_key_is_accounted():
         tree = load_yaml(str(WHEELS / version / DS3))
         result = translate(tree, world_size=8, mindformers_version=version)
         assert not [n for n in result.plan.notes if n.kind == "unknown"]
+        assert len(result.plan.notes) == len(set(result.plan.notes))  # each account once
         explained = {line.split(" = ", 1)[0] for line in result.ledger.explain() if " = " in line}
         assert set(result.ledger.values) <= explained
 
