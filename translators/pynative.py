@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, mf_defaults
+from translators import families, mf_defaults, recompute_ops
 from translators import pynative_account as account
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.data import parse_data
@@ -174,8 +174,36 @@ def recompute_layers(cfg: dict, total_layers: int) -> set[int]:
     return full
 
 
-def _ranges(specs: Any, path: str, total: int) -> set[int]:
-    """activation_checkpoint.py `_validate_layer_specs`: 'lo-hi' or 'n', ascending, within the layers."""
+def select_modules(cfg: dict, total_layers: int, full: set[int], style: str,
+                   ledger: Ledger) -> dict[int, tuple[str, ...]]:
+    """mode: select -> {layer id: HF module paths recomputed}: each select_module key is a regular expression over
+    the layer's module paths (activation_checkpoint.py `_expand_select_module`), mapped to the HF layer's modules
+    through the mcore names (translators/recompute_ops.py); layers recomputed whole take no select list, as in
+    `_clean_and_parse_config`. MindFormers checks the select ranges only when full_recompute_layer is empty; with it,
+    ids past the model are skipped."""
+    rc = cfg["recompute"]
+    if rc["mode"] != "select":
+        return {}
+    found: dict[int, set[str]] = {}
+    for key, ranges in rc["select_module"].items():
+        path = join("recompute.select_module", key)
+        ids = _ranges(ranges, path, total_layers, strict=not rc["full_recompute_layer"])
+        paths, note = recompute_ops.module_targets(str(key), style)
+        if note:
+            ledger.differs(path, note)
+            continue
+        for i in sorted(ids - full):
+            found.setdefault(i, set()).update(paths)
+        where = account.spans(ids - full) if ids - full else "none (recomputed whole)" if ids else \
+            "none (its ids lie past the model: skipped, as MindFormers skips them)"
+        ledger.runtime(path, f"layers {where}: {', '.join(paths)} recomputed one by one (plan.layers)")
+    return {i: tuple(sorted(p for p in paths if not any(p.startswith(q + ".") for q in paths)))
+            for i, paths in found.items()}
+
+
+def _ranges(specs: Any, path: str, total: int, strict: bool = True) -> set[int]:
+    """activation_checkpoint.py `_validate_layer_specs`: 'lo-hi' or 'n', ascending, within the layers. Not `strict`:
+    `_parse_layer_ids` alone (a spec it cannot read still stops MindFormers; ids past the model are skipped)."""
     if not isinstance(specs, (list, tuple)):
         specs = [specs]
     layers: set[int] = set()
@@ -187,6 +215,9 @@ def _ranges(specs: Any, path: str, total: int) -> set[int]:
                               "(MindFormers refuses it)")
         low = int(match.group(1))
         high = int(match.group(2)) if match.group(2) is not None else low
+        if not strict:
+            layers.update(range(low, min(high, total - 1) + 1))
+            continue
         if low > high:
             raise ConfigError(join(path, i), f"range start must be <= end, got {spec!r} (MindFormers refuses it)")
         if high >= total:
@@ -252,6 +283,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     built = families.mcore_tree(model.config)
     n_layers = shape.num_layers + shape.mtp_depth
     full = recompute_layers(cfg, n_layers)
+    select = select_modules(cfg, n_layers, full, family.layer_style, ledger)
 
     # Parallel degrees: the graph-mode resolution (DeepSpeed AutoTP, Ulysses, EP inside data parallel).
     p = cfg["parallelism"]
@@ -324,8 +356,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     scheduler = ds.scheduler(lr, view)
     if scheduler:
         config["scheduler"] = scheduler
-    layers = [{"index": i, "full_recompute": i in full, "select_recompute": [], "comm_recompute": [],
-               "full_recompute_exclude": [], "mtp": i >= shape.num_layers} for i in range(n_layers)]
+    layers = [{"index": i, "full_recompute": i in full, "select_recompute": list(select.get(i, ())),
+               "comm_recompute": [], "full_recompute_exclude": [], "mtp": i >= shape.num_layers}
+              for i in range(n_layers)]
     if full:
         config["activation_checkpointing"] = ds.activation_checkpointing(len(full), False, lay.tensor_parallel,
                                                                          ledger)

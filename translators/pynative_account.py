@@ -384,12 +384,10 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         ledger.runtime("recompute.mode", f"{rc['mode']}: {len(full)} of {n_layers} layers fully recomputed "
                        "(plan.layers)")
     if present("recompute.full_recompute_layer"):
-        ledger.runtime("recompute.full_recompute_layer", f"layers {_spans(full)} fully recomputed (plan.layers; "
+        ledger.runtime("recompute.full_recompute_layer", f"layers {spans(full)} fully recomputed (plan.layers; "
                        "MTP layers count after the decoder layers)" if full else "mode is not full: unused")
-    if present("recompute.select_module"):
-        ledger.differs("recompute.select_module", "the module paths of MindFormers' PyNative model are not mapped to "
-                       "the HF model's: not recomputed" if rc["mode"] == "select" and rc["select_module"] else
-                       "mode is not 'select': unused")
+    if present("recompute.select_module") and rc["mode"] != "select":
+        ledger.dropped("recompute.select_module", f"mode is {rc['mode']!r}: MindFormers reads it only with 'select'")
     if present("recompute.exclude_op"):
         if rc["exclude_op"]:
             ledger.differs("recompute.exclude_op", "not applied: the recomputed layers recompute every op")
@@ -459,7 +457,7 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
                   f"{deg.gradient_accumulation_steps} = global_batch_size / (local_batch_size x data_parallel)")
 
 
-def _spans(layers: set[int]) -> str:
+def spans(layers: set[int]) -> str:
     """{0, 1, 2, 5} -> '0-2, 5'."""
     out, ordered = [], sorted(layers)
     start = prev = ordered[0]

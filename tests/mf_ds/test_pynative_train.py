@@ -121,3 +121,27 @@ def test_hf_trainer_path_runs_the_pynative_yaml(tmp_path, corpus, one_rank):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "hf" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in one_rank[:3]], rel=1e-4)
+
+
+def test_select_and_full_recompute_change_nothing_but_memory(tmp_path, corpus, one_rank):
+    """recompute mode select (select_module regexes over the layer's module paths, mapped to the HF layer's modules)
+    and mode full: the runtime recomputes those modules / layers, and the losses are the plain run's."""
+    data = f"train_dataset.dataloader.config.data_path=['1', '{corpus}']"
+    for name, recompute in (
+            ("select", "recompute={mode: select, full_recompute_layer: ['0'], "
+                       "select_module: {self_attention: ['0-3'], 'mlp\\.shared_experts': ['1-2']}}"),
+            ("full", "recompute={mode: full, full_recompute_layer: ['0-3']}")):
+        proc = subprocess.run([sys.executable, "-m", "mf_ds.cli", str(TINY), "--output_dir", str(tmp_path / name),
+                               "--set", data, "--max_steps", "2", "--set", recompute], cwd=ROOT, env=CPU_ENV,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("mf-ds: recompute: ")]
+        if name == "select":
+            assert "mf-ds: recompute: model.layers.0: full recompute" in lines
+            assert any(line.startswith("mf-ds: recompute: model.layers.1.self_attn: recompute") for line in lines)
+            assert any(line.startswith("mf-ds: recompute: model.layers.2.mlp.shared_experts: recompute")
+                       for line in lines)
+        else:
+            assert [f"mf-ds: recompute: model.layers.{i}: full recompute" for i in range(3)] == lines[:3]
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in one_rank[:2]], rel=1e-6)

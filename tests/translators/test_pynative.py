@@ -47,6 +47,7 @@ REFUSED_KEY = {
     "recompute_full_empty": "recompute.full_recompute_layer", "recompute_bad_mode": "recompute.mode",
     "profiler_bad": "profiler.start_step", "rampup": "training.rampup_batch_size",
     "skip_on_nan": "training.use_skip_step_on_nan", "no_lr_scheduler": "lr_scheduler.type",
+    "recompute_select_out_of_range": "recompute.select_module.self_attention[0]",
 }
 # Mutations MindFormers accepts and mf-ds refuses (what it cannot run), with the key it names.
 MF_DS_REFUSES = {"rampup": "training.rampup_batch_size"}
@@ -326,3 +327,20 @@ def test_deepseek_v4_sections_are_accounted():
                                                          "training.steps 300 (trainer/utils.py _build_lr_scheduler)"]
     assert plan.moe.expert_parallel == 8 and plan.run.optimizer.type == "Muon" and plan.zero_stage == 0
     assert all(layer.full_recompute for layer in plan.layers)
+
+
+def test_select_recompute_maps_module_regexes_to_hf_modules():
+    """select_module: regexes over the layer's module paths (MindFormers' _expand_select_module), through the mcore
+    names to the HF layer's modules; layers recomputed whole take none; a regex that names nothing is a note."""
+    tree = load_yaml(str(TINY))
+    tree["recompute"] = {"mode": "select", "full_recompute_layer": ["0"],
+                         "select_module": {"self_attention": ["0-3"], r"mlp\.shared_experts": ["1-2"],
+                                           r"self_attention\.linear_qkv": ["5-9"], "no_such_module": ["1"]}}
+    plan = translate(tree, world_size=1).plan
+    assert [(layer.full_recompute, layer.select_recompute) for layer in plan.layers] == [
+        (True, ()), (False, ("mlp.shared_experts", "self_attn")), (False, ("mlp.shared_experts", "self_attn")),
+        (False, ("self_attn",))]  # ids 5-9 lie past the model: skipped, as MindFormers skips them
+    assert [n.kind for n in plan.notes if n.key == "recompute.select_module.no_such_module"] == ["differs"]
+    tree["recompute"] = {"mode": "select", "select_module": {"self_attention": ["0-9"]}}
+    with pytest.raises(ConfigError, match=r"^recompute\.select_module\.self_attention\[0\]: layer id 9 out of"):
+        translate(tree, world_size=1)  # without full_recompute_layer MindFormers checks the select ranges
