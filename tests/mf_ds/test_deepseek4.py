@@ -225,3 +225,46 @@ def test_mhc_and_compressors_equal_mindformers_own(tmp_path):
         compressed, _ = compressor(x, torch.randn(x.shape[0], x.shape[1], config.q_lora_rank), positions, None, layer)
         torch.testing.assert_close(compressed.squeeze(1), g[f"{name}.y"].squeeze(2).permute(1, 0, 2), rtol=1e-5,
                                    atol=1e-5)
+
+
+def _by_expert(gates: torch.Tensor, experts: torch.Tensor) -> list[dict[int, float]]:
+    return [{int(e): float(g) for g, e in zip(gr, er, strict=True)} for gr, er in zip(gates, experts, strict=True)]
+
+
+def _same_routing(got: list[dict], want: list[dict]) -> None:
+    assert [sorted(t) for t in got] == [sorted(t) for t in want]
+    for g, w in zip(got, want, strict=True):
+        # rel 2e-5: MindSpore's CPU softplus is log(1 + exp(x)) in float32 (make_deepseek4_golden.py modules)
+        assert [g[e] for e in sorted(g)] == pytest.approx([w[e] for e in sorted(w)], rel=2e-5, abs=1e-6)
+
+
+def test_routers_equal_mindformers_own(tmp_path):
+    """MindFormers' own routers on CPU (modules.golden.safetensors): the top-k one (sqrtsoftplus, expert bias
+    selecting, renormalised and scaled gates) against HF's DeepseekV4TopKRouter and mf-ds' router, the hash one
+    (tid2eid[input_ids]) against HF's DeepseekV4HashRouter."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
+
+    from mf_ds.model import hf_config
+    from mf_ds.moe.router import route
+
+    g = load_file(str(MODULES))
+    plan = translate_file(str(tiny_yaml(tmp_path))).plan
+    config = hf_config(plan)
+    want = _by_expert(g["topk.gates"], g["topk.experts"])
+    x = g["topk.x"].reshape(-1, config.hidden_size)  # MindFormers' token order (s-major)
+    router = hf.DeepseekV4TopKRouter(config)
+    with torch.no_grad():
+        router.weight.copy_(g["topk.w.weight"])
+        router.e_score_correction_bias.copy_(g["topk.w.expert_bias"])
+    _, gates, experts = router(x)
+    _same_routing(_by_expert(gates, experts), want)
+    ours = route(x @ g["topk.w.weight"].T, plan.moe, g["topk.w.expert_bias"])
+    _same_routing(_by_expert(ours.gates_TK, ours.expert_ids_TK), want)
+
+    router = hf.DeepseekV4HashRouter(config)
+    with torch.no_grad():
+        router.weight.copy_(g["hash.w.weight"])
+        router.tid2eid.copy_(g["hash.w.tid2eid"].long())
+    ids = g["hash.input_ids"].T.reshape(1, -1)  # MindFormers flattens input_ids.T: s-major, as its tokens
+    _, gates, experts = router(g["hash.x"].reshape(1, -1, config.hidden_size), ids)
+    _same_routing(_by_expert(gates, experts), _by_expert(g["hash.gates"], g["hash.experts"]))
