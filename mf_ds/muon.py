@@ -29,6 +29,10 @@ a fixed 0.2 in `adjust_lr_fn="match_rms_adamw"` (MindFormers' matched_adamw_rms 
 momentum (buf.lerp_(g, 1 - momentum): MindFormers' m scaled by 1 - momentum, so their states do not interchange).
 Hence its own loop here; tests/mf_ds/test_muon.py checks that on an unsplit 2-D weight both agree to bf16 rounding.
 
+QK-clip (`qk_clip_threshold`, P construct after the update loop: model.apply_qk_clip_scaling): after every
+parameter's update, each MLA layer's q / kv_b rows are scaled per head from the step's max attention logit
+(mf_ds/qk_clip.py); the statistic is zeroed for the next step.
+
 MindFormers' graph-mode Muon (core/optim/muon.py, 2.0.0 / 2.1.0) differs again (fixed coefficients x 5 whatever
 ns_steps says, bf16 normalization with + 1e-7, one lr scale from the last piece) and always applies QK-clip; mf-ds
 does not run it (translators/muon.py says why).
@@ -150,6 +154,8 @@ class Muon(torch.optim.Optimizer):
                     "momentum": momentum, "nesterov": nesterov, "schedule": tuple(map(tuple, schedule)), "eps": eps,
                     "adamw_betas": tuple(adamw_betas), "adamw_eps": adamw_eps, "muon": False, "rules": None}
         super().__init__(params, defaults)
+        self.qk_clip = None  # mf_ds.qk_clip.QKClip, set by build_muon when the plan asks for QK-clip
+        self._where: dict[int, tuple[int, int]] = {}
 
     @torch.no_grad()
     def step(self, closure: Callable | None = None):
@@ -160,7 +166,29 @@ class Muon(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 (self._muon if group["muon"] else self._adamw)(p, p.grad.float(), self.state[p], rule, group)
+        if self.qk_clip is not None:  # P construct: model.apply_qk_clip_scaling after the update loop
+            self.qk_clip.apply(self._held)
         return loss
+
+    def set_qk_clip(self, clip) -> None:
+        """Clip after each step; remembers where each parameter sits in the groups (a wrapper that swaps the groups'
+        tensors, keeping their shapes, is then still scaled where the optimizer reads)."""
+        self.qk_clip = clip
+        self._where = {id(p): (g, i) for g, group in enumerate(self.param_groups)
+                       for i, p in enumerate(group["params"])}
+
+    def _held(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """The tensor this optimizer updates for a model parameter (MindFormers' fp32_param_map)."""
+        if id(param) not in self._where:
+            return param
+        g, i = self._where[id(param)]
+        held = self.param_groups[g]["params"][i]
+        if held.shape != param.shape:
+            from mf_ds.errors import RunError
+
+            raise RunError(f"QK-clip: the optimizer holds a {tuple(held.shape)} tensor for a {tuple(param.shape)} "
+                           "weight (a ZeRO partition?); Muon needs ZeRO stage 0")
+        return held
 
     @staticmethod
     def _muon(p: torch.Tensor, g: torch.Tensor, state: dict, rule: tuple, group: dict) -> None:
@@ -222,7 +250,12 @@ def build_muon(model: torch.nn.Module, spec: MuonOptimizer) -> Muon:
                "rules": [split_rule(n, model.config) for n, _ in muon]},
               {"params": [p for _, p in decay], "weight_decay": wd, "name": "adamw_decay"},
               {"params": [p for _, p in no_decay], "weight_decay": 0.0, "name": "adamw_no_decay"}]
-    return Muon([g for g in groups if g["params"]], lr=spec.lr, weight_decay=wd,
-                matched_adamw_rms=spec.matched_adamw_rms, momentum=spec.momentum, nesterov=spec.nesterov,
-                schedule=spec.ns_schedule, eps=spec.eps, adamw_betas=tuple(spec.adamw_betas),
-                adamw_eps=spec.adamw_eps)
+    optimizer = Muon([g for g in groups if g["params"]], lr=spec.lr, weight_decay=wd,
+                     matched_adamw_rms=spec.matched_adamw_rms, momentum=spec.momentum, nesterov=spec.nesterov,
+                     schedule=spec.ns_schedule, eps=spec.eps, adamw_betas=tuple(spec.adamw_betas),
+                     adamw_eps=spec.adamw_eps)
+    if spec.qk_clip_threshold is not None:
+        from mf_ds import qk_clip
+
+        optimizer.set_qk_clip(qk_clip.QKClip(qk_clip.install(model), spec.qk_clip_threshold))
+    return optimizer

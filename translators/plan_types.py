@@ -238,6 +238,8 @@ class MuonOptimizer:
     """Globs of the MindFormers names that take AdamW instead of Muon."""
     bias_correction: bool = True
     weight_decay_on: str = ""
+    qk_clip_threshold: float | None = None
+    """QK-clip after each step at this max attention logit (mf_ds/qk_clip.py); None: no QK-clip."""
 
 
 @dataclass(frozen=True)

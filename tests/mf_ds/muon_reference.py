@@ -128,3 +128,57 @@ def normalize_ns_schedule(ns_coefficients, ns_steps):
     for triple_raw, count in ns_coefficients:
         schedule.extend(tuple(float(v) for v in triple_raw) for _ in range(int(count)))
     return tuple(schedule), len(schedule)
+
+
+# ---- QK-clip (2.1.0). F = mindformers/pynative/layers/flash_attention.py, M = mindformers/pynative/transformers/
+# multi_latent_attention.py, G as above (its apply_qk_clip_scaling / _all_reduce_max_logits / reset), C =
+# mindformers/pynative/callback/max_logits_monitor.py. Weights in MindFormers' Linear orientation [out, in].
+
+def flash_softmax_max(query, key, allowed, scale):
+    """FlashAttentionScore's softmax_max output, one value per (batch, head, query): the row max of the scaled
+    logits scale_value * q k^T over the keys the mask keeps (the op computes in fp32; its [.., 8] copies dropped).
+    query [B, N, S, D], key [B, N, K, D], allowed [B, N|1, S, K] (True = kept: MindFormers' mask value 0)."""
+    logits = np.float32(scale) * np.einsum("bnsd,bnkd->bnsk", query.astype(np.float32), key.astype(np.float32))
+    return np.where(allowed, logits, -np.inf).max(axis=-1)
+
+
+def update_max_logits(max_logits_val, softmax_val):
+    """F _update_max_logits (BNSD: reduce_dims (0, 2, 3) over [B, N, S, 8]; here the trailing 8 is gone):
+    max_logits = amax(softmax_val, dims); max_logits_val = maximum(max_logits_val, max_logits)."""
+    max_logits = softmax_val.max(axis=(0, 2))
+    return np.maximum(max_logits_val, max_logits).astype(np.float32)
+
+
+def init_max_logits_val(head_num):
+    """F _init_max_logits_val (and reset_parameter, C on_step_end every step): zeros((head_num,), float32)."""
+    return np.zeros((head_num,), dtype=np.float32)
+
+
+def qk_clip_scales(logit_threshold, stacked_max_logits):
+    """G apply_qk_clip_scaling: scales = logit_threshold / clamp(all_reduce_max(stacked), min=logit_threshold);
+    `stacked_max_logits` [L, N] already max-reduced over the data x context parallel ranks."""
+    threshold = np.float32(logit_threshold)
+    return (threshold / np.maximum(stacked_max_logits.astype(np.float32), threshold)).astype(np.float32)
+
+
+def row_scales(segments):
+    """M _row_scales: cat([tile(unsqueeze(factor, 1), (1, rows)) for rows, factor in segments], dim=1).reshape(-1)."""
+    per_head = np.concatenate([np.tile(factor[:, None], (1, rows)) for rows, factor in segments], axis=1)
+    return per_head.reshape(-1)
+
+
+def apply_qk_clip(scales, weights, qk_head_dim, qk_pos_emb_head_dim, v_head_dim, q_lora_rank):
+    """M apply_qk_clip on one layer. `weights`: {"linear_qkv", "linear_qb", "linear_kvb"} -> [out, in] fp32 masters
+    (returned scaled; the dict is not modified). M _clip_projection multiplies every row by its factor."""
+    out = {name: w.copy() for name, w in weights.items()}
+    root = np.sqrt(scales).astype(np.float32)                                  # root = mint.sqrt(scales)
+    q_rows = row_scales(((qk_head_dim, root), (qk_pos_emb_head_dim, scales)))
+    if q_lora_rank is None:                                                    # query heads lead linear_qkv
+        tail = out["linear_qkv"].shape[0] - q_rows.shape[0]                    # [q | kv_lora | k rope] unscaled
+        q_rows = np.concatenate([q_rows, np.ones((tail,), dtype=np.float32)])
+        out["linear_qkv"] = out["linear_qkv"] * q_rows[:, None]
+    else:
+        out["linear_qb"] = out["linear_qb"] * q_rows[:, None]
+    kv_rows = row_scales(((qk_head_dim, root), (v_head_dim, np.ones_like(scales))))
+    out["linear_kvb"] = out["linear_kvb"] * kv_rows[:, None]
+    return out
