@@ -145,9 +145,9 @@ def install(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     impl = model.config._attn_implementation or "sdpa"
-    if impl == "flex_attention" or impl.startswith("paged"):
+    if impl not in ("sdpa", "eager") and not impl.startswith("flash_attention"):
         raise RunError(f"QK-clip: the max-logit statistic is computed for sdpa, eager and flash attention, not "
-                       f"{impl!r}")
+                       f"{impl!r} (Ulysses context parallelism: set qk_clip_enabled: false)")
     layers = tracked_attentions(model)
     for _, module in layers:
         if "mf_max_logits" not in module._buffers:

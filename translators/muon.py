@@ -12,12 +12,17 @@ Two Muon classes answer to the name (sources: mindformers 2.0.0 / 2.1.0 wheels):
 Both refuse a model without multi-latent attention ("Current Muon implementation only supports models with
 Multi-Latent Attention enabled.") and a legacy one ("Muon does not support Legacy Model.").
 
-What mf-ds runs: the PyNative arithmetic on one card (mf_ds/muon.py), with the statistic QK-clip needs missing:
-mf-ds's attention does not track each head's max logit, so QK-clip is refused (qk_clip_enabled: false runs the rest
-exactly), and with it graph-mode Muon, whose clip has no switch. Muon needs each weight whole: DeepSpeed's ZeRO-1/2/3
-optimizers hand a client optimizer flat partitions (and ZeRO-1/2's own Muon, `use_muon` parameters, is DeepSpeed's
-update: one coefficient triple, EMA momentum, no per-head split), so only ZeRO stage 0 runs it (data parallel
-gradients are still averaged over ranks, each rank then updates whole weights).
+What mf-ds runs: the PyNative arithmetic on one card (mf_ds/muon.py), and QK-clip (qk_clip_enabled, default on)
+with the max-logit statistic it needs (mf_ds/qk_clip.py): per MLA head, the step's max of scale * q k^T over its
+micro batches and the data-parallel ranks; after the update q / kv_b rows scaled by sqrt(gamma) / gamma, gamma =
+min(1, qk_clip_threshold / max_logit). Only MindFormers' FlashAttention core tracks the statistic: DeepSeek-V3's MLA
+does, DeepSeek-V4's CompressedSparseAttention (experimental_attention_variant dsv4_hybrid) and DSA do not, so there
+MindFormers' clip scales nothing, and neither does mf-ds. Under context parallelism (Ulysses hands the attention a
+head shard) mf-ds does not compute the statistic: QK-clip is refused there. Muon needs each weight whole: DeepSpeed's
+ZeRO-1/2/3 optimizers hand a client optimizer flat partitions (and ZeRO-1/2's own Muon, `use_muon` parameters, is
+DeepSpeed's update: one coefficient triple, EMA momentum, no per-head split), and AutoTP shards them, so only ZeRO
+stage 0 without tensor parallelism runs it (data parallel gradients are still averaged over ranks, each rank then
+updates whole weights). Graph-mode Muon is a different update (below) and stays refused.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ PYNATIVE_DEFAULTS: dict[str, Any] = {
 }
 ADAMW_INCLUDE = ["*word_embeddings*", "*output_layer*"]  # Muon._build_muon_filter's default
 _MAPPED = ("type", "weight_decay", "matched_adamw_rms", "momentum", "eps", "nesterov", "ns_steps", "ns_coefficients",
-           "adamw_betas", "adamw_eps", "adamw_include", "qk_clip_enabled")
+           "adamw_betas", "adamw_eps", "adamw_include")
+UNTRACKED = {"dsv4_hybrid": "DeepSeek-V4's CompressedSparseAttention", "dsa": "DSA's DSAttention"}
 _DROPPED = {
     "comm_strategy": "how MindFormers spreads Newton-Schulz over ranks (allgather / one owner per weight): the same "
                      "arithmetic; mf-ds runs it on every rank",
@@ -87,24 +93,38 @@ def schedule(coefficients: Any, ns_steps: Any) -> list[list[float]]:
 
 
 def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, pynative: bool,
-         ledger: Ledger) -> tuple[dict[str, Any], dict[str, Any]]:
-    """DeepSpeed's optimizer block and run.optimizer for a Muon section; every key accounted for in `ledger`."""
+         ledger: Ledger, attention_variant: str | None = None, context_parallel: int = 1,
+         tensor_parallel: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
+    """DeepSpeed's optimizer block and run.optimizer for a Muon section; every key accounted for in `ledger`.
+    attention_variant: the model's experimental_attention_variant (dsv4_hybrid, dsa: no max-logit statistic)."""
     if not mcore:
         raise ConfigError("optimizer.type", "Muon: MindFormers stops with \"Muon does not support Legacy Model.\"")
     if not mla:
         raise ConfigError("optimizer.type", "Muon: MindFormers stops with \"Current Muon implementation only supports "
                           "models with Multi-Latent Attention enabled.\"")
     if not pynative:
-        raise ConfigError("optimizer.type", "graph-mode Muon (mindformers/core/optim/muon.py) applies QK-clip every "
-                          "step (apply_qk_clip_scaling, no switch) from each head's max attention logit, which mf-ds's "
-                          "attention does not track; mf-ds runs the PyNative Muon with qk_clip_enabled: false")
+        raise ConfigError("optimizer.type", "graph-mode Muon (mindformers/core/optim/muon.py) is another update "
+                          "than the PyNative one mf-ds runs (Newton-Schulz in bf16 with a fixed triple x 5 whatever "
+                          "ns_steps says, + 1e-7 normalization, one lr scale from the last piece); write the run in "
+                          "the PyNative schema to run MindFormers' PyNative Muon")
     s = {**PYNATIVE_DEFAULTS, **section}
     if s["swap"]:
         raise ConfigError("optimizer.swap", "Muon: MindFormers stops with \"Muon does not support swap.\"")
-    if s["qk_clip_enabled"] is not False:
-        raise ConfigError("optimizer.qk_clip_enabled", "QK-clip scales q/k by each head's max attention logit, which "
-                          "mf-ds's attention does not track; set qk_clip_enabled: false to run the rest of Muon as "
-                          "MindFormers computes it")
+    if not isinstance(s["qk_clip_enabled"], bool):
+        raise ConfigError("optimizer.qk_clip_enabled", f"expected true or false, got {s['qk_clip_enabled']!r}")
+    threshold = _number(s, "qk_clip_threshold")
+    if s["qk_clip_enabled"] and threshold <= 0:
+        raise ConfigError("optimizer.qk_clip_threshold", f"qk_clip_threshold must be positive, got "
+                          f"{s['qk_clip_threshold']!r}.")
+    clip = s["qk_clip_enabled"] and attention_variant not in UNTRACKED
+    if clip and context_parallel > 1:
+        raise ConfigError("optimizer.qk_clip_enabled", f"QK-clip under context parallelism ({context_parallel}): "
+                          "Ulysses hands the attention a head shard, for which mf-ds does not compute the max-logit "
+                          "statistic; set qk_clip_enabled: false or run without context parallelism")
+    if tensor_parallel > 1:
+        raise ConfigError("optimizer.type", f"Muon needs each weight whole and tensor parallelism "
+                          f"({tensor_parallel}) shards them (MindFormers all-gathers them for Newton-Schulz); run "
+                          "Muon without tensor parallelism")
     if zero_stage:
         raise ConfigError("optimizer.type", f"Muon needs whole weights and ZeRO-{zero_stage} gives the optimizer flat "
                           "partitions (DeepSpeed's own ZeRO Muon is not MindFormers' update); run with ZeRO stage 0: "
@@ -129,7 +149,8 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
            "nesterov": s["nesterov"], "ns_schedule": schedule(s["ns_coefficients"], s["ns_steps"]),
            "eps": _number(s, "eps", 0), "adamw_betas": [float(b) for b in betas],
            "adamw_eps": _number(s, "adamw_eps", 0), "adamw_include": list(include), "bias_correction": True,
-           "weight_decay_on": "Muon weights and AdamW parameters with ndim > 1 that are not biases"}
+           "weight_decay_on": "Muon weights and AdamW parameters with ndim > 1 that are not biases",
+           "qk_clip_threshold": threshold if clip else None}
     summary = (f"mf_ds.muon.Muon (MindFormers 2.1.0 PyNative arithmetic): {len(run['ns_schedule'])} Newton-Schulz "
                f"steps, matched_adamw_rms {run['matched_adamw_rms']}, momentum {run['momentum']}, nesterov "
                f"{run['nesterov']}, AdamW betas {run['adamw_betas']} eps {run['adamw_eps']}, AdamW for "
@@ -137,8 +158,24 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
     for key in _MAPPED:
         if ledger.present(f"optimizer.{key}"):
             ledger.mapped(f"optimizer.{key}", summary)
-    if ledger.present("optimizer.qk_clip_threshold"):
-        ledger.dropped("optimizer.qk_clip_threshold", "unused: qk_clip_enabled is false")
+    if clip:
+        why = (f"run.optimizer.qk_clip_threshold = {threshold:g}: after each step, per MLA head, q nope rows x "
+               "sqrt(gamma), q rope rows x gamma, kv_b k_nope rows x sqrt(gamma), gamma = min(1, threshold / the "
+               "step's max attention logit over micro batches and ranks) (mf_ds/qk_clip.py)")
+        for key in ("qk_clip_enabled", "qk_clip_threshold"):
+            if ledger.present(f"optimizer.{key}"):
+                ledger.runtime(f"optimizer.{key}", why)
+    elif s["qk_clip_enabled"]:
+        why = (f"MindFormers' QK-clip scales nothing here: {UNTRACKED[attention_variant]} keeps no max_logits_val "
+               "(only its FlashAttention core does), so apply_qk_clip_scaling finds no layer; neither does mf-ds")
+        for key in ("qk_clip_enabled", "qk_clip_threshold"):
+            if ledger.present(f"optimizer.{key}"):
+                ledger.dropped(f"optimizer.{key}", why)
+    else:
+        if ledger.present("optimizer.qk_clip_enabled"):
+            ledger.mapped("optimizer.qk_clip_enabled", "false: no QK-clip")
+        if ledger.present("optimizer.qk_clip_threshold"):
+            ledger.dropped("optimizer.qk_clip_threshold", "unused: qk_clip_enabled is false")
     if ledger.present("optimizer.learning_rate"):
         ledger.dropped("optimizer.learning_rate", "lr_schedule's learning rate is used, as in MindFormers")
     for key, why in _DROPPED.items():

@@ -211,9 +211,10 @@ def tiny_deepseek():
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def engine_run(steps_before: int, steps_after: int, root: str, resume: bool) -> dict:
-    """The DeepSpeed engine (ZeRO 0) with MindFormers' Muon on a tiny DeepSeek-V3 (MLA, experts): losses, and the
-    weights after; `resume` loads the checkpoint saved after `steps_before` steps first."""
+def engine_run(steps_before: int, steps_after: int, root: str, resume: bool, qk_clip_threshold: float) -> dict:
+    """The DeepSpeed engine (ZeRO 0) with MindFormers' Muon and QK-clip on a tiny DeepSeek-V3 (MLA, experts):
+    losses, the weights after and the smallest QK-clip factor applied; `resume` loads the checkpoint saved after
+    `steps_before` steps first."""
     from pathlib import Path
 
     import deepspeed
@@ -223,8 +224,12 @@ def engine_run(steps_before: int, steps_after: int, root: str, resume: bool) -> 
 
     deepspeed.init_distributed(dist_backend="gloo")
     model = tiny_deepseek()
-    optimizer = build_optimizer(model, typed(spec(lr=0.01, adamw_betas=[0.9, 0.95])))
+    optimizer = build_optimizer(model, typed(spec(lr=0.01, adamw_betas=[0.9, 0.95],
+                                                  qk_clip_threshold=qk_clip_threshold)))
     assert isinstance(optimizer, Muon) and any(g["muon"] for g in optimizer.param_groups)
+    gammas = []
+    scales = optimizer.qk_clip.scales
+    optimizer.qk_clip.scales = lambda: (lambda g: gammas.append(float(g.min())) or g)(scales())
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0, "steps_per_print": 10**9,
               "zero_optimization": {"stage": 0}, "zero_allow_untested_optimizer": True}
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
@@ -239,13 +244,16 @@ def engine_run(steps_before: int, steps_after: int, root: str, resume: bool) -> 
         losses.append(loss.item())
         if not resume and step + 1 == steps_before:
             checkpoint.save(engine, Path(root), "muon", steps_before, {}, keep=1)
-    return {"losses": losses, "weights": {n: p.detach().tolist() for n, p in engine.module.named_parameters()}}
+    return {"losses": losses, "weights": {n: p.detach().tolist() for n, p in engine.module.named_parameters()},
+            "min_gamma": min(gammas)}
 
 
 @pytest.mark.deepspeed
 def test_deepspeed_engine_trains_and_resumes_exactly(tmp_path):
-    """Under the DeepSpeed engine at ZeRO stage 0: the loss falls over 6 steps, and a run killed after 3 and resumed
-    from its checkpoint (Muon momentum, AdamW moments and steps in the engine state) ends on the same weights."""
+    """Under the DeepSpeed engine at ZeRO stage 0, with QK-clip at a threshold the tiny model's logits cross (~0.01 at
+    its init): the loss falls over 6 steps, heads are clipped, and a run killed after 3 and resumed from its
+    checkpoint (Muon momentum, AdamW moments and steps in the engine state; the max-logit statistic is zero at a step
+    boundary) ends on the same weights."""
     import json
     import os
     import subprocess
@@ -256,8 +264,8 @@ def test_deepspeed_engine_trains_and_resumes_exactly(tmp_path):
     env = {"OMP_NUM_THREADS": "1", **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "DS_ACCELERATOR": "cpu"}
     script = ("import json, sys; from tests.mf_ds.test_muon import engine_run; "
-              f"print(json.dumps([engine_run(3, 3, {str(tmp_path)!r}, False), "
-              f"engine_run(3, 3, {str(tmp_path)!r}, True)]))")
+              f"print(json.dumps([engine_run(3, 3, {str(tmp_path)!r}, False, 0.01), "
+              f"engine_run(3, 3, {str(tmp_path)!r}, True, 0.01)]))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -265,3 +273,4 @@ def test_deepspeed_engine_trains_and_resumes_exactly(tmp_path):
     assert straight["losses"][-1] < 0.8 * straight["losses"][0], straight["losses"]
     assert resumed["losses"] == straight["losses"][3:]
     assert resumed["weights"] == straight["weights"]
+    assert straight["min_gamma"] < 0.9 and resumed["min_gamma"] < 0.9

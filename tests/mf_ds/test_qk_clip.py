@@ -276,3 +276,57 @@ def test_deepseek_v4_is_not_clipped():
     grads_of(model, torch.randint(0, 32, (1, 8), generator=torch.Generator().manual_seed(1)))
     qk_clip.QKClip(layers, 1e-6).apply(lambda p: p)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def data_parallel_rank() -> dict:
+    """One data-parallel rank (gloo, from the environment): its own micro batch, gradients averaged, a Muon step
+    with QK-clip; its local statistic, the factors applied and its weights."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = tiny(seed=0)
+    opt = build_muon(model, typed(spec(adamw_betas=[0.9, 0.95], qk_clip_threshold=5.0)))
+    grads_of(model, torch.randint(0, 32, (2, 10), generator=torch.Generator().manual_seed(10 + rank)))
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    local = torch.stack([a.mf_max_logits.clone() for a in opt.qk_clip.layers])
+    applied = []
+    scales = opt.qk_clip.scales
+    opt.qk_clip.scales = lambda: (lambda g: applied.append(g.clone()) or g)(scales())
+    opt.step()
+    dist.destroy_process_group()
+    return {"local": local.tolist(), "gamma": applied[0].tolist(),
+            "weights": {n: p.detach().tolist() for n, p in model.named_parameters()}}
+
+
+@pytest.mark.deepspeed
+def test_statistic_is_max_reduced_over_data_parallel_ranks():
+    """Two gloo ranks with different micro batches: the factors come from the max of both ranks' statistics
+    (gpt_model.py _all_reduce_max_logits over data x context parallel), so both ranks clip alike and end on the same
+    weights although their local statistics differ."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import CPU_ENV, ROOT, free_port
+
+    port = str(free_port())
+    script = ("import json; from tests.mf_ds.test_qk_clip import data_parallel_rank; "
+              "print(json.dumps(data_parallel_rank()))")
+    env = {**CPU_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**env, "RANK": str(r)}) for r in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    a, b = outs
+    local_a, local_b = torch.tensor(a["local"]), torch.tensor(b["local"])
+    assert not torch.equal(local_a, local_b)
+    want = torch.tensor(5.0) / torch.maximum(local_a, local_b).clamp(min=5.0)
+    assert (want < 1).any() and not torch.equal(want, 5.0 / local_a.clamp(min=5.0))  # the reduce changes a factor
+    torch.testing.assert_close(torch.tensor(a["gamma"]), want, rtol=0, atol=0)
+    assert a["gamma"] == b["gamma"] and a["weights"] == b["weights"]

@@ -1,5 +1,6 @@
 """`optimizer: type: Muon` (translators/muon.py): MindFormers' keys and defaults, its refusals in its words, what mf-ds
-refuses (QK-clip, ZeRO >= 1, graph-mode Muon), and a ledger note for every key."""
+refuses (ZeRO >= 1, tensor parallelism, QK-clip under context parallelism, graph-mode Muon), QK-clip where MindFormers
+applies it, and a ledger note for every key."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ def test_defaults_are_mindformers():
 
 
 @pytest.mark.parametrize("change,path,words", [
-    ({"qk_clip_enabled": True}, "optimizer.qk_clip_enabled", "does not track"),
+    ({"qk_clip_enabled": True, "qk_clip_threshold": 0}, "optimizer.qk_clip_threshold",
+     "qk_clip_threshold must be positive, got 0."),
+    ({"qk_clip_enabled": "yes"}, "optimizer.qk_clip_enabled", "expected true or false"),
     ({"ns_coefficients": [1.0, 2.0]}, "optimizer.ns_coefficients", "flat ns_coefficients must have 3 elements"),
     ({"ns_coefficients": [[[1.0, 2.0, 3.0], 0]]}, "optimizer.ns_coefficients", "count must be positive"),
     ({"ns_coefficients": [[1.0, 2.0, 3.0]]}, "optimizer.ns_coefficients", "must be [[a, b, c], count]"),
@@ -69,10 +72,29 @@ def test_refusals(change, path, words):
     ({"mla": False}, "only supports models with Multi-Latent Attention enabled."),
     ({"mcore": False}, "Muon does not support Legacy Model."),
     ({"pynative": False}, "graph-mode Muon"),
+    ({"tensor_parallel": 2}, "tensor parallelism"),
 ])
 def test_what_cannot_run(over, words):
     with pytest.raises(ConfigError, match=words.replace(".", r"\.").replace("(", r"\(")):
         plan(FLASH, **over)
+
+
+def test_qk_clip_is_carried_where_mindformers_applies_it():
+    """On (MindFormers' default) with an MLA model: run.optimizer.qk_clip_threshold, both keys `runtime`; on with
+    DeepSeek-V4's dsv4_hybrid attention: nothing to clip in MindFormers either (dropped, saying why); off: None."""
+    _, run, ledger = plan({**FLASH, "qk_clip_enabled": True, "qk_clip_threshold": 50})
+    kinds = {note.key: note.kind for note in ledger._notes}
+    assert run["qk_clip_threshold"] == 50.0
+    assert kinds["optimizer.qk_clip_enabled"] == kinds["optimizer.qk_clip_threshold"] == "runtime"
+    assert plan({"type": "Muon"})[1]["qk_clip_threshold"] == 100.0
+    _, run, ledger = plan({**FLASH, "qk_clip_enabled": True}, attention_variant="dsv4_hybrid")
+    notes = {note.key: note for note in ledger._notes}
+    assert run["qk_clip_threshold"] is None and notes["optimizer.qk_clip_enabled"].kind == "dropped"
+    assert "CompressedSparseAttention keeps no max_logits_val" in notes["optimizer.qk_clip_enabled"].message
+    assert plan(FLASH)[1]["qk_clip_threshold"] is None
+    with pytest.raises(ConfigError, match="QK-clip under context parallelism"):
+        plan({**FLASH, "qk_clip_enabled": True}, context_parallel=2)
+    assert plan(FLASH, context_parallel=2)[1]["qk_clip_threshold"] is None  # off: Muon runs under Ulysses
 
 
 def test_unknown_key_is_ignored_as_mindformers_ignores_it():
