@@ -182,3 +182,48 @@ def apply_qk_clip(scales, weights, qk_head_dim, qk_pos_emb_head_dim, v_head_dim,
     kv_rows = row_scales(((qk_head_dim, root), (v_head_dim, np.ones_like(scales))))
     out["linear_kvb"] = out["linear_kvb"] * kv_rows[:, None]
     return out
+
+
+# ---- Graph mode (2.1.0 mindformers/core/optim/muon.py = GM; the split schema as in U, core/optim/muon_utils.py
+# make_muon_fns, the same periodic / reshape_concat / reshape_only kinds). Its bf16 ops do not run on the CPU either
+# (MindSpore 2.10 CPU: "Select CPU operator[Square] fail! Unsupported data type!" for x.norm(), the same for MatMul).
+# Read as: every op on bf16 tensors returns bf16 (rounded once, products accumulated in fp32); a Python float
+# scalar multiplies in fp32 and the result is rounded to bf16; x.norm() is the fp32 norm of the bf16 values, rounded.
+
+def graph_newton_schulz(x, dim_a, dim_b):
+    """GM zeropower_via_newtonschulz5_2d / _3d (the batched form on 3-D)."""
+    a, b, c = (3.4445, -4.7750, 2.0315)                                   # fixed; ns_steps is not passed
+    if dim_a > dim_b:
+        x = mT(x)
+    norm = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=(-2, -1), keepdims=True)).astype(np.float32)
+    x = bf16(x / bf16(bf16(norm) + np.float32(1e-7)))                    # x = x / (x.norm() + 1e-7)
+    for _ in range(5):
+        a_mat = bf16(x @ mT(x))                                           # a_mat = x @ x.T
+        b_mat = bf16(bf16(np.float32(b) * a_mat) + bf16(bf16(np.float32(c) * a_mat) @ a_mat))  # b*A + (c*A) @ A
+        x = bf16(bf16(np.float32(a) * x) + bf16(b_mat @ x))               # x = a * x + b_mat @ x
+    if dim_a > dim_b:
+        x = mT(x)
+    return x
+
+
+def graph_apply_muon_update(gradient, muon_m, momentum, use_nesterov, param, lr, weight_decay, matched_adamw_rms,
+                            kind, parts):
+    """GM _apply_muon_update (one card: op = tp = 1, no all-gather or slicing)."""
+    m_fp32 = muon_m.astype(np.float32)
+    gradient_fp32 = gradient.astype(np.float32)
+    next_m = m_fp32 * np.float32(momentum) + gradient_fp32
+    gradient_fp32 = gradient_fp32 + next_m * np.float32(momentum) if use_nesterov else next_m
+    ns_inputs = bf16(gradient_fp32)                                       # op_cast(gradient_fp32, bfloat16)
+    x_list = []
+    dim_a = dim_b = None
+    for item in split_fn(kind, ns_inputs, parts):
+        dim_a, dim_b = item.shape[-2:]                                    # the loop variables outlive the loop
+        x_list.append(graph_newton_schulz(item, dim_a, dim_b))
+    x_ret = merge_fn(kind, x_list, parts)
+    lr = np.float32(lr)                                                   # get_lr(): an fp32 tensor
+    param_fp32 = param * (np.float32(1) - lr * np.float32(weight_decay))  # param_fp32 * (1 - lr * weight_decay)
+    # adjusted_ratio = op_sqrt(op_cast(max(dim_a, dim_b), float32)) * matched_adamw_rms: the last piece's dims
+    adjusted_ratio = np.sqrt(np.float32(max(int(dim_a), int(dim_b)))) * np.float32(matched_adamw_rms)
+    update_with_lr = (lr * adjusted_ratio) * x_ret                         # adjusted_lr * x_ret
+    next_param = param_fp32 - update_with_lr.reshape(param_fp32.shape)
+    return next_param.astype(np.float32), next_m
