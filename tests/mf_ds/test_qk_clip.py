@@ -80,12 +80,15 @@ def causal(B: int, S: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("q_lora", [True, False])
-@pytest.mark.parametrize("case", ["causal", "pads", "documents", "eager"])
+@pytest.mark.parametrize("case", ["causal", "pads", "documents", "eager", "recompute"])
 def test_statistic_is_the_max_scaled_logit_per_head(q_lora, case):
     """After a training forward each MLA layer's buffer holds, per head, the max over batch, query and allowed key of
     q k^T * scale (the rope and nope parts summed), never below 0; for SDPA without a mask (causal), SDPA with a 4-D
-    bool mask (pad keys, documents) and eager with its additive mask; two micro batches: the max of both."""
+    bool mask (pad keys, documents), eager with its additive mask, and under activation recompute (the attention runs
+    again in the backward: a max, so the same); two micro batches: the max of both."""
     model = tiny(q_lora, impl="eager" if case == "eager" else "sdpa")
+    if case == "recompute":
+        model.activation_checkpointing_enable()
     layers = qk_clip.install(model)
     assert [n for n, _ in layers] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
     gen = torch.Generator().manual_seed(3)
