@@ -333,3 +333,58 @@ def test_statistic_is_max_reduced_over_data_parallel_ranks():
     assert (want < 1).any() and not torch.equal(want, 5.0 / local_a.clamp(min=5.0))  # the reduce changes a factor
     torch.testing.assert_close(torch.tensor(a["gamma"]), want, rtol=0, atol=0)
     assert a["gamma"] == b["gamma"] and a["weights"] == b["weights"]
+
+
+def tiny_graph_mode_muon_yaml(path, threshold: float):
+    """MindFormers 2.1.0's mcore DeepSeek-V3 pretraining YAML (graph mode) shrunk to a tiny model on the built-in
+    corpus, at ZeRO stage 0, with optimizer Muon (graph-mode Muon: QK-clip every step at `threshold`)."""
+    import yaml
+
+    from tests.conftest import CONFIGS, ROOT
+    from translators.loader import load_yaml
+
+    tree = load_yaml(str(ROOT / "tests/fixtures/mindformers_wheels/2.1.0/deepseek3/pretrain_deepseek3_671b.yaml"))
+    tiny_v3 = load_yaml(str(CONFIGS / "tiny_deepseek_v3.yaml"))
+    tree.update(optimizer={"type": "Muon", "momentum": 0.9, "qk_clip_threshold": threshold},
+                lr_schedule={"type": "ConstantWarmUpLR", "learning_rate": 0.01, "warmup_steps": 0, "total_steps": -1},
+                train_dataset=tiny_v3["train_dataset"], train_dataset_task=tiny_v3["train_dataset_task"],
+                parallel_config={"data_parallel": 1, "model_parallel": 1, "pipeline_stage": 1, "expert_parallel": 1,
+                                 "micro_batch_num": 1},
+                recompute_config={"recompute": False}, callbacks=[{"type": "MFLossMonitor"}])
+    tree["parallel"]["enable_parallel_optimizer"] = False
+    tree["runner_config"]["batch_size"] = 2
+    tree["model"]["model_config"].update(
+        offset=0, pp_interleave_num=1, seq_length=32, num_hidden_layers=2, vocab_size=320, hidden_size=32,
+        intermediate_size=64, compute_dtype="float32", moe_intermediate_size=16, n_group=1, topk_group=1,
+        num_attention_heads=2, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+        num_nextn_predict_layers=0, initializer_range=0.2)
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def test_mf_train_runs_graph_mode_muon_with_qk_clip(tmp_path):
+    """mf-train on a graph-mode YAML naming Muon: the Plan carries mode graph and the threshold, the loss falls over 6
+    steps, and a threshold the tiny model's logits cross (2.4 to 3.7 at its init) changes the losses from the second
+    step on, where one no logit reaches leaves them as the plain update's (gamma = 1)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import CPU_ENV, ROOT
+    from translators.plan import translate_file
+
+    losses = {}
+    for name, threshold in (("clipped", 2.0), ("loose", 1e9)):
+        config = tiny_graph_mode_muon_yaml(tmp_path / f"{name}.yaml", threshold)
+        optimizer = translate_file(str(config)).json["run"]["optimizer"]
+        assert optimizer["mode"] == "graph" and optimizer["qk_clip_threshold"] == threshold
+        proc = subprocess.run([sys.executable, "-m", "mf_ds.cli", str(config), "--output_dir", str(tmp_path / name),
+                               "--max_steps", "6"], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        losses[name] = [json.loads(row)["loss"] for row in rows]
+    assert losses["clipped"][0] == losses["loose"][0]
+    assert all(a != b for a, b in zip(losses["clipped"][1:], losses["loose"][1:], strict=True))
+    assert losses["clipped"][-1] < losses["clipped"][0] - 1.0, losses
