@@ -292,5 +292,12 @@ def build_muon(model: torch.nn.Module, spec: MuonOptimizer) -> Muon:
     if spec.qk_clip_threshold is not None:
         from mf_ds import qk_clip
 
-        optimizer.set_qk_clip(qk_clip.QKClip(qk_clip.install(model), spec.qk_clip_threshold))
+        layers = qk_clip.install(model)
+        if not layers:
+            from mf_ds.errors import RunError
+
+            raise RunError("QK-clip: the plan asks for it and the model has no MLA attention whose max logit "
+                           "MindFormers tracks (DeepSeek-V4's and DSA's keep none: translators/muon.py leaves "
+                           "run.optimizer.qk_clip_threshold null for experimental_attention_variant dsv4_hybrid / dsa)")
+        optimizer.set_qk_clip(qk_clip.QKClip(layers, spec.qk_clip_threshold))
     return optimizer

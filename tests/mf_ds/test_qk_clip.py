@@ -279,6 +279,11 @@ def test_deepseek_v4_is_not_clipped():
     grads_of(model, torch.randint(0, 32, (1, 8), generator=torch.Generator().manual_seed(1)))
     qk_clip.QKClip(layers, 1e-6).apply(lambda p: p)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    # a plan that asks for QK-clip here (not what translators/muon.py writes for dsv4_hybrid) is a clear error
+    from mf_ds.errors import RunError
+
+    with pytest.raises(RunError, match="no MLA attention whose max logit MindFormers tracks"):
+        build_muon(model, typed(spec(qk_clip_threshold=100.0, adamw_include=["*"])))
 
 
 def data_parallel_rank() -> dict:
