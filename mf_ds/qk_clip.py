@@ -15,6 +15,12 @@ so each head's nope logit q_nope k_nope^T scales by gamma and its rope logit q_r
 is then zeroed (callback/max_logits_monitor.py MaxLogitsMonitor.on_step_end, every step): at a step boundary it is
 always zero, so it is not state a checkpoint needs (MindFormers 2.1.0 registers it non-persistent; so does mf-ds).
 
+MindFormers 2.0.0 computes the same clip (its gpt_model.py clips only when some head reaches the threshold: the
+other factors are 1 anyway) from a persistent Parameter, and with the TND layout keeps only the last forward's max
+(`running=False`); the wheels' Muon YAMLs are all 2.1.0. Graph mode (core/optim/muon.py, training_graph
+gpt_model.py apply_qk_clip_scaling) scales the same rows by the same factors (where(max >= threshold,
+threshold / max, 1)), from the same statistic reset every step by its MaxLogitsMonitor callback.
+
 Which attentions: only MindFormers' FlashAttention core keeps the statistic. DeepSeek-V3 (MLASelfAttention) has it;
 DeepSeek-V4's CompressedSparseAttention (dsv4_hybrid) and DSA do not, so QK-clip scales nothing there
 (`apply_qk_clip_scaling` finds no tracked layer) and mf-ds installs nothing for DeepseekV4Attention.
