@@ -129,7 +129,10 @@ def _tracking(original: Callable | None, impl: str) -> Callable:
                                "statistic does not model")
             with torch.no_grad():
                 buffer.copy_(torch.maximum(buffer, _statistic(impl, module, query, key, attention_mask, kwargs)))
-        function = original or sys.modules[type(module).__module__].eager_attention_forward
+        function = original or getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if function is None:  # the default the model's own get_interface(..., eager_attention_forward) would take
+            raise RunError(f"QK-clip wraps eager attention, and {type(module).__module__} defines no "
+                           "eager_attention_forward to call")
         return function(module, query, key, value, attention_mask, *args, **kwargs)
 
     attention.mf_qk_clip = True
