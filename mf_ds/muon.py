@@ -231,17 +231,17 @@ class Muon(torch.optim.Optimizer):
         widths = [max(x.shape[-2], x.shape[-1]) for x in inputs]
         if graph:
             widths = [widths[-1]] * len(widths)
-        f32 = torch.float32
+        # graph mode's lr, matched_adamw_rms and weight decay are fp32 tensors, so its scalars round to fp32 each
+        lr32, rms32, wd32 = (torch.tensor(v, dtype=torch.float32) for v in (lr, group["matched_adamw_rms"],
+                                                                           group["weight_decay"]))
         for piece, width in zip(inputs, widths, strict=True):
-            if graph:  # GM: lr (an fp32 tensor) * (sqrt(fp32(max(A, B))) * matched_adamw_rms), fp32 each
-                ratio = torch.tensor(width, dtype=f32).sqrt() * torch.tensor(group["matched_adamw_rms"], dtype=f32)
-                pieces.append((torch.tensor(lr, dtype=f32) * ratio) * graph_newton_schulz(piece).float())
+            if graph:  # GM: adjusted_lr = lr * (sqrt(fp32(max(A, B))) * matched_adamw_rms)
+                ratio = torch.tensor(width, dtype=torch.float32).sqrt() * rms32
+                pieces.append((lr32 * ratio) * graph_newton_schulz(piece).float())
             else:
                 scale = lr * math.sqrt(width) * group["matched_adamw_rms"]
                 pieces.append(newton_schulz(piece, group["schedule"], group["eps"]).float() * scale)
-        decay = (torch.tensor(1.0, dtype=f32) - torch.tensor(lr, dtype=f32) * torch.tensor(group["weight_decay"],
-                                                                                      dtype=f32)) if graph \
-            else 1 - lr * group["weight_decay"]
+        decay = (1 - lr32 * wd32) if graph else 1 - lr * group["weight_decay"]
         weight = p.float() * decay - merge(pieces, tuple(rule)).reshape(p.shape)
         p.copy_(weight)
         m.copy_(next_m)
