@@ -136,7 +136,8 @@ def test_golden_steps(schedule):
 
 def test_graph_mode_steps():
     """Graph-mode Muon (core/optim/muon.py; `mode: graph`) against the transcription of the graph-mode source,
-    three steps: bit for bit on every Muon weight, the AdamW ones as PyNative's. The PyNative update on the same
+    three steps: the Muon weights measured bit for bit here (the bound leaves room for another BLAS's summation
+    order), the AdamW ones as PyNative's. The PyNative update on the same
     inputs misses by up to 5% of the step (its Newton-Schulz normalizes in fp32 and fuses the bf16 ops), and on the
     split q_b weight by more (each piece its own lr scale: sqrt(8) for the nope rows where graph mode takes the last
     piece's sqrt(6))."""
