@@ -46,6 +46,7 @@ import torch
 from mf_ds.errors import RunError
 
 _BLOCK_ELEMENTS = 1 << 24  # fp32 logits per query block: 64 MiB
+_CAUSAL_ROWS = 256  # query rows per block under a causal mask, whose later keys are skipped
 _WRAPPED: dict[str, Callable] = {}  # attention implementation -> the function our wrapper calls
 
 
@@ -70,13 +71,17 @@ def max_logits(query_BHSD: torch.Tensor, key_BHKD: torch.Tensor, attention_mask:
         ends_k = (cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q)[1:].to(q.device)
         segment_S = torch.searchsorted(ends_q, torch.arange(S, device=q.device), right=True)
         segment_K = torch.searchsorted(ends_k, torch.arange(K, device=q.device), right=True)
+    dense = attention_mask is not None and attention_mask.dim() == 4
     block = max(1, _BLOCK_ELEMENTS // max(1, B * H * K))
+    if causal and not dense:  # keys after a block's last query are masked: skip them (about half the products)
+        block = min(block, _CAUSAL_ROWS)
     out_H = torch.full((H,), float("-inf"), device=q.device)
     for i0 in range(0, S, block):
         i1 = min(S, i0 + block)
-        logits = torch.matmul(q[:, :, i0:i1], k.transpose(-1, -2)) * scale  # [B, H, s, K]
+        n = min(K, i1) if causal and not dense else K  # the keys this block may see
+        logits = torch.matmul(q[:, :, i0:i1], k[:, :, :n].transpose(-1, -2)) * scale  # [B, H, s, n]
         allowed = None
-        if attention_mask is not None and attention_mask.dim() == 4:
+        if dense:
             m = attention_mask[..., i0:i1, :]
             if m.dtype == torch.bool:
                 allowed = m
@@ -86,12 +91,12 @@ def max_logits(query_BHSD: torch.Tensor, key_BHKD: torch.Tensor, attention_mask:
             parts = []
             if causal:
                 rows = torch.arange(i0, i1, device=q.device)[:, None]
-                parts.append(torch.arange(K, device=q.device)[None, :] <= rows)
+                parts.append(torch.arange(n, device=q.device)[None, :] <= rows)
             if segment_S is not None:
-                parts.append(segment_S[i0:i1, None] == segment_K[None, :])
+                parts.append(segment_S[i0:i1, None] == segment_K[None, :n])
             if attention_mask is not None:  # flash's 2-D padding mask: pads are neither keys nor queries
                 valid = attention_mask.bool()
-                parts.append(valid[:, None, None, :] & valid[:, None, i0:i1, None])
+                parts.append(valid[:, None, None, :n] & valid[:, None, i0:i1, None])
             for part in parts:
                 allowed = part if allowed is None else allowed & part
         if allowed is not None:

@@ -150,6 +150,29 @@ def test_flash_attention_masks():
     assert not torch.allclose(plain, dense)  # the document mask matters for these logits
 
 
+def test_causal_blocks_skip_only_masked_keys(monkeypatch):
+    """Under a causal mask the statistic runs in query blocks that skip the keys after each block's last query:
+    with 4-row blocks over 11 queries, the same as one dense pass with the mask as a 4-D bool tensor (causal alone,
+    with flash's padding mask, with its cu_seq_lens), to a rounding of the products (BLAS sums other shapes in
+    another order)."""
+    monkeypatch.setattr(qk_clip, "_CAUSAL_ROWS", 4)
+    gen = torch.Generator().manual_seed(8)
+    q, k = torch.randn(1, 2, 11, 4, generator=gen) * 3, torch.randn(1, 2, 11, 4, generator=gen) * 3
+    ok = causal(1, 11)
+    torch.testing.assert_close(qk_clip.max_logits(q, k, None, 0.5, causal=True),
+                               qk_clip.max_logits(q, k, ok[:, None], 0.5, causal=False), rtol=1e-6, atol=0)
+    valid = torch.ones(1, 11, dtype=torch.bool)
+    valid[0, 7:] = False  # the largest logits sit past the last block's edge unless the pads drop them
+    torch.testing.assert_close(qk_clip.max_logits(q, k, valid.long(), 0.5, causal=True),
+                               qk_clip.max_logits(q, k, (ok & valid[:, None, :] & valid[:, :, None])[:, None], 0.5,
+                                                  causal=False), rtol=1e-6, atol=0)
+    cu = torch.tensor([0, 5, 11], dtype=torch.int32)
+    docs = torch.tensor([[0] * 5 + [1] * 6])
+    torch.testing.assert_close(qk_clip.max_logits(q, k, None, 0.5, causal=True, cu_seq_lens_q=cu, cu_seq_lens_k=cu),
+                               qk_clip.max_logits(q, k, (ok & (docs[:, :, None] == docs[:, None, :]))[:, None], 0.5,
+                                                  causal=False), rtol=1e-6, atol=0)
+
+
 def test_statistic_matches_the_transcription():
     """The numpy FlashAttentionScore softmax_max and _update_max_logits on the same q, k and mask."""
     gen = torch.Generator().manual_seed(6)
