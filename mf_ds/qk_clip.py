@@ -32,7 +32,10 @@ is off, run exactly as before: nothing is installed then). SDPA and flash attent
 the wrapper recomputes `scale * q k^T` under no_grad, in fp32 (FlashAttentionScore accumulates bf16 products in
 fp32), in query blocks of at most `_BLOCK_ELEMENTS` logits, with the mask the attention itself applies (a 4-D bool
 or additive mask; none: causal as SDPA / flash decide it; flash's 2-D padding mask or varlen cu_seq_lens). Its cost
-is one extra Q K^T matmul per attention forward; MindFormers gets the value from its fused kernel for free.
+is one extra Q K^T matmul per attention forward, about half of one under a causal mask (the keys after each
+256-row query block are skipped): measured on one CPU thread, a forward and backward of a 4-layer MLA model (8
+heads, batch 2) takes 8% longer at 512 tokens, 2% at 2048. MindFormers gets the value from its fused kernel for
+free; a fused kernel here (the row max of a flash-attention forward without its P V) is not written.
 Legend: B batch, H heads, S query length, K key length, D head width.
 """
 
