@@ -238,6 +238,11 @@ class MuonOptimizer:
     """Globs of the MindFormers names that take AdamW instead of Muon."""
     bias_correction: bool = True
     weight_decay_on: str = ""
+    mode: str = "pynative"
+    """pynative (pynative/optimizer/muon.py) or graph (core/optim/muon.py: bf16 Newton-Schulz op by op, the fixed
+    triple x 5, the last piece's lr scale for every piece)."""
+    qk_clip_threshold: float | None = None
+    """QK-clip after each step at this max attention logit (mf_ds/qk_clip.py); None: no QK-clip."""
 
 
 @dataclass(frozen=True)
