@@ -252,3 +252,72 @@ def test_resume_refusals_and_weights_only(tmp_path):
                   check=False)
     assert proc.returncode == 2 and "holds no optimizer state" in proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error" in line][0].count(str(src)) == 1
+
+
+def test_hf_trainer_path_says_what_it_does_not_resume(tmp_path):
+    from mf_ds.hf import _checkpoint2_notes
+    from translators.plan import translate_file
+
+    sets = [f"load_checkpoint={CK2 / 'single'}", "resume_training=True", CALLBACKS]
+    notes = _checkpoint2_notes(translate_file(str(CONFIGS / "tiny_llama.yaml"), sets).plan.run)
+    assert len(notes) == 2 and "loads its weights only" in notes[0] and "mf-train writes Checkpoint 2.0" in notes[1]
+    assert _checkpoint2_notes(translate_file(str(CONFIGS / "tiny_llama.yaml")).plan.run) == []
+
+
+def _muon_engine(model):
+    import deepspeed
+
+    from mf_ds.optim import build_optimizer
+    from tests.mf_ds.test_muon import spec, typed
+
+    optimizer = build_optimizer(model, typed(spec(lr=0.01, adamw_betas=[0.9, 0.95])))
+    keys = optim_state.state_keys(model, optimizer)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0, "steps_per_print": 10**9,
+              "zero_optimization": {"stage": 0}, "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return engine, keys
+
+
+def _steps(engine, n):
+    ids = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for _ in range(n):
+        loss = engine(input_ids=ids, labels=ids, use_cache=False).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.deepspeed
+def test_muon_resumes_from_checkpoint2(one_rank, tmp_path):  # noqa: F811
+    """MindFormers' Muon (mf_ds/muon.py) on a tiny DeepSeek-V3: 3 steps, saved as Checkpoint 2.0 (muon_m.* for the
+    Muon weights, adam_m / adam_v for the AdamW part: embeddings, output layer, vectors), a new engine resumed from
+    it: the next 3 losses and the weights equal an uninterrupted run's. (MindFormers' names of DeepSeek-V3 are its
+    legacy ones here: mf-ds has no mcore DeepSeek-V3 name table, and Muon's state follows the weights' names.)"""
+    from mf_ds.weights import DEFAULT_LAYOUT
+    from tests.mf_ds.test_muon import tiny_deepseek
+
+    family = "deepseek_v3"
+    engine, keys = _muon_engine(tiny_deepseek())
+    assert {"momentum_buffer"} < {k for ks in keys.values() for k in ks}
+    straight = _steps(engine, 3)
+    common = {"epoch_num": 1, "step_num": 3, "global_step": 3, "loss_scale": 1.0, "global_batch_size": 2}
+    resume2.save(engine, tmp_path, 3, keys, family, DEFAULT_LAYOUT, common, 1, engine.module.state_dict())
+    straight += _steps(engine, 3)
+    final = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    saved = Checkpoint2(tmp_path)
+    muon = {n.split(".", 1)[1] for n in saved.names() if n.startswith("muon_m.")}
+    adam = {n.split(".", 1)[1] for n in saved.names() if n.startswith("adam_m.")}
+    assert "model.layers.0.attention.lkv2kv_v.weight" in muon and "model.tok_embeddings.embedding_weight" in adam
+    assert not muon & adam and muon | adam == {n for n in saved.names() if not n.startswith(("muon_m.", "adam_"))
+                                               and n != "global_step" and not n.endswith((".expert_load",
+                                                                                          ".topk_bias"))}
+
+    model = tiny_deepseek()
+    load_into(model, tmp_path, family)
+    engine, keys = _muon_engine(model)
+    assert resume2.resume(engine, tmp_path, keys, family, DEFAULT_LAYOUT, 2, lambda line: None) == 3
+    assert _steps(engine, 3) == straight[3:]
+    for name, p in engine.module.named_parameters():
+        assert torch.equal(p.detach(), final[name]), name
