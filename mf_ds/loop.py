@@ -395,6 +395,8 @@ class Trainer:
         return not self._agree(not ok)
 
     def _last_checkpoint_note(self) -> str:
+        if self.checkpoint2 and resume2.is_root(self.ckpt_root):
+            return f"; the last checkpoint is {checkpoint2.iteration_dir(self.ckpt_root)}"
         last = checkpoint.latest(self.ckpt_root) if self.ckpt else None
         return f"; the last checkpoint is {last}" if last else ""
 

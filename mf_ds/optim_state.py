@@ -132,7 +132,7 @@ def read(ckpt, model: torch.nn.Module, family: str, layout, keys: dict[str, tupl
             out[n][key] = b
     common = ckpt.common
     trainer_step = _int(common.get("global_step"), where / "common.json", "global_step")
-    counter = int(ckpt.tensor("global_step").reshape(-1)[0]) if "global_step" in ckpt.names() else None
+    counter = _counter(ckpt) if "global_step" in ckpt.names() else None
     notes = []
     if trainer_step is None:
         if counter is None:
@@ -150,13 +150,25 @@ def read(ckpt, model: torch.nn.Module, family: str, layout, keys: dict[str, tupl
                      f"continues from the optimizer's, the data and the schedule from common.json's")
     if step < 0:
         raise Unmapped(f"{where}: global_step {step} is negative")
-    saved_gbs = common.get("global_batch_size")
+    consumed, saved_gbs = common.get("consumed_samples"), common.get("global_batch_size")
+    if type(consumed) is int and type(saved_gbs) is int and consumed != trainer_step * saved_gbs:
+        notes.append(f"consumed_samples {consumed} is not global_step x global_batch_size ({trainer_step} x "
+                     f"{saved_gbs}; a dynamic batch size?): mf-ds continues the data at step {trainer_step}")
     if global_batch_size and isinstance(saved_gbs, int) and saved_gbs > 0 and saved_gbs != global_batch_size:
         scaled = int(trainer_step * (saved_gbs / global_batch_size))
         notes.append(f"global batch size {saved_gbs} in the checkpoint, {global_batch_size} here: step "
                      f"{trainer_step} -> {scaled} (MindFormers' rescaling; the sample budget is kept)")
         trainer_step = scaled
     return OptimizerState(out, step, trainer_step, notes)
+
+
+def _counter(ckpt) -> int:
+    """The optimizer's global_step tensor ([1] integers in MindFormers' files) as a Python int."""
+    entry = ckpt.entries["global_step"]
+    if entry.dtype not in ("I32", "I64") or len(entry.shape) > 1 or math.prod(entry.shape) != 1:
+        raise Unmapped(f"{entry.chunks[0].file}: global_step is {entry.dtype}{list(entry.shape)}; MindFormers' "
+                       "optimizer counter is one integer")
+    return int(ckpt.tensor("global_step").reshape(-1)[0])
 
 
 def _int(value, where, what: str) -> int | None:

@@ -139,18 +139,20 @@ def test_install_and_gather_under_zero(one_rank, stage):  # noqa: F811
 
 
 def test_fused_counter_and_batch_rescaling(tmp_path):
-    """The fused AdamW's counter (common.json's global_step - 1) and a changed global batch size, as MindFormers
-    reads them; a counter that fits neither is said."""
+    """The fused AdamW's counter (common.json's global_step - 1), a consumed_samples that is not step x batch (2.1.0's
+    dynamic batch) and a changed global batch size, as MindFormers reads them, each said in a note."""
     plan, family, model = _plan_model()
     keys = optim_state.state_keys(model, torch.optim.AdamW(model.parameters()))
     root = tmp_path / "c"
     shutil.copytree(CK2 / "single", root)
     common = root / "iteration_00000005" / "common.json"
     common.chmod(0o644)
-    common.write_text(json.dumps({**json.loads(common.read_text()), "global_step": 6, "global_batch_size": 8}))
+    common.write_text(json.dumps({**json.loads(common.read_text()), "global_step": 6, "global_batch_size": 8,
+                                  "consumed_samples": 40}))
     state = optim_state.read(Checkpoint2(root), model, family, layout_of(plan), keys, global_batch_size=16)
-    assert (state.step, state.trainer_step) == (6, 3) and len(state.notes) == 2
-    assert "fused AdamW" in state.notes[0] and "step 6 -> 3" in state.notes[1]
+    assert (state.step, state.trainer_step) == (6, 3) and len(state.notes) == 3
+    assert "fused AdamW" in state.notes[0] and "consumed_samples 40" in state.notes[1]
+    assert "step 6 -> 3" in state.notes[2]
 
 
 def test_unmapped_optimizer_states_say_why(tmp_path):
@@ -321,3 +323,31 @@ def test_muon_resumes_from_checkpoint2(one_rank, tmp_path):  # noqa: F811
     assert _steps(engine, 3) == straight[3:]
     for name, p in engine.module.named_parameters():
         assert torch.equal(p.detach(), final[name]), name
+
+
+@pytest.mark.deepspeed
+def test_resume_unpickles_nothing(one_rank, monkeypatch):  # noqa: F811
+    import pickle
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("unpickling while resuming from a Checkpoint 2.0 directory")
+
+    plan, family, engine, keys = _engine(0)
+    for target, name in ((pickle, "loads"), (pickle, "load"), (pickle, "Unpickler"), (torch, "load")):
+        monkeypatch.setattr(target, name, refuse)
+    assert resume2.resume(engine, CK2 / "dp2tp2", keys, family, layout_of(plan), 8, lambda line: None) == 3
+
+
+@pytest.mark.parametrize("counter", [torch.tensor([], dtype=torch.int32), torch.tensor([5.0]),
+                                     torch.tensor([[5, 5]], dtype=torch.int64)])
+def test_a_counter_that_is_not_one_integer_is_one_line(tmp_path, counter):
+    plan, family, model = _plan_model()
+    keys = optim_state.state_keys(model, torch.optim.AdamW(model.parameters()))
+    source = Checkpoint2(CK2 / "single")
+    opt = [(n, source.tensor(n)) for n in source.names() if n.startswith("adam_")] + [("global_step", counter)]
+    checkpoint2.write(tmp_path, ((n, source.tensor(n)) for n in source.names() if not n.startswith(("adam_", "glo",
+                                                                                                     "lear"))),
+                      iteration=5, optimizer=iter(opt))
+    with pytest.raises(RunError) as info:
+        optim_state.read(Checkpoint2(tmp_path), model, family, layout_of(plan), keys)
+    assert "opt-0000000-0000001.safetensors: global_step is" in str(info.value) and "\n" not in str(info.value)
