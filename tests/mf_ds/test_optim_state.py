@@ -238,11 +238,18 @@ def test_resume_from_checkpoint2_gives_the_same_losses(tmp_path, stage):
 
 
 def test_resume_refusals_and_weights_only(tmp_path):
-    """load_checkpoint a Checkpoint 2.0: without resume_training its weights only, and one line says the optimizer
-    starts fresh; with it, a checkpoint without optimizer state, or an optimizer that does not map, is refused in
-    one line (exit 2)."""
-    _train(tmp_path / "src", "--max_steps", "3", "--set", CALLBACKS)
+    """load_checkpoint a Checkpoint 2.0: with resume_training, from its iteration 3, the next steps are those of the
+    run that wrote it; without, its weights only, and one line says the optimizer starts fresh; with it, a checkpoint
+    without optimizer state, or an optimizer that does not map, is refused in one line (exit 2)."""
+    _train(tmp_path / "src", "--max_steps", "6", "--set", CALLBACKS.replace("max: 1", "max: 2"))
     src = tmp_path / "src" / "checkpoint"
+    # load_checkpoint naming an iteration directory, with resume_training: steps 4-6 as the run that wrote it
+    proc = _train(tmp_path / "from3", "--max_steps", "6", "--load_checkpoint", str(src / "iteration_00000003"),
+                  "--resume_training")
+    assert f"resumed from {src / 'iteration_00000003'} (Checkpoint 2.0" in proc.stderr
+    assert [(m["step"], m["loss"], m["lr"]) for m in _metrics(tmp_path / "from3")] == [
+        (m["step"], m["loss"], m["lr"]) for m in _metrics(tmp_path / "src")][3:]
+    shutil.rmtree(src / "iteration_00000003")
     proc = _train(tmp_path / "weights", "--max_steps", "1", "--load_checkpoint", str(src))
     assert "its optimizer state is not loaded (resume_training is False): weights only" in proc.stderr
     assert _metrics(tmp_path / "weights")[0]["step"] == 1
