@@ -463,9 +463,13 @@ class Trainer:
                                "save_optimizer: False or use_legacy_format: True")
             keys = self.state_keys
         weights = checkpoint.whole_weights(self.engine)
+        # bf16 / fp16: the fp32 masters are the weights saved (as MindFormers' graph mode saves its fp32 parameters)
+        masters = optim_state.masters(self.engine, list(self.state_keys or {})) if \
+            optim_state.low_precision(self.engine) and self.state_keys else {}
         if self.rank == 0:
             weights = {k: v for k, v in (weights or self.engine.module.state_dict()).items()
                        if not k.endswith("rotary_emb.inv_freq")}
+            weights.update(masters)
             if getattr(self.engine.module.config, "tie_word_embeddings", False):
                 weights.pop("lm_head.weight", None)
         epoch = (self.step - 1) // self.steps_per_epoch + 1 if self.step else 0

@@ -7,8 +7,9 @@ Names (MindFormers 2.0.0 / 2.1.0, under each parameter's full MindFormers name, 
     muon_m.<name>                   Muon's momentum (pynative/optimizer/muon.py :2459, core/optim/muon.py :367)
                                     -> mf_ds/muon.py's momentum_buffer (the same recurrence: m = mu m + g)
     global_step [1]                 the optimizer's step counter (mindspore Optimizer.global_step)
-    learning_rate, main_param.*     the base LR and fp32 master copies of bf16 weights: not read (mf-ds' masters
-                                    are its fp32 parameters; the LR comes from the schedule at the resumed step)
+    main_param.<name>               the PyNative AdamW's fp32 master of a bf16 / fp16 weight (_init_main_params)
+                                    -> the fp32 weight mf-ds trains (its parameter, or DeepSpeed's fp32 partition)
+    learning_rate                   the base LR: not read (the LR comes from the schedule at the resumed step)
 The moments are laid out as their weights are (clone_state clones the weight's param_info), so they go through the
 weights' own MindFormers -> HF conversion (mf_ds/weights.py to_hf: fused qkv / gate_up split, experts stacked).
 
@@ -79,12 +80,10 @@ def _prefixes(ckpt) -> set[str]:
 
 
 def read(ckpt, model: torch.nn.Module, family: str, layout, keys: dict[str, tuple[str, ...]],
-         global_batch_size: int | None = None) -> OptimizerState:
+         global_batch_size: int | None = None, masters: bool = False) -> OptimizerState:
     """The optimizer state of Checkpoint2 `ckpt` for `model`'s parameters; Unmapped (one line naming the checkpoint)
-    when it has none, or not the state `keys` asks for, for every parameter."""
-    from mf_ds.weights import model_slot, to_hf
-    from translators import names
-
+    when it has none, or not the state `keys` asks for, for every parameter. `masters`: also each parameter's fp32
+    master ("master"), for an engine whose parameters are bf16 / fp16 (DeepSpeed makes its masters from them)."""
     where = ckpt.directory
     if not any((m := _FILE.match(f.name)) and m.group(1) == "opt" for f in ckpt.files()):
         raise Unmapped(f"{where}: holds no optimizer state (no opt-*.safetensors)")
@@ -96,40 +95,20 @@ def read(ckpt, model: torch.nn.Module, family: str, layout, keys: dict[str, tupl
         raise Unmapped(f"{where}: its optimizer state is {have}; this run's optimizer needs {need} "
                        f"({' and '.join(sorted({kinds[p] for p in wanted - held}))} state)")
     shapes = {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in model.named_parameters() if n in keys}
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     out: dict[str, dict[str, torch.Tensor]] = {n: {} for n in keys}
     for prefix in sorted(wanted):
         key = TORCH_KEYS[prefix]
-        buffers = {n: torch.full(shapes[n], math.nan) for n, ks in keys.items() if key in ks}
-        filled: dict[str, int] = {}
-        for name in ckpt.names():
-            if not name.startswith(prefix + "."):
-                continue
-            mf_name = name[len(prefix) + 1:]
-            layers = model.config.num_hidden_layers
-            if not names.is_weight(mf_name, family) or names.mtp_layer(mf_name, family, layers):
-                continue
-            for piece in to_hf(mf_name, ckpt.tensor(name).float(), family, model.config, layout) or []:
-                slot = model_slot(piece.name, buffers)
-                if slot is None:
-                    if piece.name in tied or model_slot(piece.name, shapes) is not None:
-                        continue  # tied, or a parameter whose optimizer keeps another state (Muon's AdamW part)
-                    raise Unmapped(f"{where}: {name} ({piece.name}) is not the state of a parameter of this model")
-                param, index = slot
-                whole = buffers[param][index] if index else buffers[param]
-                region = whole.reshape(piece.view)[piece.index] if piece.view else whole
-                if tuple(region.shape) != tuple(piece.tensor.shape):
-                    raise Unmapped(f"{where}: {name} gives {piece.name} the shape {list(piece.tensor.shape)}, the "
-                                   f"model {list(region.shape)}")
-                region.copy_(piece.tensor)
-                filled[param] = filled.get(param, 0) + piece.tensor.numel()
-        short = sorted(n for n, b in buffers.items() if filled.get(n, 0) < b.numel() or not torch.isfinite(b).all())
-        if short:
-            raise Unmapped(f"{where}: {len(short)} of {len(buffers)} parameters have no (or no whole, or a "
-                           f"non-finite) {prefix}.* state (first: {short[0]}, MindFormers name "
-                           f"{prefix}.{names.hf_to_mf(short[0], family)})")
-        for n, b in buffers.items():
-            out[n][key] = b
+        for n, value in _assemble(ckpt, prefix, [n for n, ks in keys.items() if key in ks], model, family, layout,
+                                  shapes).items():
+            out[n][key] = value
+    if masters:
+        # fp32 masters: the weights as stored (fp32 in MindFormers' graph mode and in mf-ds' files), or
+        # main_param.* where MindFormers' PyNative AdamW kept them for bf16 / fp16 weights
+        found = _assemble(ckpt, "", list(keys), model, family, layout, shapes)
+        if "main_param" in {n.split(".", 1)[0] for n in ckpt.names()}:
+            found.update(_assemble(ckpt, "main_param", list(keys), model, family, layout, shapes, partial=True))
+        for n, value in found.items():
+            out[n]["master"] = value
     common = ckpt.common
     trainer_step = _int(common.get("global_step"), where / "common.json", "global_step")
     counter = _counter(ckpt) if "global_step" in ckpt.names() else None
@@ -160,6 +139,52 @@ def read(ckpt, model: torch.nn.Module, family: str, layout, keys: dict[str, tupl
                      f"{trainer_step} -> {scaled} (MindFormers' rescaling; the sample budget is kept)")
         trainer_step = scaled
     return OptimizerState(out, step, trainer_step, notes)
+
+
+def _assemble(ckpt, prefix: str, targets: list[str], model, family: str, layout, shapes: dict[str, tuple],
+              partial: bool = False) -> dict[str, torch.Tensor]:
+    """{parameter: its `prefix`.* tensors of `ckpt` (the weights themselves for prefix ""), through the weights'
+    MindFormers -> HF conversion}, fp32, for every parameter of `targets` (Unmapped when one lacks them; with
+    `partial`, those that have them)."""
+    from mf_ds.weights import model_slot, to_hf
+    from translators import names
+
+    where = ckpt.directory
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    state_prefixes = tuple(f"{p}." for p in (*TORCH_KEYS, "main_param"))
+    buffers = {n: torch.full(shapes[n], math.nan) for n in targets}
+    filled: dict[str, int] = {}
+    for name in ckpt.names():
+        if prefix and not name.startswith(prefix + "."):
+            continue
+        if not prefix and name.startswith(state_prefixes):
+            continue
+        mf_name = name[len(prefix) + 1:] if prefix else name
+        if not names.is_weight(mf_name, family) or names.mtp_layer(mf_name, family, model.config.num_hidden_layers):
+            continue
+        for piece in to_hf(mf_name, ckpt.tensor(name).float(), family, model.config, layout) or []:
+            slot = model_slot(piece.name, buffers)
+            if slot is None:
+                if piece.name in tied or model_slot(piece.name, shapes) is not None or not prefix:
+                    continue  # tied, a parameter whose optimizer keeps another state (Muon's AdamW part), a buffer
+                raise Unmapped(f"{where}: {name} ({piece.name}) is not the state of a parameter of this model")
+            param, index = slot
+            whole = buffers[param][index] if index else buffers[param]
+            region = whole.reshape(piece.view)[piece.index] if piece.view else whole
+            if tuple(region.shape) != tuple(piece.tensor.shape):
+                raise Unmapped(f"{where}: {name} gives {piece.name} the shape {list(piece.tensor.shape)}, the "
+                               f"model {list(region.shape)}")
+            region.copy_(piece.tensor)
+            filled[param] = filled.get(param, 0) + piece.tensor.numel()
+    short = sorted(n for n, b in buffers.items() if filled.get(n, 0) < b.numel() or not torch.isfinite(b).all())
+    if partial:
+        return {n: b for n, b in buffers.items() if n not in short}
+    if short:
+        what = f"{prefix}.* state" if prefix else "weight"
+        raise Unmapped(f"{where}: {len(short)} of {len(buffers)} parameters have no (or no whole, or a non-finite) "
+                       f"{what} (first: {short[0]}, MindFormers name "
+                       f"{(prefix + '.') if prefix else ''}{names.hf_to_mf(short[0], family)})")
+    return buffers
 
 
 def _counter(ckpt) -> int:
@@ -235,6 +260,20 @@ def install(engine, state: OptimizerState, keys: dict[str, tuple[str, ...]]) -> 
                 hp, lp = mapping.hp_fragment_address, mapping.lp_fragment_address
                 buf.narrow(0, hp.start, hp.numel).copy_(value.flatten().narrow(0, lp.start, lp.numel))
             # else: ZeRO 1/2 and this rank's partition holds none of the parameter
+    with torch.no_grad():
+        for name, tensors in state.tensors.items():
+            value = tensors.get("master")
+            if value is None:
+                continue
+            p = params[name]
+            if zero3:
+                p._z3_optimizer.set_full_hp_param(value.to(flat[0].device), p)
+                continue
+            mapping = getattr(p, "_hp_mapping", None)
+            if mapping is not None:
+                lp = mapping.lp_fragment_address
+                mapping.hp_fragment.copy_(value.flatten().narrow(0, lp.start, lp.numel))
+            p.data.copy_(value.reshape(p.shape).to(p.dtype))  # the whole low-precision copy (ZeRO 0-2 keep it whole)
 
 
 def gather(engine, keys: dict[str, tuple[str, ...]]) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
@@ -273,6 +312,37 @@ def gather(engine, keys: dict[str, tuple[str, ...]]) -> tuple[dict[str, dict[str
     steps = [inner.state[p]["step"] for p in flat if "step" in inner.state.get(p, {})]
     step = int(max((float(s) for s in steps), default=0))
     return out, step
+
+
+def low_precision(engine) -> bool:
+    """bf16 / fp16 engines keep fp32 masters apart from the module's parameters."""
+    return engine.bfloat16_enabled() or engine.fp16_enabled()
+
+
+def masters(engine, names: list[str]) -> dict[str, torch.Tensor]:
+    """Every named parameter's fp32 master, whole, on every rank (collective under ZeRO: each rank adds the fragments
+    its partition holds, as `gather`)."""
+    import torch.distributed as dist
+
+    params = dict(engine.module.named_parameters())
+    zero3 = engine.zero_optimization_stage() == 3
+    out = {}
+    for name in names:
+        p = params[name]
+        shape = tuple(getattr(p, "ds_shape", p.shape))
+        if zero3:
+            value = p._z3_optimizer.get_full_hp_param(p)
+        elif hasattr(p, "_hp_mapping"):
+            value = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
+            mapping = p._hp_mapping
+            if mapping is not None:
+                lp = mapping.lp_fragment_address
+                value.narrow(0, lp.start, lp.numel).copy_(mapping.hp_fragment)
+            dist.all_reduce(value, group=p._dp_group)
+        else:
+            value = p.detach()
+        out[name] = value.detach().float().cpu().reshape(shape)
+    return out
 
 
 def mindformers_state(state: dict[str, dict[str, torch.Tensor]],

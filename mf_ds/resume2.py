@@ -7,7 +7,8 @@ trainer's step (its data position), after deepspeed.initialize. A checkpoint who
 (another optimizer, moments missing, no opt-*.safetensors) is refused with one line: the caller asked for it.
 
 Save (`save`): what MindFormers' save_checkpoint writes for one card (mf_ds/checkpoint2.py write): the weights under
-their MindFormers names, the optimizer's adam_m.* / adam_v.* / muon_m.* and global_step (when save_optimizer),
+their MindFormers names (under bf16 / fp16 DeepSpeed's fp32 masters, as graph mode saves its fp32 parameters; resume
+puts them back as the masters), the optimizer's adam_m.* / adam_v.* / muon_m.* and global_step (when save_optimizer),
 common.json (epoch_num, step_num, global_step, global_batch_size, consumed_samples) and the tracker written last.
 MindFormers' load_checkpoint reshards it onto any layout; mf-ds resumes from it with `resume`. No RNG state is kept
 (MindFormers keeps none): a model with dropout draws new masks after the resume.
@@ -79,7 +80,8 @@ def resume(engine: Any, path: Path, model_keys: dict[str, tuple[str, ...]], fami
     """Restore the optimizer state, the LR schedule's position and the step from Checkpoint 2.0 `path`; returns the
     trainer's step. Every rank reads the files itself (they are whole after the merge); nothing is unpickled."""
     ckpt = checkpoint2.Checkpoint2(path)
-    state = optim_state.read(ckpt, engine.module, family, layout, model_keys, global_batch_size)
+    masters = optim_state.low_precision(engine) or any(n.startswith("main_param.") for n in ckpt.names())
+    state = optim_state.read(ckpt, engine.module, family, layout, model_keys, global_batch_size, masters=masters)
     for line in state.notes:
         log(f"mf-ds: note: {ckpt.directory}: {line}")
     optim_state.install(engine, state, model_keys)

@@ -214,11 +214,13 @@ def _metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("stage", ["1", "3"])
-def test_resume_from_checkpoint2_gives_the_same_losses(tmp_path, stage):
+@pytest.mark.parametrize("stage,dtype", [("1", "float32"), ("1", "bfloat16"), ("3", "bfloat16")])
+def test_resume_from_checkpoint2_gives_the_same_losses(tmp_path, stage, dtype):
     """6 steps straight == 3 steps saved as Checkpoint 2.0 (weights, AdamW moments, global_step), a new process
-    resumed from it, 3 more: the same losses, learning rates and weights (ZeRO-1 as the YAML says, and ZeRO-3)."""
-    sets = ["--set", CALLBACKS, "--set", f"mf_ds.zero_stage={stage}"]
+    resumed from it, 3 more: the same losses, learning rates and weights (ZeRO-1 as the YAML says, and ZeRO-3; in
+    bf16 the saved weights are DeepSpeed's fp32 masters, and the resume puts them back as the masters)."""
+    sets = ["--set", CALLBACKS, "--set", f"mf_ds.zero_stage={stage}", "--set",
+            f"model.model_config.compute_dtype={dtype}"]
     _train(tmp_path / "straight", "--max_steps", "6", *sets)
     _train(tmp_path / "split", "--max_steps", "3", *sets)
     saved = Checkpoint2(tmp_path / "split" / "checkpoint")
@@ -386,3 +388,27 @@ def test_two_ranks_zero2_save_and_resume(tmp_path):
     assert [(m["step"], m["loss"], m["lr"]) for m in resumed] == [(m["step"], m["loss"], m["lr"]) for m in straight][3:]
     a, b = (Checkpoint2(tmp_path / d / "checkpoint") for d in ("straight", "resumed"))
     assert a.iteration == b.iteration == 6 and all(torch.equal(a.tensor(n), b.tensor(n)) for n in a.names())
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("stage", [0, 2])
+def test_pynative_bf16_masters_are_the_weights_resumed(one_rank, tmp_path, stage):  # noqa: F811
+    """MindFormers' PyNative AdamW keeps fp32 masters of bf16 weights as main_param.<name> in the optimizer file
+    (pynative/optimizer/adamw.py _init_main_params): resumed, they, not the bf16 weights, are the fp32 weights mf-ds
+    trains on (ZeRO 0: the parameters; ZeRO 2: DeepSpeed's fp32 partitions); a weight without one keeps its own."""
+    source = Checkpoint2(CK2 / "single")
+    weights = {n: source.tensor(n) for n in source.names() if not n.startswith(("adam_", "global_step", "learning"))}
+    mains = {n: w + 1e-3 for n, w in weights.items() if w.dim() == 2}  # off the bf16 grid: a master shows
+    optimizer = [(n, source.tensor(n)) for n in source.names() if n.startswith(("adam_", "global_step"))]
+    optimizer += [(f"main_param.{n}", m) for n, m in mains.items()]
+    checkpoint2.write(tmp_path, ((n, w.to(torch.bfloat16)) for n, w in weights.items()), iteration=5,
+                      optimizer=iter(optimizer))
+    plan, family, engine, keys = _engine(stage)
+    assert resume2.resume(engine, tmp_path, keys, family, layout_of(plan), 8, lambda line: None) == 5
+    got = optim_state.masters(engine, list(keys))
+    want = _hf({n: mains.get(n, w.to(torch.bfloat16).float()) for n, w in weights.items()}, engine.module, family,
+               plan)
+    for name, value in got.items():
+        assert torch.equal(value, want[name]), name
+    assert not torch.equal(want["model.layers.0.mlp.down_proj.weight"],
+                           want["model.layers.0.mlp.down_proj.weight"].to(torch.bfloat16).float())
