@@ -200,11 +200,11 @@ CALLBACKS = ("callbacks=[{type: MFLossMonitor}, {type: CheckpointMonitor, prefix
              "keep_checkpoint_max: 1, use_legacy_format: False}]")
 
 
-def _train(out, *args, check=True):
+def _train(out, *args, check=True, config="tiny_llama"):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "mf_ds.cli", str(CONFIGS / "tiny_llama.yaml"), "--output_dir", str(out), *args]
+    cmd = [sys.executable, "-m", "mf_ds.cli", str(CONFIGS / f"{config}.yaml"), "--output_dir", str(out), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=600)
     assert not check or proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -214,19 +214,21 @@ def _metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("stage,dtype", [("1", "float32"), ("1", "bfloat16"), ("3", "bfloat16")])
-def test_resume_from_checkpoint2_gives_the_same_losses(tmp_path, stage, dtype):
+@pytest.mark.parametrize("stage,dtype,config", [("1", "float32", "tiny_llama"), ("1", "bfloat16", "tiny_llama"),
+                                                ("3", "bfloat16", "tiny_llama"), ("1", "float32", "tiny_deepseek_v3")])
+def test_resume_from_checkpoint2_gives_the_same_losses(tmp_path, stage, dtype, config):
     """6 steps straight == 3 steps saved as Checkpoint 2.0 (weights, AdamW moments, global_step), a new process
     resumed from it, 3 more: the same losses, learning rates and weights (ZeRO-1 as the YAML says, and ZeRO-3; in
-    bf16 the saved weights are DeepSpeed's fp32 masters, and the resume puts them back as the masters)."""
+    bf16 the saved weights are DeepSpeed's fp32 masters, and the resume puts them back as the masters; DeepSeek-V3:
+    MLA, stacked experts and the routers' topk_bias)."""
     sets = ["--set", CALLBACKS, "--set", f"mf_ds.zero_stage={stage}", "--set",
             f"model.model_config.compute_dtype={dtype}"]
-    _train(tmp_path / "straight", "--max_steps", "6", *sets)
-    _train(tmp_path / "split", "--max_steps", "3", *sets)
+    _train(tmp_path / "straight", "--max_steps", "6", *sets, config=config)
+    _train(tmp_path / "split", "--max_steps", "3", *sets, config=config)
     saved = Checkpoint2(tmp_path / "split" / "checkpoint")
     assert saved.iteration == 3 and saved.common["global_step"] == 3 and saved.tensor("global_step").tolist() == [3]
     assert any(n.startswith("adam_m.") for n in saved.names()) and any(n.startswith("adam_v.") for n in saved.names())
-    proc = _train(tmp_path / "split", "--max_steps", "6", "--resume_training", *sets)
+    proc = _train(tmp_path / "split", "--max_steps", "6", "--resume_training", *sets, config=config)
     assert "(Checkpoint 2.0: weights, optimizer state, LR schedule) at step 3" in proc.stderr
     straight, split = _metrics(tmp_path / "straight"), _metrics(tmp_path / "split")
     assert [m["step"] for m in split] == [1, 2, 3, 4, 5, 6]
