@@ -224,6 +224,7 @@ class Trainer:
             mla_rope_key_grads(self.engine.module)
         if not self._engine_records_norm:
             _skippable(self.engine.optimizer)
+        self._check_checkpoint2()
         monitor = run.callbacks.loss_monitor
         self.print_every = monitor.per_print_times if monitor else 1
         self.step = 0
@@ -449,23 +450,27 @@ class Trainer:
         return checkpoint.save(self.engine, self.ckpt_root, self.ckpt.prefix, self.step,
                                {"consumed_micro_batches": self.step * self.ga}, self.ckpt.keep_checkpoint_max)
 
+    def _check_checkpoint2(self) -> None:
+        """Before the first step: a Checkpoint 2.0 with the optimizer state can be saved."""
+        if not (self.checkpoint2 and self.ckpt.save_optimizer):
+            return
+        if self.state_keys is None:
+            raise RunError(f"CheckpointMonitor.save_optimizer: {self.unmapped}; set save_optimizer: False to save "
+                           "the weights only")
+        if self.tp > 1 or checkpoint._expert_parallel(self.engine.module):
+            raise RunError("CheckpointMonitor.save_optimizer: Checkpoint 2.0 optimizer state is gathered whole per "
+                           "parameter by ZeRO; under tensor or expert parallelism it is not: set save_optimizer: "
+                           "False or use_legacy_format: True")
+
     def _save_checkpoint2(self) -> Path:
         """The step as MindFormers 2.x's Checkpoint 2.0 (use_legacy_format: False), optimizer state included when
         save_optimizer (mf_ds/resume2.py)."""
-        keys = None
-        if self.ckpt.save_optimizer:
-            if self.state_keys is None:
-                raise RunError(f"CheckpointMonitor.save_optimizer: {self.unmapped}; set save_optimizer: False to "
-                               "save the weights only")
-            if self.tp > 1 or checkpoint._expert_parallel(self.engine.module):
-                raise RunError("CheckpointMonitor.save_optimizer: Checkpoint 2.0 optimizer state is gathered whole "
-                               "per parameter by ZeRO; under tensor or expert parallelism it is not: set "
-                               "save_optimizer: False or use_legacy_format: True")
-            keys = self.state_keys
+        keys = self.state_keys if self.ckpt.save_optimizer else None  # checked at the start (_check_checkpoint2)
+        sharded = self.tp > 1 or checkpoint._expert_parallel(self.engine.module)  # weights gathered, state not
         weights = checkpoint.whole_weights(self.engine)
         # bf16 / fp16: the fp32 masters are the weights saved (as MindFormers' graph mode saves its fp32 parameters)
         masters = optim_state.masters(self.engine, list(self.state_keys or {})) if \
-            optim_state.low_precision(self.engine) and self.state_keys else {}
+            optim_state.low_precision(self.engine) and self.state_keys and not sharded else {}
         if self.rank == 0:
             weights = {k: v for k, v in (weights or self.engine.module.state_dict()).items()
                        if not k.endswith("rotary_emb.inv_freq")}

@@ -414,3 +414,15 @@ def test_pynative_bf16_masters_are_the_weights_resumed(one_rank, tmp_path, stage
         assert torch.equal(value, want[name]), name
     assert not torch.equal(want["model.layers.0.mlp.down_proj.weight"],
                            want["model.layers.0.mlp.down_proj.weight"].to(torch.bfloat16).float())
+
+
+def test_save_optimizer_that_does_not_map_is_refused_before_training(tmp_path):
+    proc = _train(tmp_path / "sgd", "--max_steps", "2", "--set", CALLBACKS, "--set",
+                  "optimizer={type: SGD, learning_rate: 0.01}", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and not (tmp_path / "sgd" / "metrics.jsonl").exists()
+    assert "CheckpointMonitor.save_optimizer: this run's optimizer is SGD" in proc.stderr
+    _train(tmp_path / "weights", "--max_steps", "2", "--set", CALLBACKS.replace("False}", "False, save_optimizer: "
+                                                                               "False}"),
+           "--set", "optimizer={type: SGD, learning_rate: 0.01}")
+    saved = Checkpoint2(tmp_path / "weights" / "checkpoint")
+    assert saved.iteration == 2 and not any(n.startswith(("adam_", "global_step")) for n in saved.names())
