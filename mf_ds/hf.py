@@ -36,6 +36,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from mf_ds.errors import RunError
+from mf_ds.parallel import release_shm_names
 from translators.lr import Schedule
 from translators.plan_types import Plan, Run
 
@@ -144,6 +145,7 @@ class MFTrainer(Trainer):
         `trust_checkpoint`: resume from a checkpoint without checksums.json (mf_ds/checkpoint.py says why)."""
         self.plan, self.data_size, self.trust_checkpoint = plan, data_size, trust_checkpoint
         super().__init__(*args, **kwargs)
+        release_shm_names()  # DeepSpeed's CPU all-reduce buffers, leaked otherwise (mf_ds/parallel.py)
         # micro_batch_interleave_num: each micro batch is one of the parts whose mean losses MindFormers'
         # MicroBatchInterleaved adds, so each part keeps its own mean (not a share of the window's token mean) and
         # its loss is multiplied by the count (compute_loss); the logged loss is the parts' mean (training_step).

@@ -39,6 +39,7 @@ from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
 from mf_ds.monitor import Monitor
+from mf_ds.parallel import release_shm_names
 from mf_ds.weights import layout_of
 from translators.plan_types import Plan
 
@@ -261,6 +262,7 @@ class Trainer:
         # Every collective gives up after this long, so a rank that froze cannot hang the others forever
         # (one that died is noticed at once: its sockets close).
         deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=args.dist_timeout))
+        release_shm_names()
         sets = list(args.set)
         if args.output_dir:
             sets.append(f"output_dir={args.output_dir}")
