@@ -344,3 +344,33 @@ def test_select_recompute_maps_module_regexes_to_hf_modules():
     tree["recompute"] = {"mode": "select", "select_module": {"self_attention": ["0-9"]}}
     with pytest.raises(ConfigError, match=r"^recompute\.select_module\.self_attention\[0\]: layer id 9 out of"):
         translate(tree, world_size=1)  # without full_recompute_layer MindFormers checks the select ranges
+
+
+def test_random_damage_is_one_line_never_a_traceback():
+    """Random values at random keys of the DeepSeek-V3 PyNative YAML: translated, or refused with a ConfigError."""
+    import random
+
+    from translators.notes import leaves
+
+    base = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    values = [None, True, False, 0, -1, 1, 2, 3, 8, 16, 1.5, -0.5, "", "x", "0-3", "ulysses", "hybrid", [], ["0-2"],
+              [1, 2], {}, {"a": 1}, "None", "full", "select", 1e30, float("nan")]
+    keys = list(leaves(base)) + ["training.rampup_batch_size", "recompute.mode", "recompute.full_recompute_layer",
+                                 "recompute.select_module", "recompute_comm.enable", "parallelism.ulysses_degree_in_cp",
+                                 "optimizer.type", "checkpoint.load_path", "swap.enable", "callbacks",
+                                 "mf_ds.zero_stage", "output_dir", "mindformers_version", "run_mode", "training",
+                                 "model", "parallelism"]
+    rng = random.Random(0)
+    for _ in range(300):
+        tree = copy.deepcopy(base)
+        for _ in range(rng.randint(1, 3)):
+            *parents, last = rng.choice(keys).split(".")
+            node = tree
+            for name in parents:
+                node = node.setdefault(name, {}) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node[last] = copy.deepcopy(rng.choice(values))
+        try:
+            translate(tree, world_size=rng.choice([None, 1, 2, 8, 16]))
+        except ConfigError:
+            pass
