@@ -231,8 +231,10 @@ def _ranges(specs: Any, path: str, total: int, strict: bool = True) -> set[int]:
     return layers
 
 
-def check_context_parallel(p: dict) -> None:
-    """context_parallel.py `_validate_cp_method` and the mask check, which MindFormers runs when cp > 1."""
+def check_context_parallel(p: dict, model: dict, version: str) -> None:
+    """What MindFormers checks when cp > 1: context_parallel.py `_validate_cp_method`, the mask type, and
+    `apply_context_parallel_model_io`'s rule that context parallelism needs the model's compressed attention mask
+    (2.1.0: unless its attention is DSA). `model`: the model config MindFormers builds."""
     cp, method, ulysses = p["context_parallel"], (p["context_parallel_method"] or "colossal").lower(), \
         p["ulysses_degree_in_cp"]
     if cp <= 1:
@@ -250,6 +252,12 @@ def check_context_parallel(p: dict) -> None:
     if (p["context_parallel_mask_type"] or "causal").lower() != "causal":
         raise ConfigError("parallelism.context_parallel_mask_type", f"context parallel supports only the causal mask, "
                           f"got {show(p['context_parallel_mask_type'])} (MindFormers: NotImplementedError)")
+    dsa = version != "2.0.0" and model.get("experimental_attention_variant") == "dsa"
+    if not (model.get("use_attn_mask_compression") or model.get("use_eod_attn_mask_compression") or dsa):
+        raise ConfigError("parallelism.context_parallel", f"{cp} needs the model's compressed attention mask: "
+                          "MindFormers stops with \"Context parallel (context_parallel > 1) requires a compressed "
+                          "attention mask. Please enable use_attn_mask_compression for non-eod data, or "
+                          "create_compressed_eod_mask for eod data.\"")
 
 
 def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None,
@@ -266,7 +274,6 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     view = ledger.view(_PATHS, {"model.model_config": "model"})
     account.refusals(cfg, tree)
     deg = degrees(cfg, version, world_size, ledger)
-    check_context_parallel(cfg["parallelism"])
     extra = MfDs.parse(tree.get("mf_ds"), ledger)
 
     # The model: the same family tables as graph mode's model.model_config.
@@ -282,6 +289,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     family, shape, hf_config = model.family, model.shape, model.hf_config
     built = families.mcore_tree(model.config)
     n_layers = shape.num_layers + shape.mtp_depth
+    check_context_parallel(cfg["parallelism"], model.config, version)
     full = recompute_layers(cfg, n_layers)
     select = select_modules(cfg, n_layers, full, family.layer_style, ledger)
 

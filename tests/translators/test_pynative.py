@@ -38,7 +38,9 @@ REFUSED_KEY = {
     "unknown_parallelism_key": "parallelism.data_parallel", "tp_bool": "parallelism.tensor_parallel",
     "betas_str": "optimizer.betas", "training_none": "training", "tp2_no_sp": "parallelism.sequence_parallel",
     "cp2_ulysses_degree1": "parallelism.ulysses_degree_in_cp", "cp2_ring": "parallelism.context_parallel_method",
-    "cp4_hybrid_no_degree": "parallelism.ulysses_degree_in_cp", "tp16": "parallelism.tensor_parallel",
+    "cp4_hybrid_no_degree": "parallelism.ulysses_degree_in_cp", "cp2_ulysses": "parallelism.context_parallel",
+    "cp2_colossal": "parallelism.context_parallel", "cp4_hybrid": "parallelism.context_parallel",
+    "tp16": "parallelism.tensor_parallel",
     "ep3": "parallelism.expert_parallel", "deredundancy_ep1": "parallelism.moe_token_dispatcher_type",
     "recompute_full_out_of_range": "recompute.full_recompute_layer[0]",
     "recompute_full_reversed": "recompute.full_recompute_layer[0]",
@@ -218,6 +220,7 @@ def test_ulysses_maps_and_colossal_differs():
     tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
     tree["model"]["n_routed_experts"] = 1  # a dense model: MoE models fold context parallelism (translators/parallel)
     tree["model"]["first_k_dense_replace"] = 16
+    tree["model"]["use_attn_mask_compression"] = True  # MindFormers' context parallelism needs it
     tree["parallelism"].update(context_parallel=2, context_parallel_method="ulysses")
     plan = translate(tree, world_size=8).plan
     assert plan.parallel.context_parallel == 2 and plan.deepspeed["sequence_parallel_size"] == 2
