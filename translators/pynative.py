@@ -260,6 +260,36 @@ def check_context_parallel(p: dict, model: dict, version: str) -> None:
                           "create_compressed_eod_mask for eod data.\"")
 
 
+def check_pipeline(p: dict, num_layers: int) -> None:
+    """pipeline_parallel.py `PpLayerSetting`, which MindFormers builds when pp > 1 (the stage layout folds away here,
+    but a layout MindFormers cannot build is refused as it refuses it): 'auto' splits the decoder layers evenly over
+    pp x interleave stages; a list gives each pipeline rank one 'start-end' range per interleave chunk."""
+    pp, vpp, per_stage = p["pipeline_parallel"], p["pipeline_parallel_interleave_num"], \
+        p["pipeline_parallel_layers_per_stage"]
+    key = "parallelism.pipeline_parallel_layers_per_stage"
+    if pp <= 1:
+        return
+    if per_stage == "auto":
+        if num_layers % (pp * vpp):
+            raise ConfigError(key, f"'auto': {num_layers} layers do not split evenly over pipeline_parallel x "
+                              f"interleave = {pp * vpp} stages (MindFormers refuses it)")
+        return
+    if not isinstance(per_stage, (list, tuple)) or len(per_stage) != pp:
+        raise ConfigError(key, f"expected 'auto' or one entry per pipeline stage ({pp}), got {show(per_stage)} "
+                          "(MindFormers refuses it)")
+    for i, entry in enumerate(per_stage):
+        chunks = str(entry).split(",")
+        if len(chunks) != vpp:
+            raise ConfigError(join(key, i), f"{len(chunks)} chunk(s) for pipeline_parallel_interleave_num {vpp} "
+                              "(MindFormers refuses it)")
+        for chunk in chunks:
+            ids = chunk.strip().split("-")
+            if len(ids) > 2 or not all(part.strip().lstrip("-").isdigit() for part in ids) \
+                    or int(ids[0]) > int(ids[-1]):
+                raise ConfigError(join(key, i), f"invalid layer range {chunk.strip()!r}: expected 'start-end' with "
+                                  "start <= end, or one layer (MindFormers refuses it)")
+
+
 def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None,
               mindformers_version: str | None = None):
     """The Plan of a PyNative-schema YAML (a loaded dict): the same Translation graph mode gives."""
@@ -290,6 +320,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     built = families.mcore_tree(model.config)
     n_layers = shape.num_layers + shape.mtp_depth
     check_context_parallel(cfg["parallelism"], model.config, version)
+    check_pipeline(cfg["parallelism"], shape.num_layers)
     full = recompute_layers(cfg, n_layers)
     select = select_modules(cfg, n_layers, full, family.layer_style, ledger)
 

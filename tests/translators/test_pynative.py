@@ -50,6 +50,10 @@ REFUSED_KEY = {
     "profiler_bad": "profiler.start_step", "rampup": "training.rampup_batch_size",
     "skip_on_nan": "training.use_skip_step_on_nan", "no_lr_scheduler": "lr_scheduler.type",
     "recompute_select_out_of_range": "recompute.select_module.self_attention[0]",
+    "pp2": "parallelism.pipeline_parallel_layers_per_stage",
+    "pp3_auto": "parallelism.pipeline_parallel_layers_per_stage",
+    "pp2_explicit_short": "parallelism.pipeline_parallel_layers_per_stage",
+    "pp2_explicit_reversed": "parallelism.pipeline_parallel_layers_per_stage[0]",
 }
 # Mutations MindFormers accepts and mf-ds refuses (what it cannot run), with the key it names.
 MF_DS_REFUSES = {"rampup": "training.rampup_batch_size"}
@@ -293,7 +297,8 @@ def test_layout_and_memory_for_the_pynative_degrees(capsys):
     from translators.planner import layout_report
 
     tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
-    tree["parallelism"].update(tensor_parallel=2, expert_parallel=4, pipeline_parallel=2)
+    tree["parallelism"].update(tensor_parallel=2, expert_parallel=4, pipeline_parallel=2,
+                               pipeline_parallel_layers_per_stage="auto")
     tree["training"]["global_batch_size"] = 16
     result = translate(tree, world_size=8)
     report = layout_report(result.json, result.asked)
