@@ -355,6 +355,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     # Optimizer and schedule.
     steps = cfg["training"]["steps"]
+    if steps < 1:  # MindFormers takes it and trains nothing
+        raise ConfigError("training.steps", f"expected the number of steps to train (an int >= 1), got {steps}")
     with _renamed(view):  # the LR class the Trainer builds: the section (its type is required) + training.steps
         sched = LrSchedule.parse({**cfg["lr_scheduler"], "total_steps": steps}, view)
         lr = lr_plan(sched, True, None, 1, None, None, view)

@@ -278,6 +278,7 @@ def test_muon_goes_through_the_pynative_muon_path():
     ({"run_mode": "predict"}, "run_mode"),
     ({"training": {"rampup_batch_size": [1, 1, 10]}}, "training.rampup_batch_size"),
     ({"model": {"model_type": "deepseek_v9"}}, "model.model_type"),
+    ({"training": {"steps": 0}}, "training.steps"),  # MindFormers would train nothing
 ])
 def test_what_mf_ds_cannot_run_is_one_line(change, key):
     tree = load_yaml(str(TINY))
