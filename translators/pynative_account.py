@@ -232,16 +232,16 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
                        f"{deg.global_batch} samples a step, not {t['global_batch_size']}")
     if present("training.use_skip_step_on_nan"):
         if t["use_skip_step_on_nan"]:
-            ledger.runtime("training.use_skip_step_on_nan", "a step whose gradients hold inf/NaN is skipped: no "
-                           "update, the LR schedule holds (mf_ds/loop.py), as MindFormers skips it")
+            ledger.dropped("training.use_skip_step_on_nan", "true, as mf-ds always does: a step whose gradients hold "
+                           "inf/NaN is skipped, no update, the LR schedule holds (mf_ds/loop.py): nothing to carry")
         else:
             ledger.differs("training.use_skip_step_on_nan", "false: mf-ds always skips a step whose gradients hold "
                            "inf/NaN (no update, the LR holds); MindFormers would apply it")
     if present("training.max_consecutive_skipped_steps"):
         n = t["max_consecutive_skipped_steps"]
         ledger.add("training.max_consecutive_skipped_steps", *(
-            ("runtime", f"run.max_nan_steps = {n}: the run stops after {n} non-finite losses in a row, as "
-                        "MindFormers stops after that many skipped steps") if n > 0 else
+            ("differs", f"run.max_nan_steps = {n}: the run stops after {n} non-finite losses in a row; MindFormers "
+                        "counts skipped steps (non-finite gradients), which a finite loss can have") if n > 0 else
             ("differs", "0: MindFormers never stops; mf-ds stops after mf_ds.max_nan_steps non-finite losses in a "
                         "row")))
     if present("lr_scheduler.total_steps"):
@@ -436,7 +436,7 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         else:
             ledger.dropped("profiler", "enable_profiling is false")
     if present("run_mode"):
-        ledger.runtime("run_mode", "train")
+        ledger.dropped("run_mode", "train: what mf-ds does")
     if present("mindformers_version"):
         ledger.mapped("mindformers_version", "the model leaves its other keys to this MindFormers version's config "
                       "class defaults, and the schema is this version's (run.mindformers_version records it)")
