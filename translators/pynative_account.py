@@ -13,6 +13,7 @@ from typing import Any
 
 from translators.errors import ConfigError, join, show
 from translators.notes import Ledger
+from translators.pynative_trainer import spans
 
 _PIPELINE = "no pipeline runs here: pipeline_parallel folds into data parallel"
 _NPU = "an Ascend communication / kernel setting with no PyTorch counterpart"
@@ -455,17 +456,3 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
     ledger.mapped("", f"PyNative schema: data_parallel {deg.data_parallel} = world {deg.world} / (tp {deg.tp} x pp "
                   f"{deg.pp} x cp {deg.cp}), accumulation "
                   f"{deg.gradient_accumulation_steps} = global_batch_size / (local_batch_size x data_parallel)")
-
-
-def spans(layers: set[int]) -> str:
-    """{0, 1, 2, 5} -> '0-2, 5'."""
-    out, ordered = [], sorted(layers)
-    start = prev = ordered[0]
-    for i in ordered[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        out.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(out)
