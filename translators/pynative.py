@@ -156,7 +156,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         with _renamed(view):
             ds_optimizer, run_optimizer = muon_optimizer.plan(
                 account.muon_section(cfg, tree, ledger), peak_lr(lr), zero_stage=zero["stage"],
-                mla="kv_lora_rank" in (hf_config or {}), mcore=True, pynative=True, ledger=ledger)
+                mla="kv_lora_rank" in (hf_config or {}), mcore=True, pynative=True, ledger=ledger,
+                attention_variant=model_section.get("experimental_attention_variant"),
+                context_parallel=lay.context_parallel, tensor_parallel=lay.tensor_parallel)
     else:
         opt = Optimizer.parse({k: cfg["optimizer"][k] for k in ("type", "betas", "eps", "weight_decay")})
         ds_optimizer, run_optimizer = ds.optimizer(opt, True, peak_lr(lr), ledger)
@@ -226,7 +228,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "callbacks": callbacks,
         "load_checkpoint": cfg["checkpoint"]["load_path"] or None,
         "load_ckpt_format": "safetensors",
-        "resume_training": False,
+        # no_load_optim false: MindFormers resumes load_path's optimizer state and step too (mf_ds/resume2.py)
+        "resume_training": bool(cfg["checkpoint"]["load_path"]) and not cfg["checkpoint"]["no_load_optim"],
         "ignore_data_skip": False,
         "deterministic": cfg["training"]["deterministic"],
         "print_separate_loss": True,

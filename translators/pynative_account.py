@@ -187,7 +187,9 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger) -> dict:
             raise ConfigError(join("checkpoint", key), f"expected an int >= 1, got {c[key]}")
         out["checkpoint"] = {"prefix": c["prefix"] or "checkpoint", "directory": c["save_path"] or None,
                              "save_checkpoint_steps": c["save_interleaved_steps"], "keep_checkpoint_max": c["save_max"],
-                             "checkpoint_format": "safetensors"}
+                             "checkpoint_format": "safetensors",
+                             # mf-ds' own resumable checkpoints (DeepSpeed state + HF weights), optimizer included
+                             "use_legacy_format": True, "save_optimizer": True}
     if moe is not None and moe["router"]["bias_balance"]:
         # loss_callback.py: with moe_router_enable_expert_bias the bias moves every step (gpt_model.py
         # _update_expert_bias: += moe_router_bias_update_rate x sign(mean load - load)), no callback needed
@@ -348,7 +350,9 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
     # checkpoint
     load = c["load_path"]
     table = {
-        "enable_save": ("runtime", "run.callbacks.checkpoint: DeepSpeed checkpoints every save_interleaved_steps steps"
+        "enable_save": ("runtime", "run.callbacks.checkpoint: mf-ds checkpoints (DeepSpeed state and HF safetensors "
+                        "weights, resumable) every save_interleaved_steps steps; MindFormers' PyNative trainer writes "
+                        "Checkpoint 2.0, which `mf-convert --mf-config <yaml> <step dir> <out>` makes of one"
                         if c["enable_save"] else "false: no checkpoint is written (run.callbacks.checkpoint null)"),
         "save_path": ("runtime", "run.callbacks.checkpoint.directory") if c["enable_save"] else
         ("dropped", "enable_save is false: nothing is saved"),
@@ -366,8 +370,9 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         ("dropped", "empty: the model starts from random weights"),
         "no_load_optim": ("runtime", "true: the weights only, the optimizer starts fresh (run.resume_training "
                                      "false)") if c["no_load_optim"] else
-        ("differs", "false: mf-ds loads the weights of load_path and starts the optimizer fresh (no optimizer state "
-                    "is read from a Checkpoint 2.0 directory)") if load else ("dropped", "no load_path"),
+        ("runtime", "false: run.resume_training: a Checkpoint 2.0 at load_path resumes with its optimizer state, "
+                    "step and LR schedule (mf_ds/resume2.py; one without optimizer files is refused); MindFormers "
+                    "safetensors or an HF directory give the weights") if load else ("dropped", "no load_path"),
         "load_balanced": ("dropped", "how MindFormers spreads the reading over ranks"),
         "load_worker_number": ("dropped", "MindFormers' reader threads"),
         "reshard_worker_num": ("dropped", "MindFormers' resharding threads (the merge here needs none)"),

@@ -271,7 +271,6 @@ def test_muon_goes_through_the_pynative_muon_path():
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"optimizer": {"type": "Muon"}}, "optimizer.qk_clip_enabled"),  # QK-clip: translators/muon.py refuses it
     ({"optimizer": MUON, "model": {"compute_dtype": "bfloat16"}}, "optimizer.type"),  # bf16 needs ZeRO >= 1
     ({"optimizer": {"type": "Lion"}}, "optimizer.type"),
     ({"lora_config": {"target_modules": ".*"}}, "lora_config"),
@@ -383,3 +382,29 @@ def test_random_damage_is_one_line_never_a_traceback():
             translate(tree, world_size=rng.choice([None, 1, 2, 8, 16]))
         except ConfigError:
             pass
+
+
+@pytest.mark.parametrize("no_load_optim, load_path, resumes", [(True, "/ckpt", False), (False, "/ckpt", True),
+                                                                (False, "", False)])
+def test_no_load_optim_false_resumes_the_optimizer(no_load_optim, load_path, resumes):
+    """checkpoint.no_load_optim false with a load_path: MindFormers resumes the optimizer state and step of the
+    Checkpoint 2.0 it loads, so the Plan asks mf_ds/loop.py for the same (run.resume_training)."""
+    tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    tree["checkpoint"].update(no_load_optim=no_load_optim, load_path=load_path)
+    result = translate(tree, world_size=8)
+    assert result.plan.run.resume_training is resumes
+    assert result.plan.run.load_checkpoint == (load_path or None)
+
+
+def test_muon_qk_clip_reaches_the_plan():
+    """PyNative Muon's QK-clip (qk_clip_enabled, on by default) on the MLA model: run.optimizer.qk_clip_threshold,
+    which mf_ds/muon.py applies after each update (mf_ds/qk_clip.py); qk_clip_enabled false leaves it unset."""
+    tree = load_yaml(str(TINY))
+    tree["optimizer"] = {"type": "Muon"}
+    assert translate(tree, world_size=1).plan.run.optimizer.qk_clip_threshold == 100.0
+    tree["optimizer"] = {"type": "Muon", "qk_clip_enabled": True, "qk_clip_threshold": 30}
+    result = translate(tree, world_size=1)
+    assert result.plan.run.optimizer.qk_clip_threshold == 30
+    assert [n.kind for n in result.plan.notes if n.key == "optimizer.qk_clip_enabled"] == ["runtime"]
+    tree["optimizer"] = {"type": "Muon", "qk_clip_enabled": False}
+    assert translate(tree, world_size=1).plan.run.optimizer.qk_clip_threshold is None
