@@ -278,21 +278,11 @@ def _expert_parallel(model: torch.nn.Module) -> bool:
     return any(layer.expert_parallel is not None for layer in moe_layers(model))
 
 
-def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write checkpoint `<prefix>-step<step>` on every rank; returns its final path. Collective."""
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{prefix}-step{step}"
-    tmp = root / f"{final.name}.tmp"
-    if _rank() == 0 and tmp.exists():
-        shutil.rmtree(tmp)  # left by an interrupted save
-    _barrier()
-    engine.save_checkpoint(str(tmp / ENGINE), tag="state", save_latest=False)
-    fault_point("save.engine", step)
-    # The RNG state differs per rank only through the data order, which the step count fixes; rank 0's is kept.
-    rngs = rng_state()
-    # Under ZeRO-3 each rank holds a shard of every weight, under AutoTP a shard of the sharded layers: DeepSpeed
-    # gathers them whole, in the HF names, on rank 0 (collectives: every rank takes the same branch; the dict is
-    # None elsewhere, so the branch is chosen by the layout, never by the result).
+def whole_weights(engine: Any) -> dict[str, torch.Tensor] | None:
+    """The model's weights whole, in the HF names, on rank 0 (None there when they are the module's own, and on the
+    other ranks). Under ZeRO-3 each rank holds a shard of every weight, under AutoTP a shard of the sharded layers,
+    under expert parallelism its own experts: DeepSpeed gathers them (collectives: every rank takes the same branch,
+    chosen by the layout, never by the result)."""
     stage3, tp = engine.zero_optimization_stage() == 3, engine.autotp_size() > 1
     weights = None
     if stage3:
@@ -310,6 +300,22 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
 
         full = gather_full_state_dict(engine.module, base=weights)
         weights = full if weights is not None or not tp else None
+    return weights
+
+
+def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write checkpoint `<prefix>-step<step>` on every rank; returns its final path. Collective."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{prefix}-step{step}"
+    tmp = root / f"{final.name}.tmp"
+    if _rank() == 0 and tmp.exists():
+        shutil.rmtree(tmp)  # left by an interrupted save
+    _barrier()
+    engine.save_checkpoint(str(tmp / ENGINE), tag="state", save_latest=False)
+    fault_point("save.engine", step)
+    # The RNG state differs per rank only through the data order, which the step count fixes; rank 0's is kept.
+    rngs = rng_state()
+    weights = whole_weights(engine)
     _barrier()
     if _rank() == 0:
         engine.module.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)

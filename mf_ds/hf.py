@@ -36,6 +36,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from mf_ds.errors import RunError
+from mf_ds.parallel import release_shm_names
 from translators.lr import Schedule
 from translators.plan_types import Plan, Run
 
@@ -144,6 +145,7 @@ class MFTrainer(Trainer):
         `trust_checkpoint`: resume from a checkpoint without checksums.json (mf_ds/checkpoint.py says why)."""
         self.plan, self.data_size, self.trust_checkpoint = plan, data_size, trust_checkpoint
         super().__init__(*args, **kwargs)
+        release_shm_names()  # DeepSpeed's CPU all-reduce buffers, leaked otherwise (mf_ds/parallel.py)
         # micro_batch_interleave_num: each micro batch is one of the parts whose mean losses MindFormers'
         # MicroBatchInterleaved adds, so each part keeps its own mean (not a share of the window's token mean) and
         # its loss is multiplied by the count (compute_loss); the logged loss is the parts' mean (training_step).
@@ -283,6 +285,21 @@ def _scheduler_args(r: Schedule) -> tuple[str, dict]:
     return "constant_with_warmup", {}
 
 
+def _checkpoint2_notes(run) -> list[str]:
+    """What of Checkpoint 2.0 this path does not do (mf-train does: mf_ds/resume2.py)."""
+    from mf_ds.checkpoint2 import is_checkpoint2
+
+    notes = []
+    if run.load_checkpoint and is_checkpoint2(run.load_checkpoint) and run.resume_training:
+        notes.append(f"{run.load_checkpoint}: a Checkpoint 2.0: the HF Trainer path loads its weights only; its "
+                     "optimizer state and step resume with mf-train --resume_training")
+    ckpt = run.callbacks.checkpoint
+    if ckpt and not ckpt.use_legacy_format:
+        notes.append("CheckpointMonitor.use_legacy_format False: the HF Trainer path saves HF Trainer checkpoints; "
+                     "mf-train writes Checkpoint 2.0")
+    return notes
+
+
 def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     """Translate `path` (dotted YAML overrides as keyword names; also output_dir= and max_steps=) for the Trainer."""
     from mf_ds.model import prepare
@@ -321,6 +338,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     sched_type, sched_kwargs = _scheduler_args(resolved)
     ckpt = run.callbacks.checkpoint
     saving = bool(ckpt and ckpt.save_checkpoint_steps)  # MindSpore's save_checkpoint_steps 0: no step saves
+    report.extend(_checkpoint2_notes(run))
     optimizer = run.optimizer
     betas = optimizer.betas or (0.9, 0.999)
     args = TrainingArguments(

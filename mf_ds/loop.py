@@ -34,11 +34,13 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint
+from mf_ds import checkpoint, checkpoint2, optim_state, resume2
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
 from mf_ds.monitor import Monitor
+from mf_ds.parallel import release_shm_names
+from mf_ds.weights import layout_of
 from translators.plan_types import Plan
 
 
@@ -141,15 +143,30 @@ class Trainer:
             if path.exists() and not path.is_dir():
                 raise RunError(f"{path}: {what} is a file; it must be a directory (or not exist yet)")
         self.trust_checkpoint = trust_checkpoint
+        self.checkpoint2 = bool(self.ckpt) and not self.ckpt.use_legacy_format  # saves as Checkpoint 2.0
         weights = load_checkpoint or run.load_checkpoint
         resume_from = None
         if weights and (Path(weights) / checkpoint.STATE).is_file():
             resume_from, weights = Path(weights), None  # an mf-ds checkpoint: resume from it
         resume = resume or run.resume_training is True
-        if self.ckpt and not resume and resume_from is None and checkpoint.complete(self.ckpt_root):
+        earlier = checkpoint.complete(self.ckpt_root) or resume2.is_root(self.ckpt_root)
+        if self.ckpt and not resume and resume_from is None and earlier:
             # A fresh run would save its step-N checkpoints over the earlier run's and prune the rest.
             raise RunError(f"{self.ckpt_root} holds checkpoints of an earlier run: pass --resume_training to "
                            "continue it, or give another --output_dir")
+        # Checkpoint 2.0 (mf_ds/resume2.py): this run's own saves, else load_checkpoint when it is one; its weights
+        # are loaded by prepare(), its optimizer state and step after deepspeed.initialize.
+        self.resume2_from = None
+        if resume and resume_from is None and not checkpoint.complete(self.ckpt_root):
+            if resume2.is_root(self.ckpt_root):
+                self.resume2_from = self.ckpt_root
+                weights = str(self.ckpt_root)
+            elif weights and checkpoint2.is_checkpoint2(weights):
+                self.resume2_from = Path(weights)
+        elif weights and checkpoint2.is_checkpoint2(weights) and not resume and any(
+                Path(weights).rglob("*opt-*.safetensors")):
+            _log(f"mf-ds: note: {weights}: its optimizer state is not loaded (resume_training is False): weights "
+                 "only, the optimizer and the LR schedule start fresh")
         self.max_nan_steps = run.max_nan_steps
         self.inject_nan = {int(s) for s in os.environ.get(INJECT_NAN, "").split(",") if s.strip()}
         self.parallel = plan.parallel
@@ -183,6 +200,11 @@ class Trainer:
         self.steps_per_epoch = prepared.steps_per_epoch
         self.total_steps = prepared.total_steps
         optimizer = build_optimizer(model, run.optimizer)
+        # Which torch state each parameter keeps, for Checkpoint 2.0 (before DeepSpeed regroups a ZeRO optimizer)
+        try:
+            self.state_keys, self.unmapped = optim_state.state_keys(model, optimizer), None
+        except optim_state.Unmapped as exc:
+            self.state_keys, self.unmapped = None, str(exc)
         # MindFormers' total_steps counts epochs x the data set (x repeat), whatever stop_step / --max_steps cut.
         scheduler = build_scheduler(optimizer, run.lr_schedule, prepared.data_size, run_steps=self.total_steps,
                                     log=_log)
@@ -203,10 +225,11 @@ class Trainer:
             mla_rope_key_grads(self.engine.module)
         if not self._engine_records_norm:
             _skippable(self.engine.optimizer)
+        self._check_checkpoint2()
         monitor = run.callbacks.loss_monitor
         self.print_every = monitor.per_print_times if monitor else 1
         self.step = 0
-        if resume:
+        if resume and self.resume2_from is None:
             resume_from = resume_from or checkpoint.latest(self.ckpt_root)
             if resume_from is None:
                 _log(f"mf-ds: no checkpoint under {self.ckpt_root}: starting from step 0")
@@ -214,6 +237,14 @@ class Trainer:
             state = checkpoint.load(self.engine, resume_from, trust=self.trust_checkpoint)
             self.step = state["step"]
             _log(f"mf-ds: resumed from {resume_from} at step {self.step}")
+        elif self.resume2_from is not None:
+            if self.state_keys is None:
+                raise RunError(f"{self.resume2_from}: cannot resume its optimizer state: {self.unmapped}; load its "
+                               "weights only (without resume_training) to start the optimizer fresh")
+            self.step = resume2.resume(self.engine, self.resume2_from, self.state_keys, plan.weights_family,
+                                       layout_of(plan), run.global_batch_size, _log)
+            _log(f"mf-ds: resumed from {self.resume2_from} (Checkpoint 2.0: weights, optimizer state, LR schedule) "
+                 f"at step {self.step}")
         # A progress bar for people at a terminal; logs and CI get the MFLossMonitor lines only.
         self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
                         disable=self.rank != 0 or not sys.stderr.isatty())
@@ -231,6 +262,7 @@ class Trainer:
         # Every collective gives up after this long, so a rank that froze cannot hang the others forever
         # (one that died is noticed at once: its sockets close).
         deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=args.dist_timeout))
+        release_shm_names()
         sets = list(args.set)
         if args.output_dir:
             sets.append(f"output_dir={args.output_dir}")
@@ -366,6 +398,8 @@ class Trainer:
         return not self._agree(not ok)
 
     def _last_checkpoint_note(self) -> str:
+        if self.checkpoint2 and resume2.is_root(self.ckpt_root):
+            return f"; the last checkpoint is {checkpoint2.iteration_dir(self.ckpt_root)}"
         last = checkpoint.latest(self.ckpt_root) if self.ckpt else None
         return f"; the last checkpoint is {last}" if last else ""
 
@@ -413,8 +447,43 @@ class Trainer:
         if not self._weights_finite():
             raise RunError(f"step {self.step}: the weights hold inf/NaN; no checkpoint written"
                            f"{self._last_checkpoint_note()}")
+        if self.checkpoint2:
+            return self._save_checkpoint2()
         return checkpoint.save(self.engine, self.ckpt_root, self.ckpt.prefix, self.step,
                                {"consumed_micro_batches": self.step * self.ga}, self.ckpt.keep_checkpoint_max)
+
+    def _check_checkpoint2(self) -> None:
+        """Before the first step: a Checkpoint 2.0 with the optimizer state can be saved."""
+        if not (self.checkpoint2 and self.ckpt.save_optimizer):
+            return
+        if self.state_keys is None:
+            raise RunError(f"CheckpointMonitor.save_optimizer: {self.unmapped}; set save_optimizer: False to save "
+                           "the weights only")
+        if self.tp > 1 or checkpoint._expert_parallel(self.engine.module):
+            raise RunError("CheckpointMonitor.save_optimizer: Checkpoint 2.0 optimizer state is gathered whole per "
+                           "parameter by ZeRO; under tensor or expert parallelism it is not: set save_optimizer: "
+                           "False or use_legacy_format: True")
+
+    def _save_checkpoint2(self) -> Path:
+        """The step as MindFormers 2.x's Checkpoint 2.0 (use_legacy_format: False), optimizer state included when
+        save_optimizer (mf_ds/resume2.py)."""
+        keys = self.state_keys if self.ckpt.save_optimizer else None  # checked at the start (_check_checkpoint2)
+        sharded = self.tp > 1 or checkpoint._expert_parallel(self.engine.module)  # weights gathered, state not
+        weights = checkpoint.whole_weights(self.engine)
+        # bf16 / fp16: the fp32 masters are the weights saved (as MindFormers' graph mode saves its fp32 parameters)
+        masters = optim_state.masters(self.engine, list(self.state_keys or {})) if \
+            optim_state.low_precision(self.engine) and self.state_keys and not sharded else {}
+        if self.rank == 0:
+            weights = {k: v for k, v in (weights or self.engine.module.state_dict()).items()
+                       if not k.endswith("rotary_emb.inv_freq")}
+            weights.update(masters)
+            if getattr(self.engine.module.config, "tie_word_embeddings", False):
+                weights.pop("lm_head.weight", None)
+        epoch = (self.step - 1) // self.steps_per_epoch + 1 if self.step else 0
+        common = {"epoch_num": epoch, "step_num": self.step, "global_step": self.step, "loss_scale": 1.0,
+                  "global_batch_size": self.run.global_batch_size}
+        return resume2.save(self.engine, self.ckpt_root, self.step, keys, self.plan.weights_family,
+                            layout_of(self.plan), common, self.ckpt.keep_checkpoint_max, weights)
 
     def close(self) -> None:
         """Flush the logs and write the run report (mf-report's PNGs) into <output_dir>/report/."""

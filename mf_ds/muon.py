@@ -29,9 +29,15 @@ a fixed 0.2 in `adjust_lr_fn="match_rms_adamw"` (MindFormers' matched_adamw_rms 
 momentum (buf.lerp_(g, 1 - momentum): MindFormers' m scaled by 1 - momentum, so their states do not interchange).
 Hence its own loop here; tests/mf_ds/test_muon.py checks that on an unsplit 2-D weight both agree to bf16 rounding.
 
-MindFormers' graph-mode Muon (core/optim/muon.py, 2.0.0 / 2.1.0) differs again (fixed coefficients x 5 whatever
-ns_steps says, bf16 normalization with + 1e-7, one lr scale from the last piece) and always applies QK-clip; mf-ds
-does not run it (translators/muon.py says why).
+QK-clip (`qk_clip_threshold`, P construct after the update loop: model.apply_qk_clip_scaling): after every
+parameter's update, each MLA layer's q / kv_b rows are scaled per head from the step's max attention logit
+(mf_ds/qk_clip.py); the statistic is zeroed for the next step.
+
+MindFormers' graph-mode Muon (core/optim/muon.py, 2.0.0 / 2.1.0; `mode: graph`) differs again: the update is cast
+to bf16 before the split, Newton-Schulz normalizes in bf16 (x / (||x|| + 1e-7)) and runs unfused bf16 ops
+(X X^T, b A + (c A) A, a X + B X, each rounded) with the fixed triple x 5 whatever ns_steps says, one lr scale from
+the last piece's dims serves every piece, and QK-clip runs every step (`graph_newton_schulz`; tests/mf_ds/
+test_muon.py against a transcription of the graph-mode source).
 """
 
 from __future__ import annotations
@@ -131,6 +137,21 @@ def newton_schulz(x: torch.Tensor, schedule: tuple[tuple[float, float, float], .
     return x.mT if wide else x
 
 
+def graph_newton_schulz(x: torch.Tensor) -> torch.Tensor:
+    """Graph mode's zeropower_via_newtonschulz5_2d / _3d (core/optim/muon.py) on a bf16 input: every op in bf16,
+    rounded once (a scalar times a bf16 tensor computed in fp32), the fixed triple x 5."""
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    wide = x.shape[-2] > x.shape[-1]
+    if wide:
+        x = x.mT
+    norm = torch.linalg.matrix_norm(x.float(), ord="fro", keepdim=True).to(torch.bfloat16)
+    x = x / (norm + 1e-7)
+    for _ in range(5):
+        gram = x @ x.mT
+        x = a * x + (b * gram + (c * gram) @ gram) @ x
+    return x.mT if wide else x
+
+
 def schedule_of(ns_coefficients, ns_steps: int) -> tuple[tuple[float, float, float], ...]:
     """Muon._normalize_ns_schedule: a flat triple x ns_steps, or segments [[[a, b, c], count], ...]."""
     first = ns_coefficients[0]
@@ -145,11 +166,17 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 2e-2, weight_decay: float = 0.1, matched_adamw_rms: float = 0.2,
                  momentum: float = 0.95, nesterov: bool = True, schedule=((3.4445, -4.7750, 2.0315),) * 5,
-                 eps: float = 1e-7, adamw_betas: tuple[float, float] = (0.95, 0.95), adamw_eps: float = 1e-8):
+                 eps: float = 1e-7, adamw_betas: tuple[float, float] = (0.95, 0.95), adamw_eps: float = 1e-8,
+                 mode: str = "pynative"):
+        if mode not in ("pynative", "graph"):
+            raise ValueError(f"mode: 'pynative' or 'graph', got {mode!r}")
         defaults = {"lr": lr, "weight_decay": weight_decay, "matched_adamw_rms": matched_adamw_rms,
                     "momentum": momentum, "nesterov": nesterov, "schedule": tuple(map(tuple, schedule)), "eps": eps,
-                    "adamw_betas": tuple(adamw_betas), "adamw_eps": adamw_eps, "muon": False, "rules": None}
+                    "adamw_betas": tuple(adamw_betas), "adamw_eps": adamw_eps, "muon": False, "rules": None,
+                    "mode": mode}
         super().__init__(params, defaults)
+        self.qk_clip = None  # mf_ds.qk_clip.QKClip, set by build_muon when the plan asks for QK-clip
+        self._where: dict[int, tuple[int, int]] = {}
 
     @torch.no_grad()
     def step(self, closure: Callable | None = None):
@@ -160,7 +187,29 @@ class Muon(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 (self._muon if group["muon"] else self._adamw)(p, p.grad.float(), self.state[p], rule, group)
+        if self.qk_clip is not None:  # P construct: model.apply_qk_clip_scaling after the update loop
+            self.qk_clip.apply(self._held)
         return loss
+
+    def set_qk_clip(self, clip) -> None:
+        """Clip after each step; remembers where each parameter sits in the groups (a wrapper that swaps the groups'
+        tensors, keeping their shapes, is then still scaled where the optimizer reads)."""
+        self.qk_clip = clip
+        self._where = {id(p): (g, i) for g, group in enumerate(self.param_groups)
+                       for i, p in enumerate(group["params"])}
+
+    def _held(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """The tensor this optimizer updates for a model parameter (MindFormers' fp32_param_map)."""
+        if id(param) not in self._where:
+            return param
+        g, i = self._where[id(param)]
+        held = self.param_groups[g]["params"][i]
+        if held.shape != param.shape:
+            from mf_ds.errors import RunError
+
+            raise RunError(f"QK-clip: the optimizer holds a {tuple(held.shape)} tensor for a {tuple(param.shape)} "
+                           "weight (a ZeRO partition?); Muon needs ZeRO stage 0")
+        return held
 
     @staticmethod
     def _muon(p: torch.Tensor, g: torch.Tensor, state: dict, rule: tuple, group: dict) -> None:
@@ -175,11 +224,25 @@ class Muon(torch.optim.Optimizer):
         m = state["momentum_buffer"]
         next_m = m * mu + g
         u = g + next_m * mu if group["nesterov"] else next_m
+        graph = group.get("mode") == "graph"
         pieces = []
-        for piece in split(u, tuple(rule)):
-            scale = lr * math.sqrt(max(piece.shape[-2], piece.shape[-1])) * group["matched_adamw_rms"]
-            pieces.append(newton_schulz(piece, group["schedule"], group["eps"]).float() * scale)
-        weight = p.float() * (1 - lr * group["weight_decay"]) - merge(pieces, tuple(rule)).reshape(p.shape)
+        inputs = split(u.to(torch.bfloat16) if graph else u, tuple(rule))  # GM: op_cast(gradient_fp32, bf16) first
+        # PyNative: each piece's own sqrt(max(A, B)); graph mode: the last piece's dims for all (its loop variables)
+        widths = [max(x.shape[-2], x.shape[-1]) for x in inputs]
+        if graph:
+            widths = [widths[-1]] * len(widths)
+        # graph mode's lr, matched_adamw_rms and weight decay are fp32 tensors, so its scalars round to fp32 each
+        lr32, rms32, wd32 = (torch.tensor(v, dtype=torch.float32) for v in (lr, group["matched_adamw_rms"],
+                                                                           group["weight_decay"]))
+        for piece, width in zip(inputs, widths, strict=True):
+            if graph:  # GM: adjusted_lr = lr * (sqrt(fp32(max(A, B))) * matched_adamw_rms)
+                ratio = torch.tensor(width, dtype=torch.float32).sqrt() * rms32
+                pieces.append((lr32 * ratio) * graph_newton_schulz(piece).float())
+            else:
+                scale = lr * math.sqrt(width) * group["matched_adamw_rms"]
+                pieces.append(newton_schulz(piece, group["schedule"], group["eps"]).float() * scale)
+        decay = (1 - lr32 * wd32) if graph else 1 - lr * group["weight_decay"]
+        weight = p.float() * decay - merge(pieces, tuple(rule)).reshape(p.shape)
         p.copy_(weight)
         m.copy_(next_m)
 
@@ -222,7 +285,19 @@ def build_muon(model: torch.nn.Module, spec: MuonOptimizer) -> Muon:
                "rules": [split_rule(n, model.config) for n, _ in muon]},
               {"params": [p for _, p in decay], "weight_decay": wd, "name": "adamw_decay"},
               {"params": [p for _, p in no_decay], "weight_decay": 0.0, "name": "adamw_no_decay"}]
-    return Muon([g for g in groups if g["params"]], lr=spec.lr, weight_decay=wd,
-                matched_adamw_rms=spec.matched_adamw_rms, momentum=spec.momentum, nesterov=spec.nesterov,
-                schedule=spec.ns_schedule, eps=spec.eps, adamw_betas=tuple(spec.adamw_betas),
-                adamw_eps=spec.adamw_eps)
+    optimizer = Muon([g for g in groups if g["params"]], lr=spec.lr, weight_decay=wd,
+                     matched_adamw_rms=spec.matched_adamw_rms, momentum=spec.momentum, nesterov=spec.nesterov,
+                     schedule=spec.ns_schedule, eps=spec.eps, adamw_betas=tuple(spec.adamw_betas),
+                     adamw_eps=spec.adamw_eps, mode=spec.mode)
+    if spec.qk_clip_threshold is not None:
+        from mf_ds import qk_clip
+
+        layers = qk_clip.install(model)
+        if not layers:
+            from mf_ds.errors import RunError
+
+            raise RunError("QK-clip: the plan asks for it and the model has no MLA attention whose max logit "
+                           "MindFormers tracks (DeepSeek-V4's and DSA's keep none: translators/muon.py leaves "
+                           "run.optimizer.qk_clip_threshold null for experimental_attention_variant dsv4_hybrid / dsa)")
+        optimizer.set_qk_clip(qk_clip.QKClip(layers, spec.qk_clip_threshold))
+    return optimizer

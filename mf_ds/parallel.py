@@ -19,6 +19,8 @@ Context parallel is DeepSpeed Ulysses (deepspeed/runtime/sequence_parallel/ulyss
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 
 import torch
@@ -26,6 +28,26 @@ import torch.distributed as dist
 
 from mf_ds.errors import RunError
 from translators.plan_types import Parallel
+
+
+def release_shm_names() -> None:
+    """Unlink this rank's DeepSpeed CPU all-reduce buffer name once every rank has mapped it.
+
+    DeepSpeed's CPU communication op (ops/csrc/cpu/comm/shm.cpp `shm_initialize`, run by deepspeed.init_distributed
+    when all ranks are local) creates `/dev/shm/deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>`
+    (~67 MB) per rank and never unlinks it: every multi-rank CPU run left its buffers behind (282 files, 19 GB of a
+    24 GiB machine's memory, after one day of test runs). Each rank maps its peers' buffers inside init_distributed,
+    so after a barrier the names are no longer needed: unlinking keeps the mappings and frees the memory when the
+    last rank exits, however it exits."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    path = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{dist.get_rank()}"
+    if not os.path.exists(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_0"):
+        return  # no shm op on this run (GPU, or ranks on several hosts): nothing was created
+    dist.barrier()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def data_shard(rank: int, world: int, parallel: Parallel) -> tuple[int, int]:

@@ -56,6 +56,7 @@ class General(Section):
     filepath_prefix: str = key("./autotune", "autotune output")
     transform_process_num: int = key(1, "processes used for resharding")
     remove_redundancy: bool = key(False, "checkpoint de-duplication")
+    use_legacy_format: bool = key(True, "False: Checkpoint 2.0 checkpoints (MindFormers 2.0 graph mode)")
     mindformers_version: str | float | None = key(None, "mf-ds: the MindFormers version the YAML comes from (its "
                                                       "config classes' defaults fill what model_config leaves out; "
                                                       "default the newest)")
@@ -93,6 +94,9 @@ GENERAL_BECOMES = {
     "mindformers_version": ("mapped", "model_config leaves its other keys to this MindFormers version's config "
                                       "class defaults (run.mindformers_version records it)"),
     "remove_redundancy": ("dropped", "DeepSpeed writes each shard once; HF weights are saved from rank 0"),
+    "use_legacy_format": ("runtime", "run.callbacks.checkpoint.use_legacy_format unless CheckpointMonitor sets it (as "
+                                     "MindFormers hands it to the callback): False saves Checkpoint 2.0 "
+                                     "(mf_ds/resume2.py); load_checkpoint is told by its files either way"),
     "pretrained_model_dir": ("runtime", "mcore: its config.json seeds model_config (model_config keys win, as "
                                         "build_config.merge_model_config); with load_checkpoint empty and "
                                         "*.safetensors in it, run.load_checkpoint (trainer.py "
@@ -188,6 +192,9 @@ def parse_general(tree: dict, ledger: Ledger) -> General:
         ledger.differs("run_mode", "finetune without load_checkpoint starts from random weights")
     if isinstance(general.resume_training, str) and not general.load_checkpoint:
         raise ConfigError("resume_training", "a checkpoint name needs load_checkpoint set")
+    if isinstance(general.resume_training, str) and not general.use_legacy_format:
+        raise ConfigError("resume_training", "must be a bool with use_legacy_format False (MindFormers: "
+                          "resume_training should be a bool value when the use_legacy_format is False)")
     if general.layer_scale:
         ledger.differs("layer_scale", "layer-wise learning-rate decay is not supported; one LR for all layers")
     if general.do_eval:

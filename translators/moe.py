@@ -263,6 +263,7 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
         topk_method = "greedy"
     if mcore and cfg.n_group and cfg.topk_group:
         topk_method = "noaux_tc" if cfg.balance_via_topk_bias else "group_limited_greedy"  # mcore's own rule
+        _check_groups(cfg, topk_method, "model.model_config")
     if mcore:
         ledger.runtime("model.model_config.moe_router_load_balancing_type", {
             "sub_seq_aux_loss": "P and f per tensor x context-parallel slice of a shard (MindFormers' default)",
@@ -383,17 +384,21 @@ def _check(cfg: MoEConfig, ep: int) -> None:
             raise ConfigError(f"moe_config.aux_loss_types[{i}]", f"expected one of {', '.join(AUX_TYPES)}, "
                               f"got {show(name)}")
     if cfg.topk_method != "greedy":  # greedy ignores n_group / topk_group (DeepSeek-V3 YAMLs set them anyway)
-        n_group, topk_group = cfg.n_group, cfg.topk_group
-        if not (n_group and topk_group):
-            raise ConfigError("moe_config.n_group", f"topk_method {cfg.topk_method} needs n_group and topk_group")
-        if cfg.expert_num % n_group:
-            raise ConfigError("moe_config.n_group",
-                              f"expert_num {cfg.expert_num} is not divisible by n_group {n_group}")
-        if topk_group > n_group:
-            raise ConfigError("moe_config.topk_group", f"{topk_group} exceeds n_group {n_group}")
-        if topk_group * (cfg.expert_num // n_group) < cfg.num_experts_chosen:
-            raise ConfigError("moe_config.topk_group", f"{topk_group} groups of {cfg.expert_num // n_group} experts "
-                              f"hold fewer than top-k {cfg.num_experts_chosen}")
+        _check_groups(cfg, cfg.topk_method, "moe_config")
+
+
+def _check_groups(cfg: MoEConfig, topk_method: str, base: str) -> None:
+    """Group-limited routing: n_group splits the experts, topk_group of them hold at least top-k."""
+    n_group, topk_group = cfg.n_group, cfg.topk_group
+    if not (n_group and topk_group):
+        raise ConfigError(f"{base}.n_group", f"topk_method {topk_method} needs n_group and topk_group")
+    if cfg.expert_num % n_group:
+        raise ConfigError(f"{base}.n_group", f"expert_num {cfg.expert_num} is not divisible by n_group {n_group}")
+    if topk_group > n_group:
+        raise ConfigError(f"{base}.topk_group", f"{topk_group} exceeds n_group {n_group}")
+    if topk_group * (cfg.expert_num // n_group) < cfg.num_experts_chosen:
+        raise ConfigError(f"{base}.topk_group", f"{topk_group} groups of {cfg.expert_num // n_group} experts "
+                          f"hold fewer than top-k {cfg.num_experts_chosen}")
 
 
 def _account(raw: dict, ledger: Ledger) -> None:

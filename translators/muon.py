@@ -12,12 +12,22 @@ Two Muon classes answer to the name (sources: mindformers 2.0.0 / 2.1.0 wheels):
 Both refuse a model without multi-latent attention ("Current Muon implementation only supports models with
 Multi-Latent Attention enabled.") and a legacy one ("Muon does not support Legacy Model.").
 
-What mf-ds runs: the PyNative arithmetic on one card (mf_ds/muon.py), with the statistic QK-clip needs missing:
-mf-ds's attention does not track each head's max logit, so QK-clip is refused (qk_clip_enabled: false runs the rest
-exactly), and with it graph-mode Muon, whose clip has no switch. Muon needs each weight whole: DeepSpeed's ZeRO-1/2/3
-optimizers hand a client optimizer flat partitions (and ZeRO-1/2's own Muon, `use_muon` parameters, is DeepSpeed's
-update: one coefficient triple, EMA momentum, no per-head split), so only ZeRO stage 0 runs it (data parallel
-gradients are still averaged over ranks, each rank then updates whole weights).
+What mf-ds runs: the PyNative arithmetic on one card (mf_ds/muon.py), and QK-clip (qk_clip_enabled, default on)
+with the max-logit statistic it needs (mf_ds/qk_clip.py): per MLA head, the step's max of scale * q k^T over its
+micro batches and the data-parallel ranks; after the update q / kv_b rows scaled by sqrt(gamma) / gamma, gamma =
+min(1, qk_clip_threshold / max_logit). Only MindFormers' FlashAttention core tracks the statistic: DeepSeek-V3's MLA
+does, DeepSeek-V4's CompressedSparseAttention (experimental_attention_variant dsv4_hybrid) and DSA do not, so there
+MindFormers' clip scales nothing, and neither does mf-ds. Under context parallelism (Ulysses hands the attention a
+head shard) mf-ds does not compute the statistic: QK-clip is refused there. Muon needs each weight whole: DeepSpeed's
+ZeRO-1/2/3 optimizers hand a client optimizer flat partitions (and ZeRO-1/2's own Muon, `use_muon` parameters, is
+DeepSpeed's update: one coefficient triple, EMA momentum, no per-head split), and AutoTP shards them, so only ZeRO
+stage 0 without tensor parallelism runs it (data parallel gradients are still averaged over ranks, each rank then
+updates whole weights).
+
+Graph-mode Muon (a graph-mode YAML naming Muon) is another update, which mf-ds runs as well (`mode: graph` in
+mf_ds/muon.py): its Newton-Schulz in bf16 op by op with the fixed triple x 5 whatever ns_steps says, one lr scale
+from the last piece, and QK-clip every step at qk_clip_threshold (no switch: qk_clip_enabled is not one of its
+arguments). It takes no eps, ns_coefficients or adamw_include (its filter is the default globs'), and ignores them.
 """
 
 from __future__ import annotations
@@ -34,9 +44,15 @@ PYNATIVE_DEFAULTS: dict[str, Any] = {
     "use_fused_adamw": False, "adamw_include": None, "phase0_batch_memory_gb": 1, "ns_batch_memory_gb": 1,
     "phase4_batch_memory_gb": 4, "swap": False,
 }
+GRAPH_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 2e-2, "weight_decay": 0.1, "matched_adamw_rms": 0.2, "momentum": 0.95, "nesterov": True,
+    "ns_steps": 5, "adamw_betas": [0.95, 0.95], "adamw_eps": 1e-8, "qk_clip_threshold": 100, "swap": False,
+}
+GRAPH_TRIPLE = [3.4445, -4.7750, 2.0315]  # zeropower_via_newtonschulz5_2d / _3d, 5 steps
 ADAMW_INCLUDE = ["*word_embeddings*", "*output_layer*"]  # Muon._build_muon_filter's default
 _MAPPED = ("type", "weight_decay", "matched_adamw_rms", "momentum", "eps", "nesterov", "ns_steps", "ns_coefficients",
-           "adamw_betas", "adamw_eps", "adamw_include", "qk_clip_enabled")
+           "adamw_betas", "adamw_eps", "adamw_include")
+UNTRACKED = {"dsv4_hybrid": "DeepSeek-V4's CompressedSparseAttention", "dsa": "DSA's DSAttention"}
 _DROPPED = {
     "comm_strategy": "how MindFormers spreads Newton-Schulz over ranks (allgather / one owner per weight): the same "
                      "arithmetic; mf-ds runs it on every rank",
@@ -87,37 +103,59 @@ def schedule(coefficients: Any, ns_steps: Any) -> list[list[float]]:
 
 
 def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, pynative: bool,
-         ledger: Ledger) -> tuple[dict[str, Any], dict[str, Any]]:
-    """DeepSpeed's optimizer block and run.optimizer for a Muon section; every key accounted for in `ledger`."""
+         ledger: Ledger, attention_variant: str | None = None, context_parallel: int = 1,
+         tensor_parallel: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
+    """DeepSpeed's optimizer block and run.optimizer for a Muon section; every key accounted for in `ledger`.
+    attention_variant: the model's experimental_attention_variant (dsv4_hybrid, dsa: no max-logit statistic)."""
     if not mcore:
         raise ConfigError("optimizer.type", "Muon: MindFormers stops with \"Muon does not support Legacy Model.\"")
     if not mla:
         raise ConfigError("optimizer.type", "Muon: MindFormers stops with \"Current Muon implementation only supports "
                           "models with Multi-Latent Attention enabled.\"")
-    if not pynative:
-        raise ConfigError("optimizer.type", "graph-mode Muon (mindformers/core/optim/muon.py) applies QK-clip every "
-                          "step (apply_qk_clip_scaling, no switch) from each head's max attention logit, which mf-ds's "
-                          "attention does not track; mf-ds runs the PyNative Muon with qk_clip_enabled: false")
-    s = {**PYNATIVE_DEFAULTS, **section}
+    s = {**(PYNATIVE_DEFAULTS if pynative else GRAPH_DEFAULTS), **section}
     if s["swap"]:
         raise ConfigError("optimizer.swap", "Muon: MindFormers stops with \"Muon does not support swap.\"")
-    if s["qk_clip_enabled"] is not False:
-        raise ConfigError("optimizer.qk_clip_enabled", "QK-clip scales q/k by each head's max attention logit, which "
-                          "mf-ds's attention does not track; set qk_clip_enabled: false to run the rest of Muon as "
-                          "MindFormers computes it")
+    threshold = _number(s, "qk_clip_threshold")
+    if pynative:
+        if not isinstance(s["qk_clip_enabled"], bool):
+            raise ConfigError("optimizer.qk_clip_enabled", f"expected true or false, got {s['qk_clip_enabled']!r}")
+        if s["qk_clip_enabled"] and threshold <= 0:
+            raise ConfigError("optimizer.qk_clip_threshold", f"qk_clip_threshold must be positive, got "
+                              f"{s['qk_clip_threshold']!r}.")
+        clip = s["qk_clip_enabled"] and attention_variant not in UNTRACKED
+    else:
+        if threshold <= 0:
+            raise ConfigError("optimizer.qk_clip_threshold", f"{s['qk_clip_threshold']!r}: graph-mode Muon clips "
+                              "every step, and MindFormers does not check the threshold: at or below 0 it would zero "
+                              "or flip the q / k weights; mf-ds refuses it")
+        clip = attention_variant not in UNTRACKED
+    if clip and context_parallel > 1:
+        raise ConfigError("optimizer.qk_clip_enabled" if pynative else "optimizer.type",
+                          f"QK-clip under context parallelism ({context_parallel}): Ulysses hands the attention a head "
+                          "shard, for which mf-ds does not compute the max-logit statistic; "
+                          + ("set qk_clip_enabled: false or run without context parallelism" if pynative else
+                             "graph-mode Muon always clips: run without context parallelism"))
+    if tensor_parallel > 1:
+        raise ConfigError("optimizer.type", f"Muon needs each weight whole and tensor parallelism "
+                          f"({tensor_parallel}) shards them (MindFormers all-gathers them for Newton-Schulz); run "
+                          "Muon without tensor parallelism")
     if zero_stage:
         raise ConfigError("optimizer.type", f"Muon needs whole weights and ZeRO-{zero_stage} gives the optimizer flat "
                           "partitions (DeepSpeed's own ZeRO Muon is not MindFormers' update); run with ZeRO stage 0: "
                           "no parallel.enable_parallel_optimizer, float32 parameters or compute, mf_ds.zero_stage: 0")
-    if s["comm_strategy"] not in ("allgather", "allgather_deredundency"):
-        raise ConfigError("optimizer.comm_strategy", f"comm_strategy must be 'allgather' or 'allgather_deredundency', "
-                          f"got {s['comm_strategy']!r}.")
-    for key in ("phase0_batch_memory_gb", "ns_batch_memory_gb", "phase4_batch_memory_gb"):
-        _number(s, key, 0)
-    include = ADAMW_INCLUDE if s["adamw_include"] is None else s["adamw_include"]
-    include = [include] if isinstance(include, str) else include
-    if not isinstance(include, list) or not all(isinstance(p, str) for p in include):
-        raise ConfigError("optimizer.adamw_include", "adamw_include must be a list of glob strings.")
+    if pynative:
+        if s["comm_strategy"] not in ("allgather", "allgather_deredundency"):
+            raise ConfigError("optimizer.comm_strategy", f"comm_strategy must be 'allgather' or "
+                              f"'allgather_deredundency', got {s['comm_strategy']!r}.")
+        for key in ("phase0_batch_memory_gb", "ns_batch_memory_gb", "phase4_batch_memory_gb"):
+            _number(s, key, 0)
+        include = ADAMW_INCLUDE if s["adamw_include"] is None else s["adamw_include"]
+        include = [include] if isinstance(include, str) else include
+        if not isinstance(include, list) or not all(isinstance(p, str) for p in include):
+            raise ConfigError("optimizer.adamw_include", "adamw_include must be a list of glob strings.")
+        ns_schedule, eps = schedule(s["ns_coefficients"], s["ns_steps"]), _number(s, "eps", 0)
+    else:
+        include, ns_schedule, eps = ADAMW_INCLUDE, [list(GRAPH_TRIPLE) for _ in range(5)], 1e-7
     betas = s["adamw_betas"]
     if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(
             isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
@@ -126,34 +164,65 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
         raise ConfigError("optimizer.nesterov", f"expected true or false, got {s['nesterov']!r}")
     run = {"type": "Muon", "torch": "Muon", "lr": lr, "weight_decay": _number(s, "weight_decay"),
            "matched_adamw_rms": _number(s, "matched_adamw_rms"), "momentum": _number(s, "momentum"),
-           "nesterov": s["nesterov"], "ns_schedule": schedule(s["ns_coefficients"], s["ns_steps"]),
-           "eps": _number(s, "eps", 0), "adamw_betas": [float(b) for b in betas],
-           "adamw_eps": _number(s, "adamw_eps", 0), "adamw_include": list(include), "bias_correction": True,
-           "weight_decay_on": "Muon weights and AdamW parameters with ndim > 1 that are not biases"}
-    summary = (f"mf_ds.muon.Muon (MindFormers 2.1.0 PyNative arithmetic): {len(run['ns_schedule'])} Newton-Schulz "
+           "nesterov": s["nesterov"], "ns_schedule": ns_schedule, "eps": eps,
+           "adamw_betas": [float(b) for b in betas], "adamw_eps": _number(s, "adamw_eps", 0),
+           "adamw_include": list(include), "bias_correction": True,
+           "weight_decay_on": "Muon weights and AdamW parameters with ndim > 1 that are not biases",
+           "mode": "pynative" if pynative else "graph", "qk_clip_threshold": threshold if clip else None}
+    source = "MindFormers 2.1.0 PyNative arithmetic" if pynative else \
+        "MindFormers' graph-mode arithmetic, core/optim/muon.py: bf16 Newton-Schulz op by op, last piece's lr scale"
+    summary = (f"mf_ds.muon.Muon ({source}): {len(run['ns_schedule'])} Newton-Schulz "
                f"steps, matched_adamw_rms {run['matched_adamw_rms']}, momentum {run['momentum']}, nesterov "
                f"{run['nesterov']}, AdamW betas {run['adamw_betas']} eps {run['adamw_eps']}, AdamW for "
                f"{run['adamw_include']}")
-    for key in _MAPPED:
+    for key in _MAPPED if pynative else ("weight_decay", "matched_adamw_rms", "momentum", "nesterov", "adamw_betas",
+                                         "adamw_eps"):
         if ledger.present(f"optimizer.{key}"):
             ledger.mapped(f"optimizer.{key}", summary)
-    if ledger.present("optimizer.qk_clip_threshold"):
-        ledger.dropped("optimizer.qk_clip_threshold", "unused: qk_clip_enabled is false")
+    _account_clip(s, clip, threshold, attention_variant, pynative, ledger)
     if ledger.present("optimizer.learning_rate"):
         ledger.dropped("optimizer.learning_rate", "lr_schedule's learning rate is used, as in MindFormers")
     for key, why in _DROPPED.items():
-        if ledger.present(f"optimizer.{key}"):
+        if ledger.present(f"optimizer.{key}") and (pynative or key == "swap"):
             ledger.dropped(f"optimizer.{key}", why)
-    if ledger.present("optimizer.use_fused_adamw"):
+    if pynative and ledger.present("optimizer.use_fused_adamw"):
         ledger.differs("optimizer.use_fused_adamw", "MindFormers' fused AdamW kernel (gen.AdamW, not bit-identical "
                        "by its own comment); mf-ds runs the unfused _run_adamw_opt arithmetic" if s["use_fused_adamw"]
                        else "false: the unfused _run_adamw_opt arithmetic, which mf-ds runs")
+    if not pynative and ledger.present("optimizer.ns_steps"):
+        ledger.dropped("optimizer.ns_steps", "graph-mode Muon runs 5 Newton-Schulz steps of (3.4445, -4.7750, "
+                       "2.0315) whatever ns_steps says (zeropower_via_newtonschulz5_2d / _3d)")
+    known = PYNATIVE_DEFAULTS if pynative else GRAPH_DEFAULTS
     for key in section:
-        if key not in PYNATIVE_DEFAULTS and key != "type":
-            ledger.dropped(f"optimizer.{key}", "not a Muon argument: MindFormers' Muon takes it in **kwargs and "
-                           "ignores it")
+        if key not in known and key != "type":
+            ledger.dropped(f"optimizer.{key}", "graph-mode Muon has no switch: it clips every step (not one of its "
+                           "arguments: **kwargs, ignored)" if key == "qk_clip_enabled" and not pynative else
+                           "not a Muon argument: MindFormers' Muon takes it in **kwargs and ignores it")
     ledger.differs("optimizer.type", "Muon: mf-train and mf_ds.hf run MindFormers' update (mf_ds/muon.py); the "
                    "DeepSpeed JSON alone names DeepSpeed's Muon, which is not it (one triple, EMA momentum, no "
                    "per-head split)")
     ds = {"type": "Muon", "params": {"lr": lr, "momentum": run["momentum"], "weight_decay": run["weight_decay"]}}
     return ds, run
+
+
+def _account_clip(s: dict, clip: bool, threshold: float, attention_variant: str | None, pynative: bool,
+                  ledger: Ledger) -> None:
+    keys = ("qk_clip_enabled", "qk_clip_threshold") if pynative else ("qk_clip_threshold",)
+    if clip:
+        why = (f"run.optimizer.qk_clip_threshold = {threshold:g}: after each step, per MLA head, q nope rows x "
+               "sqrt(gamma), q rope rows x gamma, kv_b k_nope rows x sqrt(gamma), gamma = min(1, threshold / the "
+               "step's max attention logit over micro batches and ranks) (mf_ds/qk_clip.py)")
+        for key in keys:
+            if ledger.present(f"optimizer.{key}"):
+                ledger.runtime(f"optimizer.{key}", why)
+    elif not pynative or s["qk_clip_enabled"]:
+        why = (f"MindFormers' QK-clip scales nothing here: {UNTRACKED[attention_variant]} keeps no max_logits_val "
+               "(only its FlashAttention core does), so apply_qk_clip_scaling finds no layer; neither does mf-ds")
+        for key in keys:
+            if ledger.present(f"optimizer.{key}"):
+                ledger.dropped(f"optimizer.{key}", why)
+    else:
+        if ledger.present("optimizer.qk_clip_enabled"):
+            ledger.mapped("optimizer.qk_clip_enabled", "false: no QK-clip")
+        if ledger.present("optimizer.qk_clip_threshold"):
+            ledger.dropped("optimizer.qk_clip_threshold", "unused: qk_clip_enabled is false")

@@ -205,7 +205,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
         ds_optimizer, run_optimizer = muon_optimizer.plan(
             tree["optimizer"], peak_lr(lr), zero_stage=zero["stage"], mla="kv_lora_rank" in (hf_config or {}),
-            mcore=family.mcore, pynative=False, ledger=ledger)
+            mcore=family.mcore, pynative=False, ledger=ledger, context_parallel=lay.context_parallel,
+            tensor_parallel=lay.tensor_parallel)
     else:
         ds_optimizer, run_optimizer = ds.optimizer(opt, opt_given, peak_lr(lr), ledger)
     if not opt_given:
@@ -237,6 +238,12 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     callbacks = parse_callbacks(tree, ledger)
     _check_callbacks(callbacks, moe, ledger)
+    if not general.use_legacy_format and callbacks["checkpoint"] is not None:
+        # MindFormers hands the top-level switch to CheckpointMonitor as a default (base_trainer.py default_args)
+        entries = tree.get("callbacks") if isinstance(tree.get("callbacks"), list) else []
+        own = [e for e in entries if isinstance(e, dict) and e.get("type") == "CheckpointMonitor"]
+        if not own or "use_legacy_format" not in own[-1]:
+            callbacks["checkpoint"]["use_legacy_format"] = False
     kernels = Kernels(fused_rope=bool(shape and shape.use_fused_rope),
                       fused_swiglu=bool(shape and shape.use_fused_swiglu))
     run = {

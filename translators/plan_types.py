@@ -238,6 +238,11 @@ class MuonOptimizer:
     """Globs of the MindFormers names that take AdamW instead of Muon."""
     bias_correction: bool = True
     weight_decay_on: str = ""
+    mode: str = "pynative"
+    """pynative (pynative/optimizer/muon.py) or graph (core/optim/muon.py: bf16 Newton-Schulz op by op, the fixed
+    triple x 5, the last piece's lr scale for every piece)."""
+    qk_clip_threshold: float | None = None
+    """QK-clip after each step at this max attention logit (mf_ds/qk_clip.py); None: no QK-clip."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +287,10 @@ class CheckpointMonitor:
     save_checkpoint_steps: int = 1
     keep_checkpoint_max: int = 5
     checkpoint_format: str = "safetensors"
+    use_legacy_format: bool = True
+    """False: the checkpoints are MindFormers 2.x's Checkpoint 2.0 (mf_ds/resume2.py), not mf-ds' own layout."""
+    save_optimizer: bool = True
+    """Checkpoint 2.0: the optimizer state is saved with the weights (MindFormers' save_optimizer / no_save_optim)."""
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Since 2.0 MindFormers' main trainer is its PyNative one (`mindformers/pynative/`), with a schema borrowed from
 torchtitan. `translate(tree)` reads it in four steps, each with MindFormers' own code as the reference:
   1. the schema: `TrainConfig.from_dict(tree)` (translators/pynative_schema: the same defaults and refusals);
-  2. what the Trainer derives (trainer.py `_compute_data_parallel_size`, parallel_dims.py `ParallelDims._validate`,
-     activation_checkpoint.py `_validate_recompute_config`, context_parallel.py `_validate_cp_method`):
+  2. what the Trainer derives and refuses (translators/pynative_trainer.py: trainer.py
+     `_compute_data_parallel_size`, parallel_dims.py `ParallelDims._validate`, activation_checkpoint.py
+     `_validate_recompute_config`, context_parallel.py, pipeline_parallel.py `PpLayerSetting`):
          data_parallel = world / (tp x pp x cp)     gradient accumulation = global_batch / (local_batch x dp)
      (2.0.0 floors the accumulation and refuses dp x local > global; 2.1.0 refuses a global batch that does not
      divide). A PyNative YAML names no world size: MindFormers takes it from the launcher, so does mf-ds
@@ -13,7 +14,8 @@ torchtitan. `translate(tree)` reads it in four steps, each with MindFormers' own
      (translators/families `parse_model` over `mcore_tree(model)`, the notes renamed to `model.*`), with the
      config-class defaults of the YAML's MindFormers version (`mindformers_version`, default the newest);
   4. the rest through the graph-mode builders (parallel.resolve, moe_plan, lr_plan, muon.plan, deepspeed.*,
-     parse_data, attention_plan), each handed a ledger view that renames their paths to this schema's.
+     parse_data, attention_plan), each handed a ledger view that renames their paths to this schema's, and
+     translators/pynative_account.py for what only this schema has (FSDP -> ZeRO, checkpoint saving, the notes).
 Every key is accounted for in the ledger, as in graph mode.
 """
 
@@ -21,26 +23,31 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, mf_defaults, recompute_ops
+from translators import families, mf_defaults
 from translators import pynative_account as account
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.data import parse_data
-from translators.errors import ConfigError, join, show
+from translators.errors import ConfigError, show
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
 from translators.notes import Ledger, LedgerView
 from translators.parallel import Dims, resolve
 from translators.plan_types import Kernels, Plan
 from translators.pynative_schema import effective, schema
+from translators.pynative_trainer import (
+    check_context_parallel,
+    check_pipeline,
+    degrees,
+    recompute_layers,
+    select_modules,
+)
 from translators.sections import LrSchedule, MfDs, Optimizer, ParallelConfig
 
 PYNATIVE_SECTIONS = ("training", "parallelism")
 NEWEST = "2.1.0"  # the PyNative schema's newest MindFormers (translators/pynative_schema)
-_LAYER_SPEC = re.compile(r"^(\d+)(?:-(\d+))?$")  # activation_checkpoint.py _LAYER_ID_SPEC_PATTERN
 # graph-mode paths the shared builders note -> this schema's
 _PATHS = {
     "model.model_config": "model",
@@ -70,188 +77,6 @@ def _renamed(view: LedgerView):
         raise ConfigError(view.path(exc.path), exc.message, exc.hint) from None
 
 
-@dataclasses.dataclass(frozen=True)
-class Degrees:
-    """What the PyNative Trainer derives from `parallelism` and `training` at a world size."""
-
-    world: int
-    data_parallel: int  # world / (tp x pp x cp)
-    dp_shard: int
-    dp_replicate: int
-    tp: int
-    cp: int
-    pp: int
-    ep: int
-    gradient_accumulation_steps: int  # global / (local x dp)
-    global_batch: int  # local x dp x accumulation (2.0.0 floors the accumulation)
-
-
-def degrees(cfg: dict, version: str, world_size: int | None, ledger: Ledger) -> Degrees:
-    """trainer.py `_compute_data_parallel_size` and parallel_dims.py `ParallelDims._validate` of `version`."""
-    p, t = cfg["parallelism"], cfg["training"]
-    tp, cp, pp, ep = p["tensor_parallel"], p["context_parallel"], p["pipeline_parallel"], p["expert_parallel"]
-    local, global_ = t["local_batch_size"], t["global_batch_size"]
-    for key, value in (("tensor_parallel", tp), ("context_parallel", cp), ("pipeline_parallel", pp),
-                       ("expert_parallel", ep)):
-        if value < 1:
-            raise ConfigError(join("parallelism", key), f"must be >= 1, got {value} (MindFormers' ParallelDims: "
-                              "\"Parallelism degree should be >= 1, except for dp_shard\")")
-    shard = p["data_parallel_shard"]
-    if not (shard == -1 or shard >= 1):
-        raise ConfigError("parallelism.data_parallel_shard", f"must be -1 or >= 1, got {shard} (MindFormers' "
-                          "ParallelDims refuses it)")
-    if world_size is None:
-        world = max(global_ // local, 1) * tp * cp * pp
-        ledger.runtime("", f"world size {world}: a PyNative YAML names none (MindFormers takes the launcher's); "
-                       f"this is the world whose gradient accumulation is 1 (global_batch_size {global_} / "
-                       f"local_batch_size {local} data-parallel ranks x tp {tp} x cp {cp} x pp {pp}); "
-                       "mf-translate --world-size and the ranks deepspeed starts set it")
-    else:
-        world = world_size
-        if world < 1:
-            raise ConfigError("--world-size", f"expected an int >= 1, got {world}")
-    dp = world // (tp * pp * cp)
-    if dp <= 0:
-        raise ConfigError("parallelism.tensor_parallel", f"tensor_parallel {tp} x pipeline_parallel {pp} x "
-                          f"context_parallel {cp} must be <= the world size {world} (MindFormers refuses it)")
-    if dp * tp * pp * cp != world:
-        raise ConfigError("--world-size", f"{world} is not a multiple of tensor_parallel x pipeline_parallel x "
-                          f"context_parallel = {tp * pp * cp} (MindFormers' ParallelDims: \"Invalid parallel dims\")")
-    replicate = 1 if shard < 0 else max(dp // shard, 1)
-    dp_shard = dp // replicate
-    if dp_shard * replicate != dp:
-        raise ConfigError("parallelism.data_parallel_shard", f"{shard} does not divide the data-parallel degree {dp} "
-                          "(MindFormers' ParallelDims: \"Invalid parallel dims\")")
-    if (dp_shard * cp * tp) % ep:
-        raise ConfigError("parallelism.expert_parallel", f"{ep} must divide dp_shard {dp_shard} x cp {cp} x tp {tp} "
-                          f"= {dp_shard * cp * tp} (MindFormers' ParallelDims refuses it)")
-    if version == "2.0.0":
-        if dp * local > global_:
-            raise ConfigError("training.global_batch_size", f"{global_} is smaller than data_parallel {dp} x "
-                              f"local_batch_size {local} (MindFormers 2.0.0: \"The product of data_parallel and "
-                              "local_batch_size exceeds global_batch_size\")")
-        ga = global_ // (dp * local)  # 2.0.0 floors: the run takes ga x dp x local samples a step
-    else:
-        if global_ % (dp * local):
-            raise ConfigError("training.global_batch_size", f"{global_} must be divisible by data_parallel {dp} x "
-                              f"local_batch_size {local} (MindFormers refuses it)")
-        ga = global_ // (dp * local)
-    return Degrees(world, dp, dp_shard, replicate, tp, cp, pp, ep, ga, ga * dp * local)
-
-
-def recompute_layers(cfg: dict, total_layers: int) -> set[int]:
-    """The fully recomputed layer ids: activation_checkpoint.py `_validate_recompute_config` over num_layers + MTP
-    layers, then its ranges ('0-42', '5') expanded."""
-    rc, comm = cfg["recompute"], cfg["recompute_comm"]
-    full: set[int] = set()
-    if rc["mode"] != "None":
-        select = rc["select_module"]
-        if select is not None and not isinstance(select, dict):
-            raise ConfigError("recompute.select_module", f"must be a mapping of module path -> layer ranges, got "
-                              f"{show(select)} (MindFormers refuses it)")
-        for key, ranges in (select or {}).items():
-            if not isinstance(ranges, (list, tuple)):
-                raise ConfigError(join("recompute.select_module", key), "must be a list of layer ranges "
-                                  "(MindFormers refuses it)")
-        if rc["mode"] == "full" and not rc["full_recompute_layer"]:
-            raise ConfigError("recompute.full_recompute_layer", "mode is 'full' but full_recompute_layer is missing "
-                              "or empty (MindFormers refuses it)")
-        if rc["mode"] == "select" and not select:
-            raise ConfigError("recompute.select_module", "mode is 'select' but select_module is missing or empty "
-                              "(MindFormers refuses it)")
-        if rc["full_recompute_layer"]:
-            full = _ranges(rc["full_recompute_layer"], "recompute.full_recompute_layer", total_layers)
-        elif rc["mode"] == "select":
-            for key, ranges in select.items():
-                _ranges(ranges, join("recompute.select_module", key), total_layers)
-    if comm["enable"]:
-        select = comm["select_module"]
-        if not isinstance(select, dict) or not select:
-            raise ConfigError("recompute_comm.select_module", "enable is True but select_module is missing, empty "
-                              "or not a mapping (MindFormers refuses it)")
-        for key, ranges in select.items():
-            _ranges(ranges, join("recompute_comm.select_module", key), total_layers)
-    return full
-
-
-def select_modules(cfg: dict, total_layers: int, full: set[int], style: str,
-                   ledger: Ledger) -> dict[int, tuple[str, ...]]:
-    """mode: select -> {layer id: HF module paths recomputed}: each select_module key is a regular expression over
-    the layer's module paths (activation_checkpoint.py `_expand_select_module`), mapped to the HF layer's modules
-    through the mcore names (translators/recompute_ops.py); layers recomputed whole take no select list, as in
-    `_clean_and_parse_config`. MindFormers checks the select ranges only when full_recompute_layer is empty; with it,
-    ids past the model are skipped."""
-    rc = cfg["recompute"]
-    if rc["mode"] != "select":
-        return {}
-    found: dict[int, set[str]] = {}
-    for key, ranges in rc["select_module"].items():
-        path = join("recompute.select_module", key)
-        ids = _ranges(ranges, path, total_layers, strict=not rc["full_recompute_layer"])
-        paths, note = recompute_ops.module_targets(str(key), style)
-        if note:
-            ledger.differs(path, note)
-            continue
-        for i in sorted(ids - full):
-            found.setdefault(i, set()).update(paths)
-        where = account.spans(ids - full) if ids - full else "none (recomputed whole)" if ids else \
-            "none (its ids lie past the model: skipped, as MindFormers skips them)"
-        ledger.runtime(path, f"layers {where}: {', '.join(paths)} recomputed one by one (plan.layers)")
-    return {i: tuple(sorted(p for p in paths if not any(p.startswith(q + ".") for q in paths)))
-            for i, paths in found.items()}
-
-
-def _ranges(specs: Any, path: str, total: int, strict: bool = True) -> set[int]:
-    """activation_checkpoint.py `_validate_layer_specs`: 'lo-hi' or 'n', ascending, within the layers. Not `strict`:
-    `_parse_layer_ids` alone (a spec it cannot read still stops MindFormers; ids past the model are skipped)."""
-    if not isinstance(specs, (list, tuple)):
-        specs = [specs]
-    layers: set[int] = set()
-    previous = -1
-    for i, spec in enumerate(specs):
-        match = _LAYER_SPEC.match(str(spec).strip())
-        if not match:
-            raise ConfigError(join(path, i), f"invalid layer spec {spec!r}: expected a layer id or 'start-end' "
-                              "(MindFormers refuses it)")
-        low = int(match.group(1))
-        high = int(match.group(2)) if match.group(2) is not None else low
-        if not strict:
-            layers.update(range(low, min(high, total - 1) + 1))
-            continue
-        if low > high:
-            raise ConfigError(join(path, i), f"range start must be <= end, got {spec!r} (MindFormers refuses it)")
-        if high >= total:
-            raise ConfigError(join(path, i), f"layer id {high} out of range [0, {total - 1}] (num_layers plus the "
-                              f"MTP layers), got {spec!r} (MindFormers refuses it)")
-        if low <= previous:
-            raise ConfigError(join(path, i), f"layer specs must be strictly ascending: {spec!r} starts at {low}, "
-                              f"the previous one ends at {previous} (MindFormers refuses it)")
-        previous = high
-        layers.update(range(low, high + 1))
-    return layers
-
-
-def check_context_parallel(p: dict) -> None:
-    """context_parallel.py `_validate_cp_method` and the mask check, which MindFormers runs when cp > 1."""
-    cp, method, ulysses = p["context_parallel"], (p["context_parallel_method"] or "colossal").lower(), \
-        p["ulysses_degree_in_cp"]
-    if cp <= 1:
-        return
-    if method not in ("colossal", "ulysses", "hybrid"):
-        raise ConfigError("parallelism.context_parallel_method", f"expected 'colossal', 'ulysses' or 'hybrid', got "
-                          f"{show(p['context_parallel_method'])} (MindFormers: NotImplementedError: Unsupported "
-                          "context_parallel_method)")
-    if method == "ulysses" and ulysses is not None and ulysses != cp:
-        raise ConfigError("parallelism.ulysses_degree_in_cp", f"Ulysses CP requires ulysses_degree_in_cp == "
-                          f"context_parallel {cp}, got {ulysses} (MindFormers refuses it)")
-    if method == "hybrid" and (ulysses is None or not 1 < ulysses < cp or cp % ulysses):
-        raise ConfigError("parallelism.ulysses_degree_in_cp", f"hybrid CP requires 1 < ulysses_degree_in_cp < "
-                          f"context_parallel {cp} dividing it, got {show(ulysses)} (MindFormers refuses it)")
-    if (p["context_parallel_mask_type"] or "causal").lower() != "causal":
-        raise ConfigError("parallelism.context_parallel_mask_type", f"context parallel supports only the causal mask, "
-                          f"got {show(p['context_parallel_mask_type'])} (MindFormers: NotImplementedError)")
-
-
 def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None,
               mindformers_version: str | None = None):
     """The Plan of a PyNative-schema YAML (a loaded dict): the same Translation graph mode gives."""
@@ -266,7 +91,6 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     view = ledger.view(_PATHS, {"model.model_config": "model"})
     account.refusals(cfg, tree)
     deg = degrees(cfg, version, world_size, ledger)
-    check_context_parallel(cfg["parallelism"])
     extra = MfDs.parse(tree.get("mf_ds"), ledger)
 
     # The model: the same family tables as graph mode's model.model_config.
@@ -282,6 +106,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     family, shape, hf_config = model.family, model.shape, model.hf_config
     built = families.mcore_tree(model.config)
     n_layers = shape.num_layers + shape.mtp_depth
+    check_context_parallel(cfg["parallelism"], model.config, version)
+    check_pipeline(cfg["parallelism"], shape.num_layers)
     full = recompute_layers(cfg, n_layers)
     select = select_modules(cfg, n_layers, full, family.layer_style, ledger)
 
@@ -326,6 +152,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     # Optimizer and schedule.
     steps = cfg["training"]["steps"]
+    if steps < 1:  # MindFormers takes it and trains nothing
+        raise ConfigError("training.steps", f"expected the number of steps to train (an int >= 1), got {steps}")
     with _renamed(view):  # the LR class the Trainer builds: the section (its type is required) + training.steps
         sched = LrSchedule.parse({**cfg["lr_scheduler"], "total_steps": steps}, view)
         lr = lr_plan(sched, True, None, 1, None, None, view)
@@ -338,7 +166,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         with _renamed(view):
             ds_optimizer, run_optimizer = muon_optimizer.plan(
                 account.muon_section(cfg, tree, ledger), peak_lr(lr), zero_stage=zero["stage"],
-                mla=_mla(hf_config), mcore=True, pynative=True, ledger=ledger)
+                mla=_mla(hf_config), mcore=True, pynative=True, ledger=ledger,
+                attention_variant=model_section.get("experimental_attention_variant"),
+                context_parallel=lay.context_parallel, tensor_parallel=lay.tensor_parallel)
     else:
         opt = Optimizer.parse({k: cfg["optimizer"][k] for k in ("type", "betas", "eps", "weight_decay")})
         ds_optimizer, run_optimizer = ds.optimizer(opt, True, peak_lr(lr), ledger)
@@ -408,7 +238,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "callbacks": callbacks,
         "load_checkpoint": cfg["checkpoint"]["load_path"] or None,
         "load_ckpt_format": "safetensors",
-        "resume_training": False,
+        # no_load_optim false: MindFormers resumes load_path's optimizer state and step too (mf_ds/resume2.py)
+        "resume_training": bool(cfg["checkpoint"]["load_path"]) and not cfg["checkpoint"]["no_load_optim"],
         "ignore_data_skip": False,
         "deterministic": cfg["training"]["deterministic"],
         "print_separate_loss": True,

@@ -13,6 +13,7 @@ from typing import Any
 
 from translators.errors import ConfigError, join, show
 from translators.notes import Ledger
+from translators.pynative_trainer import spans
 
 _PIPELINE = "no pipeline runs here: pipeline_parallel folds into data parallel"
 _NPU = "an Ascend communication / kernel setting with no PyTorch counterpart"
@@ -186,7 +187,9 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger) -> dict:
             raise ConfigError(join("checkpoint", key), f"expected an int >= 1, got {c[key]}")
         out["checkpoint"] = {"prefix": c["prefix"] or "checkpoint", "directory": c["save_path"] or None,
                              "save_checkpoint_steps": c["save_interleaved_steps"], "keep_checkpoint_max": c["save_max"],
-                             "checkpoint_format": "safetensors"}
+                             "checkpoint_format": "safetensors",
+                             # mf-ds' own resumable checkpoints (DeepSpeed state + HF weights), optimizer included
+                             "use_legacy_format": True, "save_optimizer": True}
     if moe is not None and moe["router"]["bias_balance"]:
         # loss_callback.py: with moe_router_enable_expert_bias the bias moves every step (gpt_model.py
         # _update_expert_bias: += moe_router_bias_update_rate x sign(mean load - load)), no callback needed
@@ -232,16 +235,16 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
                        f"{deg.global_batch} samples a step, not {t['global_batch_size']}")
     if present("training.use_skip_step_on_nan"):
         if t["use_skip_step_on_nan"]:
-            ledger.runtime("training.use_skip_step_on_nan", "a step whose gradients hold inf/NaN is skipped: no "
-                           "update, the LR schedule holds (mf_ds/loop.py), as MindFormers skips it")
+            ledger.dropped("training.use_skip_step_on_nan", "true, as mf-ds always does: a step whose gradients hold "
+                           "inf/NaN is skipped, no update, the LR schedule holds (mf_ds/loop.py): nothing to carry")
         else:
             ledger.differs("training.use_skip_step_on_nan", "false: mf-ds always skips a step whose gradients hold "
                            "inf/NaN (no update, the LR holds); MindFormers would apply it")
     if present("training.max_consecutive_skipped_steps"):
         n = t["max_consecutive_skipped_steps"]
         ledger.add("training.max_consecutive_skipped_steps", *(
-            ("runtime", f"run.max_nan_steps = {n}: the run stops after {n} non-finite losses in a row, as "
-                        "MindFormers stops after that many skipped steps") if n > 0 else
+            ("differs", f"run.max_nan_steps = {n}: the run stops after {n} non-finite losses in a row; MindFormers "
+                        "counts skipped steps (non-finite gradients), which a finite loss can have") if n > 0 else
             ("differs", "0: MindFormers never stops; mf-ds stops after mf_ds.max_nan_steps non-finite losses in a "
                         "row")))
     if present("lr_scheduler.total_steps"):
@@ -347,7 +350,9 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
     # checkpoint
     load = c["load_path"]
     table = {
-        "enable_save": ("runtime", "run.callbacks.checkpoint: DeepSpeed checkpoints every save_interleaved_steps steps"
+        "enable_save": ("runtime", "run.callbacks.checkpoint: mf-ds checkpoints (DeepSpeed state and HF safetensors "
+                        "weights, resumable) every save_interleaved_steps steps; MindFormers' PyNative trainer writes "
+                        "Checkpoint 2.0, which `mf-convert --mf-config <yaml> <step dir> <out>` makes of one"
                         if c["enable_save"] else "false: no checkpoint is written (run.callbacks.checkpoint null)"),
         "save_path": ("runtime", "run.callbacks.checkpoint.directory") if c["enable_save"] else
         ("dropped", "enable_save is false: nothing is saved"),
@@ -365,8 +370,9 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         ("dropped", "empty: the model starts from random weights"),
         "no_load_optim": ("runtime", "true: the weights only, the optimizer starts fresh (run.resume_training "
                                      "false)") if c["no_load_optim"] else
-        ("differs", "false: mf-ds loads the weights of load_path and starts the optimizer fresh (no optimizer state "
-                    "is read from a Checkpoint 2.0 directory)") if load else ("dropped", "no load_path"),
+        ("runtime", "false: run.resume_training: a Checkpoint 2.0 at load_path resumes with its optimizer state, "
+                    "step and LR schedule (mf_ds/resume2.py; one without optimizer files is refused); MindFormers "
+                    "safetensors or an HF directory give the weights") if load else ("dropped", "no load_path"),
         "load_balanced": ("dropped", "how MindFormers spreads the reading over ranks"),
         "load_worker_number": ("dropped", "MindFormers' reader threads"),
         "reshard_worker_num": ("dropped", "MindFormers' resharding threads (the merge here needs none)"),
@@ -436,7 +442,7 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         else:
             ledger.dropped("profiler", "enable_profiling is false")
     if present("run_mode"):
-        ledger.runtime("run_mode", "train")
+        ledger.dropped("run_mode", "train: what mf-ds does")
     if present("mindformers_version"):
         ledger.mapped("mindformers_version", "the model leaves its other keys to this MindFormers version's config "
                       "class defaults, and the schema is this version's (run.mindformers_version records it)")
@@ -455,17 +461,3 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
     ledger.mapped("", f"PyNative schema: data_parallel {deg.data_parallel} = world {deg.world} / (tp {deg.tp} x pp "
                   f"{deg.pp} x cp {deg.cp}), accumulation "
                   f"{deg.gradient_accumulation_steps} = global_batch_size / (local_batch_size x data_parallel)")
-
-
-def spans(layers: set[int]) -> str:
-    """{0, 1, 2, 5} -> '0-2, 5'."""
-    out, ordered = [], sorted(layers)
-    start = prev = ordered[0]
-    for i in ordered[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        out.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(out)

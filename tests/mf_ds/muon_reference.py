@@ -128,3 +128,102 @@ def normalize_ns_schedule(ns_coefficients, ns_steps):
     for triple_raw, count in ns_coefficients:
         schedule.extend(tuple(float(v) for v in triple_raw) for _ in range(int(count)))
     return tuple(schedule), len(schedule)
+
+
+# ---- QK-clip (2.1.0). F = mindformers/pynative/layers/flash_attention.py, M = mindformers/pynative/transformers/
+# multi_latent_attention.py, G as above (its apply_qk_clip_scaling / _all_reduce_max_logits / reset), C =
+# mindformers/pynative/callback/max_logits_monitor.py. Weights in MindFormers' Linear orientation [out, in].
+
+def flash_softmax_max(query, key, allowed, scale):
+    """FlashAttentionScore's softmax_max output, one value per (batch, head, query): the row max of the scaled
+    logits scale_value * q k^T over the keys the mask keeps (the op computes in fp32; its [.., 8] copies dropped).
+    query [B, N, S, D], key [B, N, K, D], allowed [B, N|1, S, K] (True = kept: MindFormers' mask value 0)."""
+    logits = np.float32(scale) * np.einsum("bnsd,bnkd->bnsk", query.astype(np.float32), key.astype(np.float32))
+    return np.where(allowed, logits, -np.inf).max(axis=-1)
+
+
+def update_max_logits(max_logits_val, softmax_val):
+    """F _update_max_logits (BNSD: reduce_dims (0, 2, 3) over [B, N, S, 8]; here the trailing 8 is gone):
+    max_logits = amax(softmax_val, dims); max_logits_val = maximum(max_logits_val, max_logits)."""
+    max_logits = softmax_val.max(axis=(0, 2))
+    return np.maximum(max_logits_val, max_logits).astype(np.float32)
+
+
+def init_max_logits_val(head_num):
+    """F _init_max_logits_val (and reset_parameter, C on_step_end every step): zeros((head_num,), float32)."""
+    return np.zeros((head_num,), dtype=np.float32)
+
+
+def qk_clip_scales(logit_threshold, stacked_max_logits):
+    """G apply_qk_clip_scaling: scales = logit_threshold / clamp(all_reduce_max(stacked), min=logit_threshold);
+    `stacked_max_logits` [L, N] already max-reduced over the data x context parallel ranks."""
+    threshold = np.float32(logit_threshold)
+    return (threshold / np.maximum(stacked_max_logits.astype(np.float32), threshold)).astype(np.float32)
+
+
+def row_scales(segments):
+    """M _row_scales: cat([tile(unsqueeze(factor, 1), (1, rows)) for rows, factor in segments], dim=1).reshape(-1)."""
+    per_head = np.concatenate([np.tile(factor[:, None], (1, rows)) for rows, factor in segments], axis=1)
+    return per_head.reshape(-1)
+
+
+def apply_qk_clip(scales, weights, qk_head_dim, qk_pos_emb_head_dim, v_head_dim, q_lora_rank):
+    """M apply_qk_clip on one layer. `weights`: {"linear_qkv", "linear_qb", "linear_kvb"} -> [out, in] fp32 masters
+    (returned scaled; the dict is not modified). M _clip_projection multiplies every row by its factor."""
+    out = {name: w.copy() for name, w in weights.items()}
+    root = np.sqrt(scales).astype(np.float32)                                  # root = mint.sqrt(scales)
+    q_rows = row_scales(((qk_head_dim, root), (qk_pos_emb_head_dim, scales)))
+    if q_lora_rank is None:                                                    # query heads lead linear_qkv
+        tail = out["linear_qkv"].shape[0] - q_rows.shape[0]                    # [q | kv_lora | k rope] unscaled
+        q_rows = np.concatenate([q_rows, np.ones((tail,), dtype=np.float32)])
+        out["linear_qkv"] = out["linear_qkv"] * q_rows[:, None]
+    else:
+        out["linear_qb"] = out["linear_qb"] * q_rows[:, None]
+    kv_rows = row_scales(((qk_head_dim, root), (v_head_dim, np.ones_like(scales))))
+    out["linear_kvb"] = out["linear_kvb"] * kv_rows[:, None]
+    return out
+
+
+# ---- Graph mode (2.1.0 mindformers/core/optim/muon.py = GM; the split schema as in U, core/optim/muon_utils.py
+# make_muon_fns, the same periodic / reshape_concat / reshape_only kinds). Its bf16 ops do not run on the CPU either
+# (MindSpore 2.10 CPU: "Select CPU operator[Square] fail! Unsupported data type!" for x.norm(), the same for MatMul).
+# Read as: every op on bf16 tensors returns bf16 (rounded once, products accumulated in fp32); a Python float
+# scalar multiplies in fp32 and the result is rounded to bf16; x.norm() is the fp32 norm of the bf16 values, rounded.
+
+def graph_newton_schulz(x, dim_a, dim_b):
+    """GM zeropower_via_newtonschulz5_2d / _3d (the batched form on 3-D)."""
+    a, b, c = (3.4445, -4.7750, 2.0315)                                   # fixed; ns_steps is not passed
+    if dim_a > dim_b:
+        x = mT(x)
+    norm = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=(-2, -1), keepdims=True)).astype(np.float32)
+    x = bf16(x / bf16(bf16(norm) + np.float32(1e-7)))                    # x = x / (x.norm() + 1e-7)
+    for _ in range(5):
+        a_mat = bf16(x @ mT(x))                                           # a_mat = x @ x.T
+        b_mat = bf16(bf16(np.float32(b) * a_mat) + bf16(bf16(np.float32(c) * a_mat) @ a_mat))  # b*A + (c*A) @ A
+        x = bf16(bf16(np.float32(a) * x) + bf16(b_mat @ x))               # x = a * x + b_mat @ x
+    if dim_a > dim_b:
+        x = mT(x)
+    return x
+
+
+def graph_apply_muon_update(gradient, muon_m, momentum, use_nesterov, param, lr, weight_decay, matched_adamw_rms,
+                            kind, parts):
+    """GM _apply_muon_update (one card: op = tp = 1, no all-gather or slicing)."""
+    m_fp32 = muon_m.astype(np.float32)
+    gradient_fp32 = gradient.astype(np.float32)
+    next_m = m_fp32 * np.float32(momentum) + gradient_fp32
+    gradient_fp32 = gradient_fp32 + next_m * np.float32(momentum) if use_nesterov else next_m
+    ns_inputs = bf16(gradient_fp32)                                       # op_cast(gradient_fp32, bfloat16)
+    x_list = []
+    dim_a = dim_b = None
+    for item in split_fn(kind, ns_inputs, parts):
+        dim_a, dim_b = item.shape[-2:]                                    # the loop variables outlive the loop
+        x_list.append(graph_newton_schulz(item, dim_a, dim_b))
+    x_ret = merge_fn(kind, x_list, parts)
+    lr = np.float32(lr)                                                   # get_lr(): an fp32 tensor
+    param_fp32 = param * (np.float32(1) - lr * np.float32(weight_decay))  # param_fp32 * (1 - lr * weight_decay)
+    # adjusted_ratio = op_sqrt(op_cast(max(dim_a, dim_b), float32)) * matched_adamw_rms: the last piece's dims
+    adjusted_ratio = np.sqrt(np.float32(max(int(dim_a), int(dim_b)))) * np.float32(matched_adamw_rms)
+    update_with_lr = (lr * adjusted_ratio) * x_ret                         # adjusted_lr * x_ret
+    next_param = param_fp32 - update_with_lr.reshape(param_fp32.shape)
+    return next_param.astype(np.float32), next_m

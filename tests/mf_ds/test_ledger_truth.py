@@ -83,7 +83,9 @@ def plan_entry(key: str, message: str) -> str | None:
 
 
 def yamls() -> list[Path]:
+    wheels = ROOT / "tests" / "fixtures" / "mindformers_wheels"
     return [*sorted(CONFIGS.glob("*.yaml")), *sorted(MF.glob("*.yaml")), PYNATIVE,
+            *sorted(wheels.glob("2.*/deepseek3/*_pynative.yaml")),
             *(p for p in corpus_files() if p.name not in REFUSED)]
 
 

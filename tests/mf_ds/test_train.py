@@ -127,8 +127,11 @@ def one_rank(tmp_path_factory):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_two_ranks_with_the_launcher_equal_one_rank(tmp_path, one_rank, stage):
     """deepspeed mf_ds/train.py on 2 CPU ranks under ZeRO-1/2/3: same global batch, same losses as 1 rank."""
-    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "mf_ds" / "train.py")]
+    port = free_port()
+    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(port), str(ROOT / "mf_ds" / "train.py")]
     train(tmp_path, "--max_steps", "3", "--set", f"mf_ds.zero_stage={stage}", launcher=launcher)
+    # DeepSpeed's CPU all-reduce buffers (~67 MB a rank) are not left in /dev/shm (parallel.release_shm_names)
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     two = metrics(tmp_path)
     assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one_rank], rel=1e-5)
     assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one_rank], rel=1e-4)

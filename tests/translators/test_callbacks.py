@@ -63,3 +63,28 @@ def test_checkpoint_counts_mindspore_refuses(entry, message):
         translated({"type": "CheckpointMonitor", **entry})
     assert str(info.value).startswith(message)
 
+
+
+@pytest.mark.parametrize("top,entry,want", [(None, None, True), (False, None, False), (False, True, True),
+                                            (None, False, False), (True, False, False)])
+def test_use_legacy_format_top_level_is_checkpoint_monitors_default(top, entry, want):
+    """MindFormers 2.0's switch to Checkpoint 2.0: CheckpointMonitor's own argument, or the top-level key, which
+    the trainer hands the callback as a default (base_trainer.py default_args); either is in the ledger."""
+    monitor = {"type": "CheckpointMonitor"} | ({} if entry is None else {"use_legacy_format": entry})
+    tree = copy.deepcopy(BASE)
+    tree["callbacks"] = [monitor]
+    if top is not None:
+        tree["use_legacy_format"] = top
+    t = translate(tree)
+    ckpt = t.json["run"]["callbacks"]["checkpoint"]
+    assert ckpt["use_legacy_format"] is want and ckpt["save_optimizer"] is True
+    if top is not None:
+        assert notes(t, "use_legacy_format")[0].startswith("[runtime] run.callbacks.checkpoint.use_legacy_format")
+    if entry is not None:
+        assert notes(t, "callbacks[0].use_legacy_format")[0].startswith("[runtime]")
+
+
+def test_resume_training_name_needs_the_legacy_format():
+    tree = copy.deepcopy(BASE) | {"use_legacy_format": False, "load_checkpoint": "/x", "resume_training": "a.ckpt"}
+    with pytest.raises(ConfigError, match="resume_training: must be a bool with use_legacy_format False"):
+        translate(tree)

@@ -1,5 +1,6 @@
 """`optimizer: type: Muon` (translators/muon.py): MindFormers' keys and defaults, its refusals in its words, what mf-ds
-refuses (QK-clip, ZeRO >= 1, graph-mode Muon), and a ledger note for every key."""
+refuses (ZeRO >= 1, tensor parallelism, QK-clip under context parallelism), QK-clip where MindFormers applies it,
+graph-mode Muon's own arguments, and a ledger note for every key."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import copy
 
 import pytest
 
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, ROOT
 from translators import muon
 from translators.errors import ConfigError
 from translators.loader import load_yaml
 from translators.notes import Ledger
 from translators.plan import translate
 
+WHEELS = ROOT / "tests" / "fixtures" / "mindformers_wheels"
 # configs/deepseek4/pretrain_deepseek4_flash.yaml (MindFormers 2.1.0), with QK-clip off
 FLASH = {"type": "Muon", "weight_decay": 0.1, "matched_adamw_rms": 0.2, "momentum": 0.95, "nesterov": True,
          "adamw_betas": [0.9, 0.95], "adamw_eps": 1.e-8, "qk_clip_enabled": False, "qk_clip_threshold": 100,
@@ -48,7 +50,9 @@ def test_defaults_are_mindformers():
 
 
 @pytest.mark.parametrize("change,path,words", [
-    ({"qk_clip_enabled": True}, "optimizer.qk_clip_enabled", "does not track"),
+    ({"qk_clip_enabled": True, "qk_clip_threshold": 0}, "optimizer.qk_clip_threshold",
+     "qk_clip_threshold must be positive, got 0."),
+    ({"qk_clip_enabled": "yes"}, "optimizer.qk_clip_enabled", "expected true or false"),
     ({"ns_coefficients": [1.0, 2.0]}, "optimizer.ns_coefficients", "flat ns_coefficients must have 3 elements"),
     ({"ns_coefficients": [[[1.0, 2.0, 3.0], 0]]}, "optimizer.ns_coefficients", "count must be positive"),
     ({"ns_coefficients": [[1.0, 2.0, 3.0]]}, "optimizer.ns_coefficients", "must be [[a, b, c], count]"),
@@ -68,11 +72,65 @@ def test_refusals(change, path, words):
     ({"zero_stage": 1}, "ZeRO-1 gives the optimizer flat partitions"),
     ({"mla": False}, "only supports models with Multi-Latent Attention enabled."),
     ({"mcore": False}, "Muon does not support Legacy Model."),
-    ({"pynative": False}, "graph-mode Muon"),
+    ({"tensor_parallel": 2}, "tensor parallelism"),
 ])
 def test_what_cannot_run(over, words):
     with pytest.raises(ConfigError, match=words.replace(".", r"\.").replace("(", r"\(")):
         plan(FLASH, **over)
+
+
+def test_qk_clip_is_carried_where_mindformers_applies_it():
+    """On (MindFormers' default) with an MLA model: run.optimizer.qk_clip_threshold, both keys `runtime`; on with
+    DeepSeek-V4's dsv4_hybrid attention: nothing to clip in MindFormers either (dropped, saying why); off: None."""
+    _, run, ledger = plan({**FLASH, "qk_clip_enabled": True, "qk_clip_threshold": 50})
+    kinds = {note.key: note.kind for note in ledger._notes}
+    assert run["qk_clip_threshold"] == 50.0
+    assert kinds["optimizer.qk_clip_enabled"] == kinds["optimizer.qk_clip_threshold"] == "runtime"
+    assert plan({"type": "Muon"})[1]["qk_clip_threshold"] == 100.0
+    _, run, ledger = plan({**FLASH, "qk_clip_enabled": True}, attention_variant="dsv4_hybrid")
+    notes = {note.key: note for note in ledger._notes}
+    assert run["qk_clip_threshold"] is None and notes["optimizer.qk_clip_enabled"].kind == "dropped"
+    assert "CompressedSparseAttention keeps no max_logits_val" in notes["optimizer.qk_clip_enabled"].message
+    assert plan(FLASH)[1]["qk_clip_threshold"] is None
+    with pytest.raises(ConfigError, match="QK-clip under context parallelism"):
+        plan({**FLASH, "qk_clip_enabled": True}, context_parallel=2)
+    assert plan(FLASH, context_parallel=2)[1]["qk_clip_threshold"] is None  # off: Muon runs under Ulysses
+
+
+def test_graph_mode_muon():
+    """core/optim/muon.py: its own defaults and arguments; ns_steps, eps, ns_coefficients and qk_clip_enabled are
+    not among them (the fixed triple x 5; QK-clip every step at qk_clip_threshold); a threshold at or below 0 is
+    refused (MindFormers does not check it: the clip would zero or flip q / k)."""
+    section = {"type": "Muon", "momentum": 0.9, "ns_steps": 7, "qk_clip_enabled": False, "eps": 1e-5,
+               "ns_coefficients": [1, 2, 3], "qk_clip_threshold": 30}
+    _, run, ledger = plan(section, pynative=False)
+    assert run["mode"] == "graph" and run["ns_schedule"] == [[3.4445, -4.7750, 2.0315]] * 5
+    assert run["qk_clip_threshold"] == 30.0 and run["momentum"] == 0.9 and run["adamw_betas"] == [0.95, 0.95]
+    assert run["adamw_include"] == ["*word_embeddings*", "*output_layer*"]
+    notes = {note.key: note for note in ledger._notes}
+    assert all(ledger.accounted(f"optimizer.{key}") for key in section)
+    assert notes["optimizer.qk_clip_threshold"].kind == "runtime"
+    clip_switch = notes["optimizer.qk_clip_enabled"]
+    assert clip_switch.kind == "dropped" and "no switch" in clip_switch.message
+    assert notes["optimizer.ns_steps"].kind == notes["optimizer.eps"].kind == "dropped"
+    assert plan({"type": "Muon"}, pynative=False)[1]["qk_clip_threshold"] == 100.0
+    assert plan({"type": "Muon"})[1]["mode"] == "pynative"
+    with pytest.raises(ConfigError, match="zero or flip"):
+        plan({"type": "Muon", "qk_clip_threshold": 0}, pynative=False)
+    with pytest.raises(ConfigError, match="graph-mode Muon always clips"):
+        plan({"type": "Muon"}, pynative=False, context_parallel=2)
+
+
+def test_graph_mode_deepseek3_yaml_translates():
+    """MindFormers 2.1.0's mcore DeepSeek-V3 pretraining YAML with optimizer Muon, at ZeRO stage 0 (fp32, no
+    parallel optimizer, no model parallelism): graph-mode Muon with QK-clip in the Plan."""
+    tree = copy.deepcopy(load_yaml(str(WHEELS / "2.1.0" / "deepseek3" / "pretrain_deepseek3_671b.yaml")))
+    tree["optimizer"] = {"type": "Muon", "momentum": 0.9}
+    tree["parallel_config"]["model_parallel"] = 1
+    tree["parallel"]["enable_parallel_optimizer"] = False
+    tree["model"]["model_config"]["compute_dtype"] = "float32"
+    optimizer = translate(tree).json["run"]["optimizer"]
+    assert optimizer["mode"] == "graph" and optimizer["qk_clip_threshold"] == 100.0
 
 
 def test_unknown_key_is_ignored_as_mindformers_ignores_it():

@@ -37,7 +37,9 @@ REFUSED_KEY = {
     "unknown_parallelism_key": "parallelism.data_parallel", "tp_bool": "parallelism.tensor_parallel",
     "betas_str": "optimizer.betas", "training_none": "training", "tp2_no_sp": "parallelism.sequence_parallel",
     "cp2_ulysses_degree1": "parallelism.ulysses_degree_in_cp", "cp2_ring": "parallelism.context_parallel_method",
-    "cp4_hybrid_no_degree": "parallelism.ulysses_degree_in_cp", "tp16": "parallelism.tensor_parallel",
+    "cp4_hybrid_no_degree": "parallelism.ulysses_degree_in_cp", "cp2_ulysses": "parallelism.context_parallel",
+    "cp2_colossal": "parallelism.context_parallel", "cp4_hybrid": "parallelism.context_parallel",
+    "tp16": "parallelism.tensor_parallel",
     "ep3": "parallelism.expert_parallel", "deredundancy_ep1": "parallelism.moe_token_dispatcher_type",
     "recompute_full_out_of_range": "recompute.full_recompute_layer[0]",
     "recompute_full_reversed": "recompute.full_recompute_layer[0]",
@@ -47,6 +49,10 @@ REFUSED_KEY = {
     "profiler_bad": "profiler.start_step", "rampup": "training.rampup_batch_size",
     "skip_on_nan": "training.use_skip_step_on_nan", "no_lr_scheduler": "lr_scheduler.type",
     "recompute_select_out_of_range": "recompute.select_module.self_attention[0]",
+    "pp2": "parallelism.pipeline_parallel_layers_per_stage",
+    "pp3_auto": "parallelism.pipeline_parallel_layers_per_stage",
+    "pp2_explicit_short": "parallelism.pipeline_parallel_layers_per_stage",
+    "pp2_explicit_reversed": "parallelism.pipeline_parallel_layers_per_stage[0]",
 }
 # Mutations MindFormers accepts and mf-ds refuses (what it cannot run), with the key it names.
 MF_DS_REFUSES = {"rampup": "training.rampup_batch_size"}
@@ -219,6 +225,7 @@ def test_ulysses_maps_and_colossal_differs():
     tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
     tree["model"]["n_routed_experts"] = 1  # a dense model: MoE models fold context parallelism (translators/parallel)
     tree["model"]["first_k_dense_replace"] = 16
+    tree["model"]["use_attn_mask_compression"] = True  # MindFormers' context parallelism needs it
     tree["parallelism"].update(context_parallel=2, context_parallel_method="ulysses")
     plan = translate(tree, world_size=8).plan
     assert plan.parallel.context_parallel == 2 and plan.deepspeed["sequence_parallel_size"] == 2
@@ -265,13 +272,13 @@ def test_muon_goes_through_the_pynative_muon_path():
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"optimizer": {"type": "Muon"}}, "optimizer.qk_clip_enabled"),  # QK-clip: translators/muon.py refuses it
     ({"optimizer": MUON, "model": {"compute_dtype": "bfloat16"}}, "optimizer.type"),  # bf16 needs ZeRO >= 1
     ({"optimizer": {"type": "Lion"}}, "optimizer.type"),
     ({"lora_config": {"target_modules": ".*"}}, "lora_config"),
     ({"run_mode": "predict"}, "run_mode"),
     ({"training": {"rampup_batch_size": [1, 1, 10]}}, "training.rampup_batch_size"),
     ({"model": {"model_type": "deepseek_v9"}}, "model.model_type"),
+    ({"training": {"steps": 0}}, "training.steps"),  # MindFormers would train nothing
 ])
 def test_what_mf_ds_cannot_run_is_one_line(change, key):
     tree = load_yaml(str(TINY))
@@ -291,7 +298,8 @@ def test_layout_and_memory_for_the_pynative_degrees(capsys):
     from translators.planner import layout_report
 
     tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
-    tree["parallelism"].update(tensor_parallel=2, expert_parallel=4, pipeline_parallel=2)
+    tree["parallelism"].update(tensor_parallel=2, expert_parallel=4, pipeline_parallel=2,
+                               pipeline_parallel_layers_per_stage="auto")
     tree["training"]["global_batch_size"] = 16
     result = translate(tree, world_size=8)
     report = layout_report(result.json, result.asked)
@@ -345,3 +353,59 @@ def test_select_recompute_maps_module_regexes_to_hf_modules():
     tree["recompute"] = {"mode": "select", "select_module": {"self_attention": ["0-9"]}}
     with pytest.raises(ConfigError, match=r"^recompute\.select_module\.self_attention\[0\]: layer id 9 out of"):
         translate(tree, world_size=1)  # without full_recompute_layer MindFormers checks the select ranges
+
+
+def test_random_damage_is_one_line_never_a_traceback():
+    """Random values at random keys of the DeepSeek-V3 PyNative YAML: translated, or refused with a ConfigError."""
+    import random
+
+    from translators.notes import leaves
+
+    base = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    values = [None, True, False, 0, -1, 1, 2, 3, 8, 16, 1.5, -0.5, "", "x", "0-3", "ulysses", "hybrid", [], ["0-2"],
+              [1, 2], {}, {"a": 1}, "None", "full", "select", 1e30, float("nan")]
+    keys = list(leaves(base)) + ["training.rampup_batch_size", "recompute.mode", "recompute.full_recompute_layer",
+                                 "recompute.select_module", "recompute_comm.enable", "parallelism.ulysses_degree_in_cp",
+                                 "optimizer.type", "checkpoint.load_path", "swap.enable", "callbacks",
+                                 "mf_ds.zero_stage", "output_dir", "mindformers_version", "run_mode", "training",
+                                 "model", "parallelism"]
+    rng = random.Random(0)
+    for _ in range(300):
+        tree = copy.deepcopy(base)
+        for _ in range(rng.randint(1, 3)):
+            *parents, last = rng.choice(keys).split(".")
+            node = tree
+            for name in parents:
+                node = node.setdefault(name, {}) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node[last] = copy.deepcopy(rng.choice(values))
+        try:
+            translate(tree, world_size=rng.choice([None, 1, 2, 8, 16]))
+        except ConfigError:
+            pass
+
+
+@pytest.mark.parametrize("no_load_optim, load_path, resumes", [(True, "/ckpt", False), (False, "/ckpt", True),
+                                                                (False, "", False)])
+def test_no_load_optim_false_resumes_the_optimizer(no_load_optim, load_path, resumes):
+    """checkpoint.no_load_optim false with a load_path: MindFormers resumes the optimizer state and step of the
+    Checkpoint 2.0 it loads, so the Plan asks mf_ds/loop.py for the same (run.resume_training)."""
+    tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    tree["checkpoint"].update(no_load_optim=no_load_optim, load_path=load_path)
+    result = translate(tree, world_size=8)
+    assert result.plan.run.resume_training is resumes
+    assert result.plan.run.load_checkpoint == (load_path or None)
+
+
+def test_muon_qk_clip_reaches_the_plan():
+    """PyNative Muon's QK-clip (qk_clip_enabled, on by default) on the MLA model: run.optimizer.qk_clip_threshold,
+    which mf_ds/muon.py applies after each update (mf_ds/qk_clip.py); qk_clip_enabled false leaves it unset."""
+    tree = load_yaml(str(TINY))
+    tree["optimizer"] = {"type": "Muon"}
+    assert translate(tree, world_size=1).plan.run.optimizer.qk_clip_threshold == 100.0
+    tree["optimizer"] = {"type": "Muon", "qk_clip_enabled": True, "qk_clip_threshold": 30}
+    result = translate(tree, world_size=1)
+    assert result.plan.run.optimizer.qk_clip_threshold == 30
+    assert [n.kind for n in result.plan.notes if n.key == "optimizer.qk_clip_enabled"] == ["runtime"]
+    tree["optimizer"] = {"type": "Muon", "qk_clip_enabled": False}
+    assert translate(tree, world_size=1).plan.run.optimizer.qk_clip_threshold is None
