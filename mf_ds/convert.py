@@ -93,24 +93,27 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
         raise RunError(f"{src}: {exc.args[0]}") from None
     model = _meta_model(plan)
     state = model.state_dict()
-    owners = weight_files(Path(src))  # checks the files (index, shards, checksums) first
+    files = weight_files(Path(src))  # checks the files (index, shards, checksums) first
+    # the names transformers' modules hold (save_pretrained may write others: DeepSeek-V4's own) -> the file's name
+    saved = {names.hf_module_name(name, family): name for name in files}
+    owners = {name: files[saved[name]] for name in saved}
     for name in sorted(owners):
         slot = model_slot(name, state)
-        shape = _shape(owners[name], name) if slot is None else None
+        shape = _shape(owners[name], saved[name]) if slot is None else None
         if slot is None and (bias := attach_router_bias(model, name, torch.empty(shape, device="meta"))) is not None:
             state[bias] = model.get_buffer(bias)  # balance_via_topk_bias on a family whose HF router has no bias
         elif slot is None:
-            raise RunError(f"{owners[name]}: {name} is not a weight of the YAML's {family} model")
+            raise RunError(f"{owners[name]}: {saved[name]} is not a weight of the YAML's {family} model")
     layout = layout_of(plan)
 
     def read(name: str) -> torch.Tensor:
         with safe_open(str(owners[name]), framework="pt") as f:
-            tensor = f.get_tensor(name)
+            tensor = f.get_tensor(saved[name])
         param, index = model_slot(name, state)
         want = tuple(state[param][index].shape) if index else tuple(state[param].shape)
         if tuple(tensor.shape) != want:
             raise RunError(f"{owners[name]}: {name} has shape {list(tensor.shape)}, the YAML's model {list(want)}")
-        if not tensor.is_floating_point():  # weight_files refuses .weight / .bias; this is any other tensor
+        if not tensor.is_floating_point() and state[param].is_floating_point():  # (DeepSeek-V4's tid2eid is int)
             raise RunError(f"{owners[name]}: weight {name} is {str(tensor.dtype).removeprefix('torch.')}, not "
                            "floating point")
         if not torch.isfinite(tensor).all():  # the other direction (load_into) refuses them too
@@ -124,7 +127,12 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
                 tensor = from_hf(mf_name, groups[mf_name], read, family, model.config, layout)
                 bar.update(tensor.numel() * tensor.element_size())
                 yield mf_name, tensor
-                for bias, load in names.EXPERT_LOAD.items():  # the router's load counter (names.NOT_WEIGHTS)
+                frozen = names.frozen(family)
+                for part, (beside, constant, axis) in frozen.items():  # MindFormers' constants HF does not hold
+                    if mf_name.endswith(beside):
+                        fill = torch.ones if constant == "ones" else torch.zeros
+                        yield mf_name[: -len(beside)] + part, fill(tensor.shape[axis], dtype=torch.float32)
+                for bias, load in () if frozen else names.EXPERT_LOAD.items():  # the router's load counter
                     if mf_name.endswith(bias):
                         yield mf_name[: -len(bias)] + load, torch.zeros_like(tensor)
 

@@ -113,17 +113,27 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     # Parallel degrees: the graph-mode resolution (DeepSpeed AutoTP, Ulysses, EP inside data parallel).
     p = cfg["parallelism"]
+    ep = deg.ep
+    if not family.moe_plan and ep > 1:  # HF's own MoE block runs (DeepSeek-V4): no mf-ds MoE layer to split experts
+        ep = 1
+        ledger.differs("parallelism.expert_parallel", f"{deg.ep}: folds into data parallel: {family.name}'s hash-"
+                       "routed MoE blocks stay transformers' own (no mf-ds MoE layer to shard their experts), so "
+                       "every rank holds every expert (ZeRO shards them when the stage is >= 1)")
     pc = ParallelConfig(data_parallel=deg.data_parallel, model_parallel=deg.tp, context_parallel=deg.cp,
-                        expert_parallel=deg.ep, pipeline_stage=deg.pp, micro_batch_num=max(deg.pp, 1))
+                        expert_parallel=ep, pipeline_stage=deg.pp, micro_batch_num=max(deg.pp, 1))
     dims = Dims(heads=shape.num_heads, kv_heads=(hf_config or {}).get("num_key_value_heads") or shape.num_heads,
                 seq_length=shape.seq_length, layers=shape.num_layers,
                 experts=_experts(model.config))
     with _renamed(view):
         lay = resolve(pc, family.hf_model_type, dims, deg.world)
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
-    with _renamed(view):
-        moe, _ = moe_plan(built, family.name, True, shape.num_layers, shape.mtp_depth, lay.expert_parallel, pc,
-                          extra, view)
+    moe = None
+    if not family.moe_plan and hf_config is not None:
+        moe = families.family_moe(family, hf_config, built["model"]["model_config"], view)
+    if family.moe_plan:
+        with _renamed(view):
+            moe, _ = moe_plan(built, family.name, True, shape.num_layers, shape.mtp_depth, lay.expert_parallel, pc,
+                              extra, view)
 
     # Batch: MindFormers' global batch on DeepSpeed's data-parallel ranks (folded axes add ranks to it).
     micro = cfg["training"]["local_batch_size"]
@@ -156,7 +166,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         with _renamed(view):
             ds_optimizer, run_optimizer = muon_optimizer.plan(
                 account.muon_section(cfg, tree, ledger), peak_lr(lr), zero_stage=zero["stage"],
-                mla="kv_lora_rank" in (hf_config or {}), mcore=True, pynative=True, ledger=ledger,
+                mla=_mla(hf_config), mcore=True, pynative=True, ledger=ledger,
                 attention_variant=model_section.get("experimental_attention_variant"),
                 context_parallel=lay.context_parallel, tensor_parallel=lay.tensor_parallel)
     else:
@@ -278,3 +288,10 @@ def layout_setting(setting: str, n_layers: int) -> str | None:
 def _experts(config: dict) -> int:
     counts = [config.get(name) for name in ("num_experts", "n_routed_experts", "num_moe_experts")]
     return max([n for n in counts if isinstance(n, int) and not isinstance(n, bool)] or [0])
+
+
+def _mla(hf_config: dict | None) -> bool:
+    """MindFormers' Muon check (multi_latent_attention): DeepSeek-V2/V3's MLA, or DeepSeek-V4's attention, which
+    MindFormers builds as MLA too (DeepseekV4Config registers multi_latent_attention=True)."""
+    hf = hf_config or {}
+    return "kv_lora_rank" in hf or hf.get("model_type") == "deepseek_v4"

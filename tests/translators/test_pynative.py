@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from translators import families
 from translators.cli import run
 from translators.errors import ConfigError
 from translators.loader import load_yaml
@@ -132,14 +131,16 @@ def test_every_wheel_yaml_has_mindformers_effective_config(version):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_wheel_yamls_translate_to_the_golden_numbers(version):
-    """Every PyNative YAML of the wheel translates (DeepSeek-V4: once its family record exists; until then it is
-    refused in one line naming model.model_type)."""
+    """Every PyNative YAML of the wheel translates, but DeepSeek-V4's: Flash's Muon runs under FSDP (refused by
+    translators/muon.py: Muon at ZeRO stage 0 only), Pro's shared expert is narrower than its routed ones (no HF
+    DeepSeek-V4 has that; translators/families/deepseek4.py)."""
     for rel, golden in GOLDEN[version]["yamls"].items():
         tree = load_yaml(str(WHEELS / version / rel))
-        if tree["model"]["model_type"] == "deepseek_v4" and "deepseek_v4" not in families.mcore_model_types():
+        if tree["model"]["model_type"] == "deepseek_v4":
             with pytest.raises(ConfigError) as caught:
                 translate(tree, world_size=GOLDEN[version]["world_size"], mindformers_version=version)
-            assert caught.value.path == "model.model_type"
+            want = "model.moe_shared_expert_intermediate_size" if "_pro" in rel else "optimizer."
+            assert caught.value.path.startswith(want), (rel, caught.value)
             continue
         result = translate(tree, world_size=GOLDEN[version]["world_size"], mindformers_version=version)
         check_plan(result.plan, golden, tree)
