@@ -110,7 +110,7 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
         want = tuple(state[param][index].shape) if index else tuple(state[param].shape)
         if tuple(tensor.shape) != want:
             raise RunError(f"{owners[name]}: {name} has shape {list(tensor.shape)}, the YAML's model {list(want)}")
-        if not tensor.is_floating_point():  # weight_files refuses .weight / .bias; this is any other tensor
+        if not tensor.is_floating_point() and state[param].is_floating_point():  # (DeepSeek-V4's tid2eid is int)
             raise RunError(f"{owners[name]}: weight {name} is {str(tensor.dtype).removeprefix('torch.')}, not "
                            "floating point")
         if not torch.isfinite(tensor).all():  # the other direction (load_into) refuses them too
@@ -124,7 +124,12 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
                 tensor = from_hf(mf_name, groups[mf_name], read, family, model.config, layout)
                 bar.update(tensor.numel() * tensor.element_size())
                 yield mf_name, tensor
-                for bias, load in names.EXPERT_LOAD.items():  # the router's load counter (names.NOT_WEIGHTS)
+                frozen = names.frozen(family)
+                for part, (beside, constant, axis) in frozen.items():  # MindFormers' constants HF does not hold
+                    if mf_name.endswith(beside):
+                        fill = torch.ones if constant == "ones" else torch.zeros
+                        yield mf_name[: -len(beside)] + part, fill(tensor.shape[axis], dtype=torch.float32)
+                for bias, load in () if frozen else names.EXPERT_LOAD.items():  # the router's load counter
                     if mf_name.endswith(bias):
                         yield mf_name[: -len(bias)] + load, torch.zeros_like(tensor)
 

@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mf_ds.errors import RunError
+from mf_ds.init import as_mindformers
 from translators.plan_types import Plan
 
 
@@ -102,6 +103,8 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         if load_checkpoint:
             _load_partitioned(model, plan, Path(load_checkpoint))
+        else:
+            _report(as_mindformers(model), log)
         if log is not None:
             mine, total = zero.held(model)
             log(f"mf-ds: zero: built partitioned (deepspeed.zero.Init): this rank holds {mine:,} of {total:,} "
@@ -111,7 +114,9 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
         why = full_reason or zero.full_build_reason(plan)
         log(f"mf-ds: zero: ZeRO-3 builds the whole model on every rank first: {why}")
     if not load_checkpoint:
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _report(as_mindformers(model), log)
+        return model
     path = Path(load_checkpoint)
     if is_mindformers_checkpoint(path):
         from mf_ds.mindspore_ckpt import load_into
@@ -135,6 +140,11 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
         if not torch.isfinite(param).all():
             raise RunError(f"{files.get(name, path)}: weight {name} holds inf/NaN (a damaged file?)")
     return model
+
+
+def _report(lines: list[str], log) -> None:
+    for line in lines if log is not None else ():
+        log(line)
 
 
 def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:

@@ -6,6 +6,8 @@ Shapes (legend): E experts, H hidden, I expert width, G KV groups, R q heads per
   gate_up  MindFormers [2I, H] rows interleaved (gate_0, up_0, gate_1, ...) or, not `ffn_interleaved`, [gate; up]
   stack    MindFormers [E, out, in] (Mixtral), [E, in, out] with `gmm`
   weight1  MindFormers [E*H, 2I]: expert e's [gate_e; up_e] transposed; weight2 [E*I, H]: down_e transposed
+  experts_w1  MindFormers [E, H, 2I] = [gate_e^T | up_e^T] (DeepSeek-V4's GroupedMLP); experts_w2 [E, I, H] = down_e^T
+  hc_scale MindFormers alpha_pre / alpha_post / alpha_res [1] each: HF's mHC `scale` [3] (DeepSeek-V4)
 transformers 5 holds the experts fused: `experts.gate_up_proj` [E, 2I, H] = [gate_e; up_e] per expert,
 `experts.down_proj` [E, H, I] (transformers/conversion_mapping.py "mixtral", "qwen2_moe"), and Mixtral's
 `block_sparse_moe` is its `mlp`.
@@ -126,6 +128,8 @@ def _split_where(kind: str, half: int, config, cols: int) -> tuple[tuple[int, ..
     where MindFormers half `half` lies."""
     if kind == "halves":  # GLM gate_up_proj [2I, H]: gate rows, then up rows
         return (2, config.intermediate_size, cols), (half,)
+    if kind == "hc_scale":  # DeepSeek-V4 mHC scale [3]: pre, post, comb (utils.py ScaleSplitConvertOp)
+        return (3,), (slice(half, half + 1),)
     heads, nope, rope, v_dim = _mla(config)
     if kind == "kv_a":  # HF [kv_lora + rope, H]: the latent rows, then the shared k rope rows
         lora = config.kv_lora_rank
@@ -137,7 +141,7 @@ def _split_where(kind: str, half: int, config, cols: int) -> tuple[tuple[int, ..
 
 def _split_piece(kind: str, half: int, hf_name: str, tensor: torch.Tensor, config) -> Piece:
     view, index = _split_where(kind, half, config, tensor.shape[-1])
-    if kind == "halves":
+    if kind in ("halves", "hc_scale"):
         return Piece(hf_name, tensor, view, index)
     rope = config.qk_rope_head_dim
     if kind == "kv_a":
@@ -152,6 +156,14 @@ def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Weigh
     stem = names.mf_to_hf(mf_name, family)
     if stem is None:
         return None
+    for part, (_, constant, _) in names.frozen(family).items():
+        if mf_name.endswith(part):  # a frozen constant HF does not hold (a weightless norm's ones)
+            if constant == "ones" and not bool((tensor == 1).all()):
+                from mf_ds.errors import RunError
+
+                raise RunError(f"{mf_name}: MindFormers keeps it frozen at ones (HF's norm there has no weight); "
+                               "this checkpoint holds other values, which HF's DeepSeek-V4 cannot represent")
+            return []
     expert = names.expert_kind(mf_name, family)
     if expert:
         part, kind, hf_parts = expert
@@ -161,12 +173,12 @@ def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Weigh
             for e, w in enumerate(tensor.unbind(0)):
                 w = w.transpose(0, 1) if layout.gmm and kind == "stack" else w
                 out.append(Piece(base + hf_parts[0].format(e=e), w.contiguous()))
-        elif kind == "gmm_w1":  # [E, H, 2I] = [gate^T | up^T]
+        elif kind in ("gmm_w1", "experts_w1"):  # [E, H, 2I] = [gate^T | up^T]
             for e, w in enumerate(tensor.unbind(0)):
                 gate, up = w.transpose(0, 1).chunk(2)
                 out += [Piece(base + hf_parts[0].format(e=e), gate.contiguous()),
                         Piece(base + hf_parts[1].format(e=e), up.contiguous())]
-        elif kind == "gmm_w2":  # [E, I, H] = down^T
+        elif kind in ("gmm_w2", "experts_w2"):  # [E, I, H] = down^T
             out = [Piece(base + hf_parts[0].format(e=e), w.transpose(0, 1).contiguous())
                    for e, w in enumerate(tensor.unbind(0))]
         elif kind == "weight1":  # [E*H, 2I] -> per expert [2I, H] = [gate; up]
@@ -246,15 +258,15 @@ def from_hf(mf_name: str, hf_names: list[str], read: Callable[[str], torch.Tenso
                 if m:
                     index[(int(m.group(1)), i)] = name
         experts = 1 + max(e for e, _ in index)
-        if kind in ("stack", "stack_bmm", "gmm_w2"):
-            turn = (layout.gmm and kind == "stack") or kind == "gmm_w2"
+        if kind in ("stack", "stack_bmm", "gmm_w2", "experts_w2"):
+            turn = (layout.gmm and kind == "stack") or kind in ("gmm_w2", "experts_w2")
             first = read(index[(0, 0)])
             out = torch.empty((experts, *(first.shape[::-1] if turn else first.shape)), dtype=first.dtype)
             for e in range(experts):
                 w = first if e == 0 else read(index[(e, 0)])
                 out[e] = w.transpose(0, 1) if turn else w
             return out
-        if kind == "gmm_w1":  # [E, H, 2I] = [gate^T | up^T]
+        if kind in ("gmm_w1", "experts_w1"):  # [E, H, 2I] = [gate^T | up^T]
             gate = read(index[(0, 0)])
             out = torch.empty((experts, gate.shape[1], 2 * gate.shape[0]), dtype=gate.dtype)
             for e in range(experts):
@@ -281,6 +293,8 @@ def from_hf(mf_name: str, hf_names: list[str], read: Callable[[str], torch.Tenso
         whole = read(name)
         view, where = _split_where(kind, half, config, whole.shape[-1])
         part = whole.reshape(view)[where]
+        if kind == "hc_scale":
+            return part.clone()
         if half == 1 and kind in ("q_b", "kv_a"):
             part = _pairs_to_halves(part, config.qk_rope_head_dim)
         return part.reshape(-1, whole.shape[-1]).contiguous()
@@ -307,6 +321,10 @@ _EXPERT_PARAMS = (
     (re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.gate_proj\.weight$"), r"\1.mlp.experts.gate_up_proj", 0),
     (re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.up_proj\.weight$"), r"\1.mlp.experts.gate_up_proj", 1),
     (re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.down_proj\.weight$"), r"\1.mlp.experts.down_proj", None),
+    # DeepSeek-V4 (transformers/conversion_mapping.py "deepseek_v4" reads these per-expert names)
+    (re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.w1\.weight$"), r"\1.mlp.experts.gate_up_proj", 0),
+    (re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.w3\.weight$"), r"\1.mlp.experts.gate_up_proj", 1),
+    (re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.w2\.weight$"), r"\1.mlp.experts.down_proj", None),
 )
 
 

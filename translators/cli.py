@@ -85,7 +85,8 @@ def run(argv: list[str] | None = None) -> int:
             _write(args.plan, plan)
         if args.layout:
             # what the YAML asked for (shown beside the degrees); MindFormers resets it without use_parallel
-            raw_pc = tree.get("parallel_config") if tree.get("use_parallel") is True else None
+            raw_pc = result.asked if result.asked is not None else \
+                tree.get("parallel_config") if tree.get("use_parallel") is True else None
             report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory)
     except ConfigError as exc:
         print(f"mf-translate: error: {exc}", file=sys.stderr)

@@ -212,21 +212,12 @@ def parse_trainer(tree: dict, ledger: Ledger) -> Trainer:
     return trainer
 
 
-# The PyNative trainer's schema (MindFormers 2.x, mindformers/pynative/config/config.py): its own top-level sections.
-PYNATIVE_SECTIONS = ("training", "parallelism")
-
-
 def check_section_types(tree: dict) -> None:
-    """Sections that must be mappings (a list or a scalar there is a typo, not a configuration); the PyNative
-    schema is refused by name."""
+    """Sections that must be mappings (a list or a scalar there is a typo, not a configuration). A PyNative-schema
+    YAML (top-level training / parallelism) never comes here: translators/pynative.py reads it."""
     for name in tree:
         if not isinstance(name, str):  # load_yaml refuses these too; a tree built in Python may hold them
             raise ConfigError(show(name), "a top-level key must be a string")
-    pynative = [name for name in PYNATIVE_SECTIONS if name in tree]
-    if pynative and "runner_config" not in tree and "parallel_config" not in tree:
-        raise ConfigError(pynative[0], "a MindFormers 2.x PyNative-schema YAML (top-level training / parallelism); "
-                                       "that schema is not supported yet: mf-ds reads the graph-mode schema "
-                                       "(runner_config, parallel_config, model.model_config)")
     for name in SECTIONS:
         if name in tree and tree[name] is not None and name != "callbacks" and name != "eval_callbacks":
             if not isinstance(tree[name], dict):

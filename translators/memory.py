@@ -84,6 +84,8 @@ def inventory(hf: dict) -> list[Weights]:
     mt = hf["model_type"]
     if mt == "gpt2":
         return _gpt2(hf)
+    if mt == "deepseek_v4":
+        return _deepseek_v4(hf)
     h, L, V = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
     a = hf["num_attention_heads"]
     k = _get(hf, "num_key_value_heads", default=a)
@@ -145,7 +147,7 @@ def _moe_layers(hf: dict) -> list[int]:
             return []
         first, freq = hf.get("first_k_dense_replace", 0), hf.get("moe_layer_freq", 1)
         return [i for i in range(L) if i >= first and i % freq == 0]
-    if mt == "mixtral":
+    if mt in ("mixtral", "deepseek_v4"):
         return list(range(L))
     if mt in ("qwen2_moe", "qwen3_moe"):
         step, only = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
@@ -167,6 +169,68 @@ def _moe(hf: dict, h: int) -> list[Weights]:
         w += _mlp(hf, h, hf["shared_expert_intermediate_size"], "shared_expert")
         w.append(Weights("shared_expert_gate", h, 1, "whole"))
     return w
+
+
+def _v4_layer_types(hf: dict) -> list[str]:
+    """HF DeepseekV4Config's layer_types (its own default when the hf_config leaves them out: 2 x HCA, then CSA /
+    HCA alternating)."""
+    L = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types:
+        return list(types[:L])
+    csa, hca = "compressed_sparse_attention", "heavily_compressed_attention"
+    return [hca] * min(L, 2) + [csa if i % 2 else hca for i in range(max(L - 2, 0))]
+
+
+def _deepseek_v4(hf: dict) -> list[Weights]:
+    """DeepseekV4ForCausalLM (modeling_deepseek_v4.py, transformers 5.23): every layer is an MoE layer with mHC; its
+    attention has a low-rank q, one shared KV head, a grouped low-rank output and per-head sinks, plus a compressor
+    (CSA: with the lightning indexer) on the compressed layers. The same count as MindFormers' PyNative model's
+    trainable parameters without its MTP layer (tests/fixtures/deepseek4/counts.json)."""
+    h, L, V, a = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"], hf["num_attention_heads"]
+    d, ql, g, r = hf["head_dim"], hf["q_lora_rank"], hf["o_groups"], hf["o_lora_rank"]
+    n, E, width = hf["hc_mult"], hf["n_routed_experts"], hf["moe_intermediate_size"]
+    ih, idim = hf["index_n_heads"], hf["index_head_dim"]
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128, **(hf.get("compress_rates") or {})}
+    types = _v4_layer_types(hf)
+    mix = (2 + n) * n  # pre, post and comb weights of one hyper-connection
+    out = [Weights("embed_tokens", V * h, 1, "whole"), Weights("norm", h, 1, "whole"),
+           Weights("hc_head", n * n * h + n + 1, 1, "whole")]
+    if not hf.get("tie_word_embeddings", False):
+        out.append(Weights("lm_head", V * h, 1, "whole"))
+    out += [
+        Weights("moe.norms", h, 2 * L, "whole", "moe"),
+        Weights("moe.attention", h * ql + ql + ql * a * d + h * d + d + a * d * r + g * r * h + a, L, "whole", "moe"),
+        Weights("moe.hyper_connections", 2 * (mix * n * h + mix + 3), L, "whole", "moe"),
+        Weights("moe.router", E * h, L, "whole", "moe"),
+        Weights("moe.experts", 3 * h * width, E * L, "expert", "moe"),
+        Weights("moe.shared_experts.proj", h * width, 3 * L, "whole", "moe"),
+    ]
+    csa = types.count("compressed_sparse_attention")
+    hca = types.count("heavily_compressed_attention")
+    if csa:
+        m = rates["compressed_sparse_attention"]
+        out += [Weights("moe.csa_compressor", 2 * h * 2 * d + m * 2 * d + d, csa, "whole", "moe"),
+                Weights("moe.csa_indexer", 2 * h * 2 * idim + m * 2 * idim + idim + ql * ih * idim + h * ih, csa,
+                        "whole", "moe")]
+    if hca:
+        m = rates["heavily_compressed_attention"]
+        out.append(Weights("moe.hca_compressor", 2 * h * d + m * d + d, hca, "whole", "moe"))
+    return out
+
+
+def activated(hf: dict) -> int:
+    """Parameters one token computes with: everything but the routed experts it is not sent to."""
+    weights = inventory(hf)
+    k = with_defaults(hf).get("num_experts_per_tok", 1)
+    total = 0
+    for w in weights:
+        if w.shard == "expert":
+            layers = w.count // max(num_experts(with_defaults(hf)), 1)
+            total += w.numel * k * layers
+        else:
+            total += w.numel * w.count
+    return total
 
 
 def _gpt2(hf: dict) -> list[Weights]:
@@ -311,6 +375,11 @@ def activations(plan: dict, deg: Degrees, micro: int, seq: int, dtype: str) -> A
     if hf["model_type"] == "gpt2":
         notes.append("GPT-2: counted as a pre-norm layer of the same widths (LayerNorm, GELU MLP, dropout masks "
                      "not counted separately; not measured)")
+    if hf["model_type"] == "deepseek_v4":
+        notes.append("DeepSeek-V4: counted as one-KV-head attention of its widths with its MoE; not counted: the "
+                     f"{hf.get('hc_mult', 4)} mHC streams a layer keeps (fp32 copies), the compressors, and the "
+                     "attention probabilities of its eager-only attention (heads x seq x (seq + compressed) per "
+                     "layer); not measured")
     if moe_layers:
         notes.append("MoE layers: top_k routed rows per token, none dropped (tiny DeepSeek-V3 on CPU: 5% under "
                      "the measured peak)")

@@ -109,6 +109,71 @@ QWEN2_MOE_GMM = (
     (".feed_forward.routed_experts.router.dense.weight", ".feed_forward.routed_experts.router_dense.weight"),
     (".feed_forward.routed_experts.router.router.topk_bias", ".feed_forward.routed_experts.topk_bias"),
 )
+# MindFormers 2.1.0's PyNative DeepSeek-V4 (PyNativeDeepseekV4ForCausalLM: the names its GPTModel holds, checked
+# against the model built on CPU: tests/fixtures/deepseek4/params.*.json) to transformers' DeepseekV4ForCausalLM.
+# The HF side is transformers' own module names (save_pretrained writes DeepSeek's original names, and from_pretrained
+# reads both); its stacked experts are written per expert as `experts.{e}.w1/w3/w2.weight`, which it reads too.
+DEEPSEEK4 = (
+    ("embedding.word_embeddings.", "model.embed_tokens."),
+    ("decoder.final_layernorm.", "model.norm."),
+    ("output_layer.", "lm_head."),
+    ("decoder.hc_head.", "model.hc_head."),
+    (".hc_head.hc_fn.weight", ".hc_head.hc_fn"),
+    ("decoder.layers.", "model.layers."),
+    (".self_attention.core_attention.indexer.compressor.linear_wkv.", ".self_attn.compressor.indexer.kv_proj."),
+    (".self_attention.core_attention.indexer.compressor.linear_wgate.", ".self_attn.compressor.indexer.gate_proj."),
+    (".self_attention.core_attention.indexer.compressor.norm.", ".self_attn.compressor.indexer.kv_norm."),
+    (".self_attention.core_attention.indexer.compressor.ape", ".self_attn.compressor.indexer.position_bias"),
+    (".self_attention.core_attention.indexer.linear_wq_b.", ".self_attn.compressor.indexer.q_b_proj."),
+    (".self_attention.core_attention.indexer.linear_weights_proj.",
+     ".self_attn.compressor.indexer.scorer.weights_proj."),
+    (".self_attention.core_attention.compressor.linear_wkv.", ".self_attn.compressor.kv_proj."),
+    (".self_attention.core_attention.compressor.linear_wgate.", ".self_attn.compressor.gate_proj."),
+    (".self_attention.core_attention.compressor.norm.", ".self_attn.compressor.kv_norm."),
+    (".self_attention.core_attention.compressor.ape", ".self_attn.compressor.position_bias"),
+    (".self_attention.core_attention.attn_sink", ".self_attn.sinks"),
+    (".self_attention.linear_q_down_proj.", ".self_attn.q_a_proj."),
+    (".self_attention.q_layernorm.", ".self_attn.q_a_norm."),
+    (".self_attention.linear_q_up_proj.", ".self_attn.q_b_proj."),
+    (".self_attention.linear_kv_proj.", ".self_attn.kv_proj."),
+    (".self_attention.kv_layernorm.", ".self_attn.kv_norm."),
+    (".self_attention.linear_o_group_proj", ".self_attn.o_a_proj.weight"),  # a bare Parameter in MindFormers
+    (".self_attention.linear_proj.", ".self_attn.o_b_proj."),
+    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
+    (".mlp.router.weight", ".mlp.gate.weight"),
+    (".mlp.router.tid2eid", ".mlp.gate.tid2eid"),
+    (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
+    (".mlp.shared_experts.linear_fc2.", ".mlp.shared_experts.down_proj."),
+    (".attn_hc.mapping_proj.weight", ".attn_hc.fn"),
+    (".attn_hc.bias", ".attn_hc.base"),
+    (".ffn_hc.mapping_proj.weight", ".ffn_hc.fn"),
+    (".ffn_hc.bias", ".ffn_hc.base"),
+)
+# HF's mHC `scale` [3] is MindFormers' alpha_pre, alpha_post, alpha_res [1] each (utils.py ScaleSplitConvertOp).
+DEEPSEEK4_SPLIT = {
+    f".{hc}.scale": ("hc_scale", tuple(f".{hc}.alpha_{part}" for part in ("pre", "post", "res")))
+    for hc in ("attn_hc", "ffn_hc")
+}
+# experts.py: weight1 [E, H, 2I] = per expert [gate^T | up^T] (chunked into halves), weight2 [E, I, H] = down^T.
+DEEPSEEK4_EXPERTS = {
+    ".mlp.experts.weight1": ("experts_w1", (".mlp.experts.{e}.w1.weight", ".mlp.experts.{e}.w3.weight")),
+    ".mlp.experts.weight2": ("experts_w2", (".mlp.experts.{e}.w2.weight",)),
+}
+# MindFormers parameters HF does not hold, each written beside another when converting back (the frozen ones of the
+# weightless norms are checked to be ones when converting to HF): q_rms_gamma, the per-head q norm, v_head_dim wide
+# like kv_layernorm; rms_weight, the mHC norm over n x H, mapping_proj's input width; the router's load counter,
+# written as zeros (what the network holds after each step), in place of EXPERT_LOAD's expert_load.
+DEEPSEEK4_FROZEN = {
+    ".self_attention.q_rms_gamma": (".self_attention.kv_layernorm.weight", "ones", 0),
+    ".attn_hc.rms_weight": (".attn_hc.mapping_proj.weight", "ones", 1),
+    ".ffn_hc.rms_weight": (".ffn_hc.mapping_proj.weight", "ones", 1),
+    ".mlp.tokens_per_expert": (".mlp.router.weight", "zeros", 0),  # the router's load counter (NOT_WEIGHTS), float32
+}
+# One shared-expert MLP: linear_fc1 holds gate and up interleaved per row (pynative/transformers/mlp.py reshapes its
+# output to [..., I, 2] and takes gate = [..., 0], up = [..., 1]; MindFormers' own HF template, utils.py, concatenates
+# them instead, which that MLP does not read back).
+DEEPSEEK4_FUSED = {".shared_experts.linear_fc1.": ("gate_up", (".shared_experts.gate_proj.",
+                                                                ".shared_experts.up_proj."))}
 # mindformers/models/glm2/convert_weight.py + convert_reversed.py (1.7.0) and ChatGLM2ForConditionalGeneration's
 # own names, to transformers' `glm` (THUDM/glm-4-9b-hf): the same weights, renamed; both fuse gate/up, gate first.
 GLM = (
@@ -143,6 +208,7 @@ FUSED = {
               ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj."))},
     # glm2/convert_weight.py attn_split: query_key_value is q, k, v one after the other (np.split on axis 0)
     "glm": {".self_attention.query_key_value.": ("qkv_cat", _QKV)},
+    "deepseek4": DEEPSEEK4_FUSED,
 }
 # Stacked experts: (MindFormers name part, kind, HF per-expert name parts, `{e}` the expert).
 MIXTRAL_EXPERTS = {
@@ -179,7 +245,7 @@ GLM_PREFIXES = ("transformer.",)
 # every step (wrapper.py _reset_accu_gbs_fi; mf-ds: MFMoE.reset_step). A checkpoint written after the step end holds
 # zeros; one written before the callback ran (CheckpointMonitor listed first) holds the step's load, which
 # MindFormers would add into the first bias update after a resume and mf-ds does not.
-NOT_WEIGHTS = (".paged_attention_mgr.", ".expert_load", ".router.fi_accu")
+NOT_WEIGHTS = (".paged_attention_mgr.", ".expert_load", ".router.fi_accu", ".mlp.tokens_per_expert")
 # HF -> MindFormers: beside each router bias, its expert_load as zeros (what the network holds after every step).
 EXPERT_LOAD = {".topk_bias": ".expert_load", ".expert_bias": ".expert_load"}
 
@@ -262,10 +328,13 @@ def is_mcore(family: str) -> bool:
 
 
 def style(family: str) -> str:
-    """Which MindFormers model code names the family's weights: 'mcore', 'glm' (ChatGLM2 classes) or 'legacy'."""
+    """Which MindFormers model code names the family's weights: 'mcore', 'deepseek4' (the PyNative DeepSeek-V4),
+    'glm' (ChatGLM2 classes) or 'legacy'."""
     from translators.families import registry
 
     found = registry.weights(family)
+    if found is not None and found.names is DEEPSEEK4:
+        return "deepseek4"
     return "mcore" if is_mcore(family) else "glm" if found is not None and found.names is GLM else "legacy"
 
 
@@ -275,14 +344,15 @@ def fused_parts(family: str) -> dict[str, tuple[str, tuple[str, ...]]]:
 
 def strip(name: str, family: str) -> str:
     """An mcore network holds GPTModel as `model`: its checkpoint names may carry that `model.` prefix."""
-    if is_mcore(family) and name.startswith("model.") and name[6:].startswith(MCORE_PREFIXES):
+    if is_mcore(family) and name.startswith("model.") and name[6:].startswith((*MCORE_PREFIXES, "mtp.")):
         return name[6:]
     return name
 
 
 def is_weight(name: str, family: str = "llama") -> bool:
     """True for a model parameter; False for optimizer state and counters saved beside it."""
-    prefixes = {"mcore": MCORE_PREFIXES, "glm": GLM_PREFIXES}.get(style(family), LEGACY_PREFIXES)
+    prefixes = {"mcore": MCORE_PREFIXES, "deepseek4": (*MCORE_PREFIXES, "mtp."), "glm": GLM_PREFIXES}.get(
+        style(family), LEGACY_PREFIXES)
     return strip(name, family).startswith(prefixes) and not any(part in name for part in NOT_WEIGHTS)
 
 
@@ -311,12 +381,23 @@ def split_kind(name: str, family: str) -> tuple[str, str, str, int] | None:
 def mtp_layer(name: str, family: str, num_layers: int) -> bool:
     """A weight of DeepSeek's multi-token-prediction layers (research/deepseek3 mtp_name_replace: the fusers and
     norms, and layers num_layers and up), which transformers' DeepseekV3 does not build."""
+    if family == "deepseek_v4/mcore":  # GPTModel's `mtp.layers.N` (MultiTokenPrediction)
+        return strip(name, family).startswith("mtp.")
     if family != "deepseek_v3":
         return False
     if name.startswith(("model.mtp_hidden_fusers.", "model.mtp_norms.")):
         return True
     parts = name.split(".")
     return len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) >= num_layers
+
+
+def frozen(family: str) -> dict[str, tuple[str, str, int]]:
+    """MindFormers parameters the HF model does not hold: {part: (the part written beside it, constant, axis of
+    that tensor giving its length)} ({} for none)."""
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return dict(found.frozen) if found else {}
 
 
 def mf_to_hf(name: str, family: str) -> str | None:

@@ -119,3 +119,53 @@ class Ledger:
     @staticmethod
     def as_json(notes: list[Note]) -> list[dict]:
         return [asdict(note) for note in notes]
+
+    def view(self, paths: dict[str, str]) -> LedgerView:
+        """This ledger seen through a path map (`{"model.model_config": "model"}`): code written for one schema's
+        paths notes the keys of another (the PyNative schema's flat `model`, translators/pynative.py)."""
+        return LedgerView(self, paths)
+
+
+class LedgerView:
+    """A Ledger whose keys are renamed on the way in: the longest matching prefix of `paths` is replaced."""
+
+    def __init__(self, ledger: Ledger, paths: dict[str, str]):
+        self.ledger = ledger
+        self.paths = sorted(paths.items(), key=lambda item: -len(item[0]))
+
+    def path(self, key: str) -> str:
+        for old, new in self.paths:
+            if _covers(old, key):
+                return new + key[len(old):]
+        return key
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return self.ledger.values
+
+    def add(self, key: str, kind: str, message: str) -> None:
+        self.ledger.add(self.path(key), kind, message)
+
+    def mapped(self, key: str, message: str) -> None:
+        self.add(key, "mapped", message)
+
+    def runtime(self, key: str, message: str) -> None:
+        self.add(key, "runtime", message)
+
+    def dropped(self, key: str, message: str) -> None:
+        self.add(key, "dropped", message)
+
+    def differs(self, key: str, message: str) -> None:
+        self.add(key, "differs", message)
+
+    def unknown(self, key: str, message: str) -> None:
+        self.add(key, "unknown", message)
+
+    def present(self, key: str) -> bool:
+        return self.ledger.present(self.path(key))
+
+    def accounted(self, path: str) -> bool:
+        return self.ledger.accounted(self.path(path))
+
+    def warnings(self) -> list[Note]:
+        return self.ledger.warnings()

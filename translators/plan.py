@@ -17,12 +17,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, layout, mf_defaults, names, recompute, recompute_ops
+from translators import families, layout, mf_defaults, names, pynative, recompute, recompute_ops
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
-from translators.errors import ConfigError, join, show
-from translators.families.base import MODEL_CONFIG
+from translators.errors import ConfigError, show
 from translators.general import check_section_types, parse_general, parse_trainer, weights_path
 from translators.loader import apply_overrides, load_yaml
 from translators.lr import lr_plan, peak_lr
@@ -54,6 +53,9 @@ class Translation:
     plan: Plan
     formative: tuple[str, ...] = ()
     ledger: Ledger | None = field(default=None, repr=False)
+    asked: dict | None = None
+    """The parallel degrees the YAML asks for, in parallel_config's names, where its schema has no parallel_config
+    (the PyNative schema's parallelism); the layout report shows them beside the ones that run."""
 
     @property
     def warnings(self) -> list[Note]:
@@ -82,6 +84,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     --mindformers-version) wins over the YAML's `mindformers_version:`; without either, the newest MindFormers."""
     if not isinstance(tree, dict):
         raise ConfigError("", f"expected a mapping of sections, got {show(tree)}")
+    if pynative.is_pynative(tree):  # MindFormers 2.x's PyNative schema: its own reader, the same Plan
+        return pynative.translate(tree, world_size=world_size, gradient_accumulation_steps=gradient_accumulation_steps,
+                                  mindformers_version=mindformers_version)
     check_section_types(tree)
     ledger = Ledger(tree)
     general = parse_general(tree, ledger)
@@ -103,14 +108,13 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     # The model: what the YAML leaves out takes the defaults of the run's MindFormers version's config class.
     version = (mf_defaults.resolve(mindformers_version, "--mindformers-version") if mindformers_version is not None
                else mf_defaults.resolve(general.mindformers_version, "mindformers_version"))
-    family = families.detect_family(tree)
-    shape = families.model_shape(tree, family, ledger, version) if "model" in tree else None
-    if shape is not None and family.mcore and family.hf_model_type is None:
-        raise ConfigError(join(MODEL_CONFIG, "model_type"), f"{family.name}: {family.reason}")
-    hf_config = families.hf_config(tree, family, ledger, version) if shape is not None else None
+    family, shape, hf_config = families.detect_family(tree), None, None
     built = tree  # the MoE plan and the layout checks read the model_config MindFormers builds (mcore: with defaults)
-    if shape is not None and family.mcore:
-        built = {**tree, "model": {**tree["model"], "model_config": families.mcore_model_config(tree, family, version)}}
+    if "model" in tree:
+        model = families.parse_model(tree, ledger, version)
+        family, shape, hf_config = model.family, model.shape, model.hf_config
+        if family.mcore:
+            built = {**tree, "model": {**tree["model"], "model_config": model.config}}
     if shape is None:
         ledger.runtime("", "no model section: no HF config, no layer plan (the DeepSpeed config stands alone)")
     elif hf_config is None:
@@ -133,7 +137,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     # MoE.
     ep = lay.expert_parallel
     moe = None
-    if shape is not None:
+    if shape is not None and family.moe_plan:
         moe, _ = moe_plan(built, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep, pc, extra, ledger)
     elif ledger.present("moe_config"):
         ledger.dropped("moe_config", "no model section to build experts in")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from translators.errors import ConfigError, join, show
@@ -286,3 +287,37 @@ def _setting(spec: _Spec, key: str) -> str:
     if key in MCORE_MOE:
         return MCORE_MOE[key].name
     return spec.aliases.get(key, key)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The one entry point both schemas call: a model section -> its family, shape, HF config and built model_config.
+
+@dataclass(frozen=True)
+class ParsedModel:
+    """What a model section describes: the family record, the numbers the rest of the translator needs, the HF
+    config (None: no transformers architecture), and the model_config MindFormers builds (mcore: with its class
+    defaults under the YAML's keys)."""
+
+    family: FamilyRecord
+    shape: ModelShape
+    hf_config: dict | None
+    config: dict
+
+
+def mcore_tree(config: Any, **top: Any) -> dict:
+    """A model section written flat (the PyNative schema's `model:`, MindFormers 2.x) as the graph-mode mcore tree
+    the tables read: `use_legacy: False`, `model.model_config` = the section, plus the top-level keys `top`."""
+    return {**top, "use_legacy": False, "model": {"model_config": config}}
+
+
+def parse_model(tree: dict, ledger: Ledger, version: str = NEWEST) -> ParsedModel:
+    """Parse the model of a graph-mode tree (or of `mcore_tree(section)`) for its family: every key under
+    model.model_config / model.arch (and moe_config's model keys) noted in `ledger` (a Ledger, or a LedgerView that
+    renames model.model_config to the schema's own path). Refuses an mcore family transformers has no class for."""
+    family = detect_family(tree)
+    shape = model_shape(tree, family, ledger, version)
+    if family.mcore and family.hf_model_type is None:
+        raise ConfigError(join(MODEL_CONFIG, "model_type"), f"{family.name}: {family.reason}")
+    config = hf_config(tree, family, ledger, version)
+    built = mcore_model_config(tree, family, version) if family.mcore else _model_section(tree)
+    return ParsedModel(family, shape, config, built)

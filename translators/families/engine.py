@@ -79,10 +79,13 @@ class _Spec:
             object.__setattr__(self, name, table)
 
 
-def _mcore_spec(config_class: str, rules: dict[str, Rule | str], defaults: dict, derive: tuple[Derive, ...] = ()):
-    """A spec whose rules answer to every mcore spelling of a setting (MCORE_SPELLINGS)."""
-    spelled = {s: rule for name, rule in rules.items() for s in MCORE_SPELLINGS.get(name, (name,))}
-    aliases = {s: name for name, spellings in MCORE_SPELLINGS.items() for s in spellings}
+def _mcore_spec(config_class: str, rules: dict[str, Rule | str], defaults: dict, derive: tuple[Derive, ...] = (),
+                spellings: dict[str, tuple[str, ...]] | None = None):
+    """A spec whose rules answer to every mcore spelling of a setting (MCORE_SPELLINGS, with the family's own
+    `spellings` over them)."""
+    table = {**MCORE_SPELLINGS, **(spellings or {})}
+    spelled = {s: rule for name, rule in rules.items() for s in table.get(name, (name,))}
+    aliases = {s: name for name, names in table.items() for s in names}
     return _Spec(config_class, spelled, defaults, derive, aliases=aliases, head_dim_derived=False)
 
 

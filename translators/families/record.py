@@ -59,6 +59,8 @@ class Weights:
     """MindFormers part -> (kind, HF per-expert parts): stacked experts."""
     bmm_names: tuple[tuple[str, str], ...] = ()
     """(grouped-matmul name, batched name) where the router's names depend on use_grouped_gemm."""
+    frozen: Mapping[str, tuple[str, str, int]] = field(default_factory=dict)
+    """MindFormers part -> (the part it is written beside, "ones", axis): constant parameters HF does not hold."""
     gmm_names: tuple[tuple[str, str], ...] = ()
     """(MoEV2 name, MoEV3 name) of the router and its bias, where use_gmm builds MoEV3 (read both ways, written with
     the MoEV2 names)."""
@@ -86,6 +88,8 @@ class FamilyRecord:
     tied_embeddings: bool = False
     """The HF config's default for tie_word_embeddings."""
     runtime: PatchTargets | None = None
+    moe_plan: bool = True
+    """False: HF's MoE block runs as it is (no Plan `moe`); the family's config rules account for the MoE keys."""
 
     @property
     def weights_key(self) -> str:

@@ -13,7 +13,7 @@ from functools import cache
 from translators.families.record import FamilyRecord, PatchTargets, Weights
 
 # translators/families/<module>.py: the config classes' modules, then the families with a module of their own
-MODULES = ("llama", "deepseek", "glm", "gpt2", "mcore", "telechat3", "glm4_moe")
+MODULES = ("llama", "deepseek", "glm", "gpt2", "mcore", "telechat3", "glm4_moe", "deepseek4")
 
 
 def modules() -> list:

@@ -1,0 +1,133 @@
+"""DeepSeek-V4 on transformers' DeepseekV4ForCausalLM: the translated config builds it with MindFormers' parameter
+count, and mf-convert maps MindFormers' own parameter names (tests/fixtures/deepseek4/params.tiny.json: the PyNative
+model built on CPU by tests/fixtures/make_deepseek4_golden.py) to every HF parameter and back, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+
+from mf_ds.convert import to_hf, to_mindformers
+from translators import memory
+from translators.plan import translate_file
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+TINY = json.loads((FIXTURES / "deepseek4" / "params.tiny.json").read_text())
+FLASH = FIXTURES / "mindformers_wheels" / "2.1.0" / "deepseek4" / "pretrain_deepseek4_flash.yaml"
+
+
+def tiny_yaml(tmp_path: Path) -> Path:
+    """The flash YAML's model with the tiny build's changes, as an mcore model_config."""
+    model = {**yaml.safe_load(FLASH.read_text())["model"], **TINY["changes"], "seq_length": 32,
+             "use_attn_mask_compression": False}
+    path = tmp_path / "tiny_deepseek4.yaml"
+    path.write_text(yaml.safe_dump({"use_legacy": False, "model": {"model_config": model},
+                                    "runner_config": {"batch_size": 1}}))
+    return path
+
+
+def mindformers_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    """Random weights under MindFormers' names and shapes; the frozen ones as MindFormers holds them."""
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for name, (shape, _, _) in TINY["params"].items():
+        name = name.removeprefix("model.")
+        if name.endswith((".q_rms_gamma", ".rms_weight")):
+            out[name] = torch.ones(shape)
+        elif name.endswith(".tokens_per_expert"):
+            out[name] = torch.zeros(shape)
+        elif name.endswith(".tid2eid"):
+            out[name] = torch.randint(0, shape[0], shape, generator=g, dtype=torch.int32) % 5
+        else:
+            out[name] = torch.randn(shape, generator=g)
+    save_file(out, str(path), metadata={"format": "ms"})
+    return out
+
+
+def test_hf_model_has_mindformers_parameter_count(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from mf_ds.model import hf_config
+
+    plan = translate_file(str(tiny_yaml(tmp_path))).plan
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config(plan))
+    assert type(model).__name__ == "DeepseekV4ForCausalLM"
+    hf_count = sum(p.numel() for p in model.parameters())
+    mf_count = sum(math.prod(shape) for name, (shape, trainable, _) in TINY["params"].items()
+                   if trainable and ".mtp." not in name)
+    assert hf_count == mf_count == sum(w.numel * w.count for w in memory.inventory(plan.hf_config))
+    assert math.isinf(model.config.swiglu_limit)  # hidden_act silu: MindFormers does not clamp
+
+
+def test_fresh_model_starts_hash_table_and_mhc_as_mindformers(tmp_path):
+    """transformers leaves tid2eid at zeros (every token to expert 0); MindFormers starts it round-robin, and its mHC
+    gates at mhc_init_gating_factor (mf_ds/init.py)."""
+    from mf_ds.model import build_model
+
+    plan = translate_file(str(tiny_yaml(tmp_path))).plan
+    lines = []
+    model = build_model(plan, log=lines.append)
+    table = model.model.layers[0].mlp.gate.tid2eid
+    assert table.tolist()[:3] == [[0, 1], [1, 2], [2, 3]] and int(table.max()) == 4
+    hc = model.model.layers[1].attn_hc
+    assert hc.scale.tolist() == pytest.approx([0.01] * 3) and hc.base[:4].tolist() == pytest.approx([-math.log(3)] * 4)
+    assert hc.base[8:].reshape(4, 4).tolist() == ((torch.eye(4) - 1) * 5).tolist()
+    assert float(hc.fn.std()) < 1e-3 and model.model.hc_head.hc_scale.item() == 0.0
+    assert any("1 hash routers" in line for line in lines)
+
+
+def test_mf_convert_round_trip_is_exact_and_covers_every_hf_weight(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    plan = translate_file(str(tiny_yaml(tmp_path))).plan
+    assert plan.weights_family == "deepseek_v4/mcore"
+    src = tmp_path / "mf.safetensors"
+    original = mindformers_checkpoint(src)
+    counts = to_hf(plan, str(src), str(tmp_path / "hf"))
+    model, info = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), output_loading_info=True)
+    assert not any(info.values()), info  # every HF weight and buffer given, nothing left over
+    state = model.state_dict()
+    # spot checks of the layouts: the stacked experts, the grouped output projection, the split mHC scale
+    w1 = original["decoder.layers.1.mlp.experts.weight1"]  # [E, H, 2I] = [gate^T | up^T]
+    torch.testing.assert_close(state["model.layers.1.mlp.experts.gate_up_proj"], w1.transpose(1, 2), rtol=0,
+                               atol=0)
+    fc1 = original["decoder.layers.1.mlp.shared_experts.linear_fc1.weight"]  # gate and up interleaved per row
+    shared = "model.layers.1.mlp.shared_experts"
+    torch.testing.assert_close(state[f"{shared}.gate_proj.weight"], fc1[0::2], rtol=0, atol=0)
+    torch.testing.assert_close(state[f"{shared}.up_proj.weight"], fc1[1::2], rtol=0, atol=0)
+    torch.testing.assert_close(state["model.layers.0.self_attn.o_a_proj.weight"],
+                               original["decoder.layers.0.self_attention.linear_o_group_proj"], rtol=0, atol=0)
+    scale = torch.cat([original[f"decoder.layers.2.ffn_hc.alpha_{p}"] for p in ("pre", "post", "res")])
+    torch.testing.assert_close(state["model.layers.2.ffn_hc.scale"], scale, rtol=0, atol=0)
+    assert torch.equal(state["model.layers.0.mlp.gate.tid2eid"], original["decoder.layers.0.mlp.router.tid2eid"].long())
+    # MindFormers' MTP layer: transformers builds none (the Plan notes it); its load counter is no weight
+    assert counts["mtp_skipped"] == sum(n.startswith("mtp.") and "tokens_per_expert" not in n for n in original)
+
+    back = tmp_path / "back.safetensors"
+    to_mindformers(plan, str(tmp_path / "hf"), str(back))
+    again = load_file(str(back))
+    expected = {k: v for k, v in original.items() if not k.startswith("mtp.")}
+    assert set(again) == set(expected)
+    for name, tensor in expected.items():
+        assert again[name].dtype == tensor.dtype or name.endswith(".tid2eid"), name
+        assert torch.equal(again[name].to(tensor.dtype), tensor), name
+
+
+def test_a_frozen_norm_that_is_not_ones_is_refused(tmp_path):
+    from mf_ds.errors import RunError
+
+    plan = translate_file(str(tiny_yaml(tmp_path))).plan
+    src = tmp_path / "mf.safetensors"
+    weights = mindformers_checkpoint(src)
+    name = "decoder.layers.0.attn_hc.rms_weight"
+    weights[name] = torch.full_like(weights[name], 2)
+    save_file(weights, str(src), metadata={"format": "ms"})
+    with pytest.raises(RunError, match="rms_weight: MindFormers keeps it frozen at ones"):
+        to_hf(plan, str(src), str(tmp_path / "hf"))

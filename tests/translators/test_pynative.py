@@ -1,0 +1,226 @@
+"""The MindFormers 2.x PyNative schema (translators/pynative.py) against MindFormers' own config code.
+
+Golden files: tests/fixtures/pynative_golden/<version>.json, written by tests/fixtures/make_pynative_golden.py in
+MindFormers 2.0.0 and 2.1.0: `TrainConfig.from_dict(tree).to_dict()` for every PyNative YAML of the wheels and for
+mutations of the DeepSeek-V3 one, then what the PyNative Trainer derives at a world size (data parallel, gradient
+accumulation, ParallelDims, recompute ranges, context-parallel method), or MindFormers' refusal.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from translators.cli import run
+from translators.errors import ConfigError
+from translators.loader import load_yaml
+from translators.plan import translate
+from translators.pynative import is_pynative
+from translators.pynative_schema import VERSIONS, effective
+
+GOLDEN = {v: json.loads((ROOT / "tests" / "fixtures" / "pynative_golden" / f"{v}.json").read_text())
+          for v in ("2.0.0", "2.1.0")}
+WHEELS = ROOT / "tests" / "fixtures" / "mindformers_wheels"
+DS3 = "deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml"
+DELETE = "<delete>"
+
+# The key mf-translate names when it refuses a mutation MindFormers refuses (a prefix of the error's path).
+REFUSED_KEY = {
+    "gbs0": "training.global_batch_size", "lbs0": "training.local_batch_size", "gbs12": "training.global_batch_size",
+    "no_training": "training.global_batch_size", "world16": "training.global_batch_size",
+    "steps_str": "training.steps", "steps_float": "training.steps", "max_norm_str": "training.max_norm",
+    "deterministic_int": "training.deterministic", "unknown_training_key": "training.stepz",
+    "unknown_parallelism_key": "parallelism.data_parallel", "tp_bool": "parallelism.tensor_parallel",
+    "betas_str": "optimizer.betas", "training_none": "training", "tp2_no_sp": "parallelism.sequence_parallel",
+    "cp2_ulysses_degree1": "parallelism.ulysses_degree_in_cp", "cp2_ring": "parallelism.context_parallel_method",
+    "cp4_hybrid_no_degree": "parallelism.ulysses_degree_in_cp", "tp16": "parallelism.tensor_parallel",
+    "ep3": "parallelism.expert_parallel", "deredundancy_ep1": "parallelism.moe_token_dispatcher_type",
+    "recompute_full_out_of_range": "recompute.full_recompute_layer[0]",
+    "recompute_full_reversed": "recompute.full_recompute_layer[0]",
+    "recompute_full_unordered": "recompute.full_recompute_layer[1]",
+    "recompute_full_bad_spec": "recompute.full_recompute_layer[0]",
+    "recompute_full_empty": "recompute.full_recompute_layer", "recompute_bad_mode": "recompute.mode",
+    "profiler_bad": "profiler.start_step", "rampup": "training.rampup_batch_size",
+    "skip_on_nan": "training.use_skip_step_on_nan",
+}
+# Mutations MindFormers accepts and mf-ds refuses (what it cannot run), with the key it names.
+MF_DS_REFUSES = {"rampup": "training.rampup_batch_size"}
+
+
+def mutated(version: str, name: str) -> tuple[dict, int]:
+    case = GOLDEN[version]["mutations"][name]
+    tree = load_yaml(str(WHEELS / version / case["base"]))
+    for dotted, value in case["set"]:
+        node = tree
+        keys = dotted.split(".")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        if value == DELETE:
+            node.pop(keys[-1], None)
+        else:
+            node[keys[-1]] = copy.deepcopy(value)
+    return tree, case["world_size"]
+
+
+def spans(specs: list[str]) -> set[int]:
+    out = set()
+    for spec in specs:
+        low, _, high = spec.partition("-")
+        out.update(range(int(low), int(high or low) + 1))
+    return out
+
+
+def check_plan(plan, golden: dict, tree: dict) -> None:
+    """The Plan against MindFormers' effective config and the Trainer's derived numbers."""
+    eff, der = golden["effective"], golden["derived"]
+    t, p = eff["training"], eff["parallelism"]
+    run_ = plan.run
+    assert run_.micro_batch_size == t["local_batch_size"]
+    mf_global = der["gradient_accumulation_steps"] * der["data_parallel"] * t["local_batch_size"]
+    assert run_.mindformers_global_batch_size == mf_global
+    assert run_.global_batch_size == mf_global  # the global batch is kept on the ranks that run
+    assert run_.gradient_accumulation_steps == mf_global // (t["local_batch_size"] * plan.parallel.data_parallel)
+    if not plan.parallel.folded:  # every axis runs as written: the same data-parallel degree and accumulation
+        assert plan.parallel.data_parallel == der["data_parallel"]
+        assert run_.gradient_accumulation_steps == der["gradient_accumulation_steps"]
+        assert plan.parallel.tensor_parallel == p["tensor_parallel"]
+        assert plan.parallel.context_parallel == p["context_parallel"]
+    assert plan.parallel.world_size == der["world_size"]
+    assert plan.deepspeed["train_micro_batch_size_per_gpu"] == t["local_batch_size"]
+    assert plan.deepspeed["gradient_accumulation_steps"] == run_.gradient_accumulation_steps
+    assert run_.total_steps == t["steps"] and run_.stop_step == t["steps"]
+    assert plan.deepspeed["gradient_clipping"] == (t["max_norm"] if t["max_norm"] > 0 else 0.0)
+    lr = eff["lr_scheduler"]
+    assert run_.lr_schedule["type"] == lr["type"]
+    assert run_.lr_schedule["learning_rate"] == lr["learning_rate"]
+    assert run_.lr_schedule["total_steps"] == t["steps"]  # _build_lr_scheduler passes training.steps
+    full = spans(der["full_recompute_layer"]) if eff["recompute"]["mode"] != "None" and \
+        der["full_recompute_layer"] else set()
+    assert {layer.index for layer in plan.layers if layer.full_recompute} == full
+    model = tree["model"]
+    assert len(plan.layers) == model["num_hidden_layers"] + model.get("num_nextn_predict_layers", 0)
+    if p["expert_parallel"] > 1 and "parallelism.expert_parallel" not in plan.parallel.folded:
+        assert plan.parallel.expert_parallel == p["expert_parallel"] == plan.moe.expert_parallel
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_wheel_yaml_has_mindformers_effective_config(version):
+    """The schema's defaults and conversions are MindFormers' own, section by section."""
+    for rel, golden in GOLDEN[version]["yamls"].items():
+        tree = load_yaml(str(WHEELS / version / rel))
+        assert is_pynative(tree)
+        assert effective(tree, version) == golden["effective"], rel
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wheel_yamls_translate_to_the_golden_numbers(version):
+    """Every PyNative YAML of the wheel translates, but DeepSeek-V4's: Flash's Muon runs under FSDP (refused by
+    translators/muon.py: Muon at ZeRO stage 0 only), Pro's shared expert is narrower than its routed ones (no HF
+    DeepSeek-V4 has that; translators/families/deepseek4.py)."""
+    for rel, golden in GOLDEN[version]["yamls"].items():
+        tree = load_yaml(str(WHEELS / version / rel))
+        if tree["model"]["model_type"] == "deepseek_v4":
+            with pytest.raises(ConfigError) as caught:
+                translate(tree, world_size=GOLDEN[version]["world_size"], mindformers_version=version)
+            want = "model.moe_shared_expert_intermediate_size" if "_pro" in rel else "optimizer."
+            assert caught.value.path.startswith(want), (rel, caught.value)
+            continue
+        result = translate(tree, world_size=GOLDEN[version]["world_size"], mindformers_version=version)
+        check_plan(result.plan, golden, tree)
+        assert [n.line() for n in result.plan.notes if n.kind == "unknown"] == [], rel
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", sorted(GOLDEN["2.1.0"]["mutations"]))
+def test_mutation_is_accepted_or_refused_as_mindformers_does(version, name, capsys, tmp_path):
+    golden = GOLDEN[version]["mutations"][name]
+    tree, world = mutated(version, name)
+    if "error" in golden or name in MF_DS_REFUSES:
+        with pytest.raises(ConfigError) as caught:
+            translate(tree, world_size=world, mindformers_version=version)
+        want = REFUSED_KEY[name] if "error" in golden else MF_DS_REFUSES[name]
+        assert caught.value.path.startswith(want), (caught.value, golden.get("error"))
+        # the CLI: one line naming the key, exit 2
+        path = tmp_path / "x.yaml"
+        path.write_text(yaml.safe_dump(tree, sort_keys=False))
+        code = run([str(path), "--world-size", str(world), "--mindformers-version", version])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"mf-translate: error: {want}"), err
+        return
+    result = translate(tree, world_size=world, mindformers_version=version)
+    check_plan(result.plan, golden, tree)
+
+
+def test_defaults_left_out_are_mindformers_defaults():
+    """A YAML without optimizer / parallelism / checkpoint gets TrainConfig's defaults: AdamW betas 0.9/0.95, eps
+    1e-8, weight decay 0.01; pure FSDP; no checkpoint saved? (enable_save defaults True: saved every 1000 steps)."""
+    golden = GOLDEN["2.1.0"]["mutations"]
+    tree, world = mutated("2.1.0", "no_optimizer")
+    plan = translate(tree, world_size=world).plan
+    opt = golden["no_optimizer"]["effective"]["optimizer"]
+    assert plan.run.optimizer.betas == tuple(opt["betas"]) and plan.run.optimizer.eps == opt["eps"]
+    assert plan.run.optimizer.weight_decay == opt["weight_decay"]
+    tree, world = mutated("2.1.0", "no_checkpoint")
+    ckpt = golden["no_checkpoint"]["effective"]["checkpoint"]
+    saved = translate(tree, world_size=world).plan.run.callbacks.checkpoint
+    assert ckpt["enable_save"] is True and saved is not None
+    assert (saved.save_checkpoint_steps, saved.keep_checkpoint_max, saved.prefix) == \
+        (ckpt["save_interleaved_steps"], ckpt["save_max"], ckpt["prefix"])
+    tree, world = mutated("2.1.0", "no_max_norm")
+    assert translate(tree, world_size=world).plan.deepspeed["gradient_clipping"] == \
+        golden["no_max_norm"]["effective"]["training"]["max_norm"]
+
+
+def test_world_size_defaults_to_accumulation_one():
+    tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    plan = translate(tree).plan
+    assert (plan.parallel.world_size, plan.run.gradient_accumulation_steps) == (8, 1)
+    assert any("a PyNative YAML names none" in n.message for n in plan.notes if not n.key)
+
+
+def test_data_parallel_shard_is_zero3_and_ep_takes_zero2():
+    tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    plan = translate(tree, world_size=8).plan
+    assert plan.deepspeed["zero_optimization"]["stage"] == 3
+    assert plan.notes_on("parallelism.reshard_after_forward_policy")
+    tree["parallelism"]["expert_parallel"] = 8
+    plan = translate(tree, world_size=8).plan
+    assert plan.deepspeed["zero_optimization"]["stage"] == 2 and plan.moe.expert_parallel == 8
+    tree["parallelism"].update(expert_parallel=1, data_parallel_shard=1)
+    plan = translate(tree, world_size=8).plan
+    assert plan.deepspeed["zero_optimization"]["stage"] == 1  # bf16: ZeRO-1 keeps the fp32 master weights
+    tree["parallelism"].update(data_parallel_shard=-1, cpu_offload=True)
+    zero = translate(tree, world_size=8).plan.deepspeed["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "cpu"} and zero["offload_param"] == {"device": "cpu"}
+
+
+def test_ulysses_maps_and_colossal_differs():
+    tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    tree["model"]["n_routed_experts"] = 1  # a dense model: MoE models fold context parallelism (translators/parallel)
+    tree["model"]["first_k_dense_replace"] = 16
+    tree["parallelism"].update(context_parallel=2, context_parallel_method="ulysses")
+    plan = translate(tree, world_size=8).plan
+    assert plan.parallel.context_parallel == 2 and plan.deepspeed["sequence_parallel_size"] == 2
+    assert [n.kind for n in plan.notes if n.key == "parallelism.context_parallel_method"] == ["mapped"]
+    tree["parallelism"]["context_parallel_method"] = "colossal"
+    plan = translate(tree, world_size=8).plan
+    assert [n.kind for n in plan.notes if n.key == "parallelism.context_parallel_method"] == ["differs"]
+
+
+def test_every_key_is_accounted():
+    """--explain: every key of the DeepSeek-V3 PyNative YAMLs has a note that is not `unknown`."""
+    for version in VERSIONS:
+        tree = load_yaml(str(WHEELS / version / DS3))
+        result = translate(tree, world_size=8, mindformers_version=version)
+        assert not [n for n in result.plan.notes if n.kind == "unknown"]
+        explained = {line.split(" = ", 1)[0] for line in result.ledger.explain() if " = " in line}
+        assert set(result.ledger.values) <= explained
+
+
+def test_graph_mode_tree_with_runner_config_is_not_pynative():
+    assert not is_pynative({"training": {}, "runner_config": {}})
+    assert is_pynative({"parallelism": {}})

@@ -1,0 +1,332 @@
+"""DeepSeek-V4 (MindFormers 2.1.0: models/deepseek4, PyNativeDeepseekV4ForCausalLM) onto transformers'
+`DeepseekV4ForCausalLM` (5.23).
+
+MindFormers builds DeepSeek-V4 as its PyNative GPTModel (pynative/base_models/gpt) with the `dsv4_hybrid` attention
+(pynative/transformers/experimental_attention_variant/deepseek_v4_hybrid_attention.py, csa.py, compressor.py,
+indexer.py), mHC hyper-connections (pynative/transformers/hyper_connection.py) and its PyNative MoE (moe/router.py,
+experts.py). Compared from source, piece by piece, with transformers' modeling_deepseek_v4.py:
+  attention  q: q_a (q_lora_rank) -> RMSNorm -> q_b (heads x v_head_dim) -> per-head RMSNorm without weight
+             (MindFormers' `q_rms_gamma` is a frozen ones vector); one shared KV head (kv_proj -> RMSNorm), k = v;
+             interleaved RoPE on the trailing qk_rope_head_dim lanes, undone on the output; a learnable sink per head;
+             scale v_head_dim^-0.5; grouped low-rank output (o_groups x o_lora_rank, then o_proj). HF's head_dim is
+             MindFormers' v_head_dim (its q heads are v_head_dim wide: qk_nope + qk_rope).
+             compress_ratios per layer: 0 sliding window only, 4 compressed sparse attention (compressor with
+             overlap + the lightning indexer's top-k), 128 heavily compressed attention: HF's layer_types. The
+             sliding branch's RoPE is plain (rope_theta), the compressed layers' is YaRN with compress_rope_theta,
+             mscale 1 (MindFormers passes 1.0; HF forces attention_factor 1.0) and MLATransformerConfig's
+             original_max_position_embeddings 4096 (the YAML cannot set it: COMMON_CONFIG_MAPPING sends that
+             spelling to max_position_embeddings).
+  mHC        hc_mult streams; RMSNorm without weight (MindFormers' `rms_weight` is frozen ones) over the flattened
+             streams in float32, one projection to pre / post / comb, sigmoid + 1e-6, 2 sigmoid, softmax + 1e-6 then
+             Sinkhorn (one column step, then iterations - 1 row/column steps, eps 1e-6): HF's hc_eps is that eps.
+  MoE        every layer is MoE (a shared expert of moe_intermediate_size plus routed experts); scores
+             sqrt(softplus(logits)) in float32, top-k of scores + expert bias, gates renormalised and times
+             routed_scaling_factor; the first num_hash_layers layers select their experts from the frozen tid2eid
+             table (hash_moe). SwiGLU clamped only when hidden_act is `fusedswiglu` (get_activation ignores
+             activation_func_clamp_value for every other activation, and the YAMLs say `silu`): HF's swiglu_limit
+             is then +inf.
+What differs in training only (stated on the keys): the indexer's KL loss (dsa_indexer_loss_coeff: HF has none, so
+the indexer's weights get no gradient here), the sequence aux loss, the expert-bias update, the router's dtype under
+bf16, MTP (HF builds none, as for DeepSeek-V3: num_nextn_predict_layers). A fresh model starts its hash table and
+mHC as MindFormers does (mf_ds/init.py: transformers' _init_weights leaves tid2eid at zeros, one expert for every
+token); its other initial values are transformers' (normal(initializer_range) weights, zero sinks and position
+biases).
+"""
+
+from __future__ import annotations
+
+import math
+
+from translators import names
+from translators.families.parts import MODELS
+from translators.families.record import FamilyRecord, PatchTargets, Weights
+
+_CSA, _HCA, _SLIDING = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
+LAYER_TYPES = {0: _SLIDING, 4: _CSA, 128: _HCA}  # HF's _COMPRESS_RATIO_TO_LAYER_TYPE (its default compress_rates)
+YARN_ORIGINAL = 4096  # MLATransformerConfig.original_max_position_embeddings (parallel_core/transformer_config.py)
+SINKHORN_EPS = 1e-6  # SinkhornKnopp._EPS (pynative/transformers/hyper_connection.py)
+
+# DeepseekV4Config's own names and DeepseekV4ConfigConverter's (config_converter_deepseek_v4.py) for one setting
+# (canonical first; the engine refuses two spellings of one setting, as MindFormers' converter does).
+SPELLINGS: dict[str, tuple[str, ...]] = {
+    "hc_mult": ("hc_mult", "num_residual_streams"),
+    "hc_sinkhorn_iters": ("hc_sinkhorn_iters", "mhc_sinkhorn_iterations"),
+    "hc_eps": ("hc_eps", "mhc_layernorm_epsilon"),
+    "sliding_window": ("sliding_window", "csa_window_size"),
+    "compress_ratios": ("compress_ratios", "csa_compress_ratios"),
+    "compress_rope_theta": ("compress_rope_theta", "csa_compress_rotary_base"),
+    "swiglu_limit": ("swiglu_limit", "activation_func_clamp_value"),
+    "num_hash_layers": ("num_hash_layers", "moe_n_hash_layers"),
+    "index_n_heads": ("index_n_heads", "dsa_indexer_n_heads"),
+    "index_head_dim": ("index_head_dim", "dsa_indexer_head_dim"),
+    "index_topk": ("index_topk", "dsa_indexer_topk"),
+    "qk_nope_head_dim": ("qk_nope_head_dim", "qk_head_dim"),
+    "qk_rope_head_dim": ("qk_rope_head_dim", "qk_pos_emb_head_dim"),
+    # scoring_func is deleted by DeepseekV4Config (NotSupportedInfo.useless): only this spelling routes
+    "use_gating_sigmoid": ("use_gating_sigmoid", "moe_router_score_function"),
+}
+
+# mf_ds/patch: HF's attention (eager: V4 supports no other), mHC and MoE blocks run as they are.
+RUNTIME = PatchTargets(
+    f"{MODELS}.deepseek_v4.modeling_deepseek_v4",
+    not_applicable={
+        "fused_rope": "DeepSeek-V4 rotates the trailing qk_rope lanes interleaved, per layer type (plain and YaRN), "
+                      "and back on the attention output: not the split-half RoPE the kernel computes",
+        "fused_swiglu": "DeepSeek-V4's SwiGLU clamps gate and up (swiglu_limit) inside HF's experts and shared MLP; "
+                        "the kernel does not clamp",
+        "moe": "DeepSeek-V4's MoE block routes hash layers by token id (tid2eid) and scores with sqrtsoftplus; HF's "
+               "DeepseekV4SparseMoeBlock runs as it is (mf-ds' MoE layer is not injected)",
+    })
+
+# Memory formulas' inputs when a translated hf_config leaves them out (DeepseekV4Config of transformers 5.23).
+MEMORY = {"q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64, "index_head_dim": 128,
+          "hc_mult": 4, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 6,
+          "moe_intermediate_size": 2048, "head_dim": 512, "num_key_value_heads": 1}
+
+RECORDS = (
+    FamilyRecord("deepseek_v4", "deepseek_v4", "mcore", True, model_types=("deepseek_v4",),
+                 architectures=("DeepseekV4ForCausalLM",),
+                 weights=Weights(names.DEEPSEEK4, split=names.DEEPSEEK4_SPLIT, experts=names.DEEPSEEK4_EXPERTS,
+                                 frozen=names.DEEPSEEK4_FROZEN),
+                 memory_defaults=MEMORY, runtime=RUNTIME, moe_plan=False),
+)
+
+
+def specs() -> dict[str, tuple]:
+    """config class, rules, defaults, derivations and extra spellings (imported here: the tables import base)."""
+    from translators.families.deepseek import DEEPSEEK, DEEPSEEK_V3
+    from translators.families.derive import _mcore_tie
+    from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES
+    from translators.families.rules import (
+        CHECKPOINT,
+        DROP,
+        GENERATION,
+        INFERENCE,
+        Differs,
+        Drop,
+        Expect,
+        Feeds,
+        Map,
+        _choice,
+        _each,
+        _flag,
+        _int,
+        _positive,
+    )
+
+    pos, nonneg = _int(1), _int(0)
+    feeds = {key: Feeds(conv=conv) for key, conv in (
+        ("hc_mult", pos), ("hc_sinkhorn_iters", pos), ("hc_eps", _positive), ("sliding_window", pos),
+        ("num_hash_layers", nonneg), ("compress_rope_theta", _positive), ("norm_topk_prob", _flag),
+        ("enable_hyper_connections", _flag), ("csa_dense_mode", _flag), ("v_head_dim", pos),
+        ("qk_rope_head_dim", pos), ("n_group", None), ("topk_group", None),
+        ("shared_expert_num", None), ("moe_shared_expert_intermediate_size", None))}
+    untyped = {key: Feeds(conv=lambda value, path: value) for key in (
+        "compress_ratios", "hidden_act", "use_gating_sigmoid", "experimental_attention_variant")}
+    untyped["swiglu_limit"] = Feeds(unused="ignored: MindFormers' get_activation clamps only a `fusedswiglu` "
+                                           "hidden_act (pynative/layers/activation.py); HF's swiglu_limit = inf",
+                                    conv=lambda value, path: value)
+    rules = {  # DeepseekV4Config (models/deepseek4/configuration_deepseek_v4.py, 2.1.0) -> HF DeepseekV4Config
+        # the mcore router settings are read by translators/moe.py, which this family does not use (moe_plan False)
+        **{k: v for k, v in MCORE.items() if k not in MCORE_MOE_RULES},
+        **feeds, **untyped,
+        "n_kv_heads": Drop("not read: DeepSeek-V4's attention has one shared KV head (as HF's: "
+                           "num_key_value_heads 1)"),
+        "intermediate_size": Drop("no dense MLP: every DeepSeek-V4 layer is MoE"),
+        **_each(("head_dim", "qk_nope_head_dim"), Drop(
+            "not read by the hybrid attention: its q, kv and compressor heads are v_head_dim wide, of which the "
+            "trailing qk_rope_head_dim lanes rotate (DeepseekV4Config derives qk_nope_head_dim = head_dim - "
+            "qk_rope_head_dim; the model uses neither); HF's head_dim = v_head_dim")),
+        "pad_token_id": Drop("the tokenizer's pad id: MindFormers' embedding has no padding row, so HF's padding_idx "
+                             "is left unset"),
+        "use_flash_attention": Drop("Ascend FlashAttention; HF's DeepSeek-V4 attention is eager (sinks and "
+                                    "compressed entries on the KV axis): the same softmax attention"),
+        "mla_qkv_concat": Drop("not read by DeepSeek-V4's hybrid attention: its q and kv projections are separate "
+                               "weights"),
+        "q_lora_rank": "q_lora_rank",
+        "o_groups": "o_groups",
+        "o_lora_rank": "o_lora_rank",
+        "index_n_heads": "index_n_heads",
+        "index_head_dim": "index_head_dim",
+        "index_topk": "index_topk",
+        "expert_num": "n_routed_experts",
+        "num_experts_chosen": "num_experts_per_tok",
+        "moe_intermediate_size": "moe_intermediate_size",
+        "routed_scaling_factor": "routed_scaling_factor",
+        "qkv_has_bias": DEEPSEEK["qkv_has_bias"],
+        "multi_latent_attention": Expect(True, "DeepSeek-V4's low-rank q and shared-KV attention, as HF's",
+                                         "HF DeepSeek-V4 always uses its low-rank q / shared-KV attention"),
+        "qk_layernorm": Expect(True, "norms on the compressed q and the kv, as HF (q_a_norm, kv_norm)",
+                               "HF DeepSeek-V4 always normalises the compressed q and the kv"),
+        "normalization": Expect("RMSNorm", "RMSNorm, as HF", "HF DeepSeek-V4 uses RMSNorm"),
+        "mtp_depth": DEEPSEEK_V3["mtp_depth"],
+        "topk_method": Drop("not read by the PyNative router (it limits groups by moe_router_num_groups)"),
+        "actual_vocab_size": Drop("DeepseekV4Config's copy of vocab_size (the hash table's rows)"),
+        "moe_router_fusion": Drop("Ascend fused-router switch (performance only)"),
+        "moe_grouped_gemm": Drop("MindFormers' PyNative MoE needs it (GroupedMatmul); HF's experts compute the same "
+                                 "per-expert SwiGLU here"),
+        "use_pad_tokens": Drop("Ascend dispatch padding (performance only)"),
+        "moe_permute_fusion": Drop("Ascend fused permute (performance only)"),
+        "moe_token_drop_policy": Drop("unused: the PyNative MoE drops no tokens (dropless, as HF's block)"),
+        "moe_expert_capacity_factor": Drop("unused: the PyNative MoE has no capacity (dropless, as HF's block)"),
+        "moe_token_dispatcher_type": Drop("Ascend dispatch strategy (performance only)"),
+        "apply_dsa_kernel_fusion": Drop("Ascend fused indexer kernels (performance only)"),
+        "moe_router_force_expert_balance": Expect(False, "off: the router's own choice",
+                                                  "MindFormers replaces the routing by a round-robin (a load test); "
+                                                  "HF routes with the router's scores"),
+        "moe_router_dtype": Differs("MindFormers computes the router logits and scores in float32; HF's "
+                                    "DeepSeek-V4 router computes its logits in the model's dtype (bf16 under bf16 "
+                                    "training; equal in float32 runs)", conv=_choice("float32", "fp32", "bfloat16")),
+        "moe_router_enable_expert_bias": Differs(
+            "HF's non-hash routers select with e_score_correction_bias (loaded and saved as MindFormers' "
+            "mlp.expert_bias), but nothing updates it here: MindFormers moves it by moe_router_bias_update_rate "
+            "after each step (aux-loss-free balancing); here it keeps its initial value", conv=_flag),
+        "moe_router_bias_update_rate": Differs("the expert-bias update step; not applied here (see "
+                                               "moe_router_enable_expert_bias)"),
+        "moe_router_load_balancing_type": Differs(
+            "MindFormers adds a sequence-level aux loss (seq_aux_loss x moe_aux_loss_coeff, hash layers too); "
+            "HF's DeepSeek-V4 computes none in training here: the LM loss alone"),
+        "moe_aux_loss_coeff": Differs("the weight of MindFormers' sequence aux loss; not computed here (see "
+                                      "moe_router_load_balancing_type)"),
+        "moe_z_loss_coeff": Differs("MindFormers' router z-loss weight; not computed here"),
+        "dsa_indexer_loss_coeff": Differs(
+            "MindFormers trains the lightning indexer with a KL loss against the attention it selects for "
+            "(dsa_indexer_loss.py); HF's DeepSeek-V4 has no indexer loss and its top-k passes no gradient, so the "
+            "indexer's weights (compressor.indexer.*) keep their initial or loaded values here"),
+        "dsa_indexer_use_sparse_loss": Differs("the indexer loss's sparse form; no indexer loss here (see "
+                                               "dsa_indexer_loss_coeff)"),
+        "mhc_init_gating_factor": Map("mhc_init_gating_factor", conv=_positive),  # read by mf_ds/init.py
+        "rope_scaling": Feeds(),
+        **_each(("mscale", "mscale_all_dim"), Drop(
+            "not read: the hybrid attention applies its YaRN rope with mscale 1.0 (deepseek_v4_hybrid_attention.py "
+            "discards the embedding's mscale), as HF's DeepSeek-V4 forces attention_factor 1.0")),
+        "is_encoder_decoder": Drop(INFERENCE),
+        "is_sample_acceleration": Drop(INFERENCE),
+        "quantization_config": Drop(INFERENCE),
+        "quantization": Drop(INFERENCE),
+        "tokenizer_class": Drop("tokenizer setting; not a model weight or shape"),
+        "pet_config": Drop("parameter-efficient fine-tuning (LoRA) switch; not supported here, null in the YAMLs"),
+        "parallel_config": Drop("the legacy parallel section the class keeps; the PyNative `parallelism` decides"),
+        "_name_or_path": Drop(CHECKPOINT),
+        "pretrained_model_dir": Drop(CHECKPOINT),
+        "checkpoint_name_or_path": Drop(CHECKPOINT),
+        "mindformers_version": Drop("the MindFormers version the config class was saved by"),
+        **_each(("scoring_func", "expert_dtype"), DROP("DeepseekV4Config deletes it (NotSupportedInfo.useless)")),
+        "use_cache": DROP(INFERENCE),
+        **_each(("repetition_penalty", "max_decode_length", "top_k", "top_p", "do_sample", "temperature"),
+                DROP(GENERATION)),
+    }
+    defaults = {**MCORE_DEFAULTS, "return_extra_loss": True, "extend_method": "None"}
+    derive = (_heads, _layers, _rope, _moe, _swiglu, _mhc, _mcore_tie)
+    return {"deepseek_v4": ("DeepseekV4Config", rules, defaults, derive, SPELLINGS)}
+
+
+def _refuse(m, name: str, message: str):
+    from translators.errors import ConfigError
+
+    raise ConfigError(m.path(name), message)
+
+
+def _heads(m, moe) -> dict:
+    """HF's head_dim is the width of every q / kv head: MindFormers' v_head_dim (q_head_dim = v_head_dim in the
+    hybrid attention), of which the trailing qk_rope_head_dim lanes are rotated."""
+    v, rope = m.need("v_head_dim"), m.get("qk_rope_head_dim")
+    if not 0 < rope <= v or rope % 2:
+        _refuse(m, "qk_rope_head_dim", f"{rope}: the rotated lanes must be an even number within v_head_dim {v}")
+    return {"head_dim": v, "partial_rotary_factor": rope / v, "num_key_value_heads": 1, "pad_token_id": None}
+
+
+def _layers(m, moe) -> dict:
+    """compress_ratios (one per decoder layer, then the MTP layers') -> HF layer_types; num_hash_layers ->
+    mlp_layer_types (the router is hash-based for decoder layers < num_hash_layers: moe/router.py)."""
+    layers, ratios = m.get("num_layers"), m.get("compress_ratios")
+    if not isinstance(ratios, list) or len(ratios) < layers:
+        _refuse(m, "compress_ratios", f"expected a list of at least num_hidden_layers ({layers}) ratios, got "
+                                      f"{ratios!r}")
+    bad = [r for r in ratios[:layers] if r not in LAYER_TYPES]
+    if bad:
+        _refuse(m, "compress_ratios", f"ratio {bad[0]!r}: HF's DeepSeek-V4 builds 0 (sliding window), 4 (compressed "
+                                      "sparse attention) and 128 (heavily compressed attention)")
+    if m.get("sliding_window") != 128:
+        _refuse(m, "sliding_window", "MindFormers' compressed sparse attention takes only 128 "
+                                     "(TransformerConfig.__post_init__)")
+    if m.get("csa_dense_mode"):
+        _refuse(m, "csa_dense_mode", "True: MindFormers' CSA layers attend to every compressed entry without the "
+                                     "indexer; HF's always select the indexer's top-k")
+    if m.get("experimental_attention_variant") != "dsv4_hybrid":
+        _refuse(m, "experimental_attention_variant", f"{m.get('experimental_attention_variant')!r}: only "
+                                                     "dsv4_hybrid is HF's DeepSeek-V4 attention")
+    hashed = min(m.get("num_hash_layers") or 0, layers)
+    return {"layer_types": [LAYER_TYPES[r] for r in ratios[:layers]], "sliding_window": 128,
+            "compress_rates": {_CSA: 4, _HCA: 128},
+            "mlp_layer_types": ["hash_moe"] * hashed + ["moe"] * (layers - hashed)}
+
+
+def _rope(m, moe) -> dict:
+    """The sliding layers rotate with plain RoPE (rope_theta), the compressed ones with compress_rope_theta and,
+    under position_embedding_type yarn, YaRN (factor, beta_fast, beta_slow; mscale 1; original length 4096)."""
+    rope = m.get("qk_rope_head_dim") / m.get("v_head_dim")
+    main = {"rope_type": "default", "rope_theta": m.get("theta"), "partial_rotary_factor": rope}
+    compress = {"rope_type": "default", "rope_theta": m.get("compress_rope_theta"), "partial_rotary_factor": rope}
+    method = m.get("extend_method")
+    if method == "YARN":
+        factor = m.get("scaling_factor")
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+            _refuse(m, "scaling_factor", f"YaRN needs a number (rotary_scaling_factor), got {factor!r}")
+        compress.update(rope_type="yarn", factor=float(factor), beta_fast=float(m.get("beta_fast") or 32),
+                        beta_slow=float(m.get("beta_slow") or 1), original_max_position_embeddings=YARN_ORIGINAL,
+                        attention_factor=1.0)
+    elif method != "None":
+        _refuse(m, "extend_method", f"position embedding {method!r}: DeepSeek-V4 here takes rope or yarn")
+    return {"rope_theta": m.get("theta"), "compress_rope_theta": m.get("compress_rope_theta"),
+            "rope_parameters": {"main": main, "compress": compress}}
+
+
+def _moe(m, moe) -> dict:
+    """sqrtsoftplus (or sigmoid) scores, gates renormalised (HF always: norm_topk_prob must be True), no group
+    limit, one shared expert as wide as a routed one."""
+    score = m.get("use_gating_sigmoid")
+    if score not in ("sqrtsoftplus", "sigmoid", True):
+        _refuse(m, "use_gating_sigmoid", f"{score!r}: HF's DeepSeek-V4 renormalises the gates, as MindFormers does "
+                                         "for sqrtsoftplus and sigmoid scores only")
+    if not m.get("norm_topk_prob"):
+        _refuse(m, "norm_topk_prob", "False: HF's DeepSeek-V4 routers always renormalise the top-k gates")
+    for name in ("n_group", "topk_group"):
+        if m.get(name):
+            _refuse(m, name, f"{m.get(name)}: group-limited routing; HF's DeepSeek-V4 routes over all experts")
+    shared, width = m.get("shared_expert_num"), m.get("moe_intermediate_size")
+    if shared != 1:
+        _refuse(m, "shared_expert_num", f"{shared}: HF's DeepSeek-V4 builds exactly one shared expert")
+    given = m.get("moe_shared_expert_intermediate_size")
+    if given is not None and given != width:
+        # MindFormers builds the shared expert this wide (moe/shared_experts.py; TransformerConfig only warns)
+        _refuse(m, "moe_shared_expert_intermediate_size", f"{given} is not moe_intermediate_size {width}: "
+                                                          "MindFormers builds its shared expert this wide, HF's "
+                                                          "DeepSeek-V4 as wide as a routed expert; not supported")
+    return {"scoring_func": "sigmoid" if score in ("sigmoid", True) else "sqrtsoftplus", "n_shared_experts": 1,
+            "norm_topk_prob": True}
+
+
+def _swiglu(m, moe) -> dict:
+    """get_activation (pynative/layers/activation.py) clamps only `fusedswiglu`; HF always clamps, so a silu model
+    gets swiglu_limit +inf (clamp(x, max=inf) is x)."""
+    act = str(m.get("hidden_act")).lower()
+    if act not in ("silu", "swish", "swiglu", "fusedswiglu"):
+        _refuse(m, "hidden_act", f"{act!r}: HF's DeepSeek-V4 experts are SwiGLU")
+    limit = m.get("swiglu_limit") if act == "fusedswiglu" else None
+    if limit is None:
+        limit = math.inf
+    elif not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0:
+        _refuse(m, "swiglu_limit", f"expected a positive number, got {limit!r}")
+    return {"hidden_act": "silu", "swiglu_limit": float(limit)}
+
+
+def _mhc(m, moe) -> dict:
+    """HF's mHC normalises the streams with rms_norm_eps and uses hc_eps in the Sinkhorn steps; MindFormers uses
+    mhc_layernorm_epsilon (DeepseekV4Config hc_eps) for the norm and a fixed 1e-6 in Sinkhorn."""
+    if not m.get("enable_hyper_connections"):
+        _refuse(m, "enable_hyper_connections", "False: HF's DeepSeek-V4 always has mHC")
+    if m.get("hc_eps") != m.get("rms_norm_eps"):
+        _refuse(m, "hc_eps", f"{m.get('hc_eps')} is not rms_norm_eps {m.get('rms_norm_eps')}: HF normalises the "
+                             "mHC streams with rms_norm_eps")
+    return {"hc_mult": m.get("hc_mult"), "hc_sinkhorn_iters": m.get("hc_sinkhorn_iters"), "hc_eps": SINKHORN_EPS}

@@ -1,0 +1,420 @@
+"""MindFormers 2.x PyNative YAMLs (top-level `training`, `parallelism`, a flat `model`) -> the same Plan as graph mode.
+
+Since 2.0 MindFormers' main trainer is its PyNative one (`mindformers/pynative/`), with a schema borrowed from
+torchtitan. `translate(tree)` reads it in four steps, each with MindFormers' own code as the reference:
+  1. the schema: `TrainConfig.from_dict(tree)` (translators/pynative_schema: the same defaults and refusals);
+  2. what the Trainer derives (trainer.py `_compute_data_parallel_size`, parallel_dims.py `ParallelDims._validate`,
+     activation_checkpoint.py `_validate_recompute_config`, context_parallel.py `_validate_cp_method`):
+         data_parallel = world / (tp x pp x cp)     gradient accumulation = global_batch / (local_batch x dp)
+     (2.0.0 floors the accumulation and refuses dp x local > global; 2.1.0 refuses a global batch that does not
+     divide). A PyNative YAML names no world size: MindFormers takes it from the launcher, so does mf-ds
+     (`--world-size`, the ranks `deepspeed` starts); without one the world is the one whose accumulation is 1;
+  3. the flat `model` goes through the same family tables as a graph-mode `model.model_config`
+     (translators/families `parse_model` over `mcore_tree(model)`, the notes renamed to `model.*`), with the
+     config-class defaults of the YAML's MindFormers version (`mindformers_version`, default the newest);
+  4. the rest through the graph-mode builders (parallel.resolve, moe_plan, lr_plan, muon.plan, deepspeed.*,
+     parse_data, attention_plan), each handed a ledger view that renames their paths to this schema's.
+Every key is accounted for in the ledger, as in graph mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from typing import Any
+
+from translators import deepspeed as ds
+from translators import families, mf_defaults
+from translators.attention import attention_plan, trailing_pads_inert
+from translators.data import parse_data
+from translators.errors import ConfigError, join, show
+from translators.lr import lr_plan, peak_lr
+from translators.moe import moe_plan
+from translators.notes import Ledger, LedgerView
+from translators.parallel import Dims, resolve
+from translators.plan_types import Kernels, Plan
+from translators.pynative_schema import effective, schema
+from translators.sections import LrSchedule, MfDs, Optimizer, ParallelConfig
+
+PYNATIVE_SECTIONS = ("training", "parallelism")
+NEWEST = "2.1.0"  # the PyNative schema's newest MindFormers (translators/pynative_schema)
+_LAYER_SPEC = re.compile(r"^(\d+)(?:-(\d+))?$")  # activation_checkpoint.py _LAYER_ID_SPEC_PATTERN
+# graph-mode paths the shared builders note -> this schema's
+_PATHS = {
+    "model.model_config": "model",
+    "lr_schedule.total_steps": "training.steps",
+    "lr_schedule": "lr_scheduler",
+    "train_dataset.data_loader": "train_dataset.dataloader",
+    "train_dataset.input_columns": "train_dataset.dataloader.column_names",
+    "parallel_config.model_parallel": "parallelism.tensor_parallel",
+    "parallel_config.context_parallel": "parallelism.context_parallel",
+    "parallel_config.pipeline_stage": "parallelism.pipeline_parallel",
+    "parallel_config.expert_parallel": "parallelism.expert_parallel",
+}
+
+
+def is_pynative(tree: dict) -> bool:
+    """A PyNative-schema YAML: top-level training / parallelism, and none of graph mode's runner / parallel config."""
+    return any(name in tree for name in PYNATIVE_SECTIONS) and "runner_config" not in tree \
+        and "parallel_config" not in tree
+
+
+@contextlib.contextmanager
+def _renamed(view: LedgerView):
+    """A ConfigError raised by a graph-mode builder names the key by this schema's path."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(view.path(exc.path), exc.message, exc.hint) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Degrees:
+    """What the PyNative Trainer derives from `parallelism` and `training` at a world size."""
+
+    world: int
+    data_parallel: int  # world / (tp x pp x cp)
+    dp_shard: int
+    dp_replicate: int
+    tp: int
+    cp: int
+    pp: int
+    ep: int
+    gradient_accumulation_steps: int  # global / (local x dp)
+    global_batch: int  # local x dp x accumulation (2.0.0 floors the accumulation)
+
+
+def degrees(cfg: dict, version: str, world_size: int | None, ledger: Ledger) -> Degrees:
+    """trainer.py `_compute_data_parallel_size` and parallel_dims.py `ParallelDims._validate` of `version`."""
+    p, t = cfg["parallelism"], cfg["training"]
+    tp, cp, pp, ep = p["tensor_parallel"], p["context_parallel"], p["pipeline_parallel"], p["expert_parallel"]
+    local, global_ = t["local_batch_size"], t["global_batch_size"]
+    for key, value in (("tensor_parallel", tp), ("context_parallel", cp), ("pipeline_parallel", pp),
+                       ("expert_parallel", ep)):
+        if value < 1:
+            raise ConfigError(join("parallelism", key), f"must be >= 1, got {value} (MindFormers' ParallelDims: "
+                              "\"Parallelism degree should be >= 1, except for dp_shard\")")
+    shard = p["data_parallel_shard"]
+    if not (shard == -1 or shard >= 1):
+        raise ConfigError("parallelism.data_parallel_shard", f"must be -1 or >= 1, got {shard} (MindFormers' "
+                          "ParallelDims refuses it)")
+    if world_size is None:
+        world = max(global_ // local, 1) * tp * cp * pp
+        ledger.runtime("", f"world size {world}: a PyNative YAML names none (MindFormers takes the launcher's); "
+                       f"this is the world whose gradient accumulation is 1 (global_batch_size {global_} / "
+                       f"local_batch_size {local} data-parallel ranks x tp {tp} x cp {cp} x pp {pp}); "
+                       "mf-translate --world-size and the ranks deepspeed starts set it")
+    else:
+        world = world_size
+        if world < 1:
+            raise ConfigError("--world-size", f"expected an int >= 1, got {world}")
+    dp = world // (tp * pp * cp)
+    if dp <= 0:
+        raise ConfigError("parallelism.tensor_parallel", f"tensor_parallel {tp} x pipeline_parallel {pp} x "
+                          f"context_parallel {cp} must be <= the world size {world} (MindFormers refuses it)")
+    if dp * tp * pp * cp != world:
+        raise ConfigError("--world-size", f"{world} is not a multiple of tensor_parallel x pipeline_parallel x "
+                          f"context_parallel = {tp * pp * cp} (MindFormers' ParallelDims: \"Invalid parallel dims\")")
+    replicate = 1 if shard < 0 else max(dp // shard, 1)
+    dp_shard = dp // replicate
+    if dp_shard * replicate != dp:
+        raise ConfigError("parallelism.data_parallel_shard", f"{shard} does not divide the data-parallel degree {dp} "
+                          "(MindFormers' ParallelDims: \"Invalid parallel dims\")")
+    if (dp_shard * cp * tp) % ep:
+        raise ConfigError("parallelism.expert_parallel", f"{ep} must divide dp_shard {dp_shard} x cp {cp} x tp {tp} "
+                          f"= {dp_shard * cp * tp} (MindFormers' ParallelDims refuses it)")
+    if version == "2.0.0":
+        if dp * local > global_:
+            raise ConfigError("training.global_batch_size", f"{global_} is smaller than data_parallel {dp} x "
+                              f"local_batch_size {local} (MindFormers 2.0.0: \"The product of data_parallel and "
+                              "local_batch_size exceeds global_batch_size\")")
+        ga = global_ // (dp * local)  # 2.0.0 floors: the run takes ga x dp x local samples a step
+    else:
+        if global_ % (dp * local):
+            raise ConfigError("training.global_batch_size", f"{global_} must be divisible by data_parallel {dp} x "
+                              f"local_batch_size {local} (MindFormers refuses it)")
+        ga = global_ // (dp * local)
+    return Degrees(world, dp, dp_shard, replicate, tp, cp, pp, ep, ga, ga * dp * local)
+
+
+def recompute_layers(cfg: dict, total_layers: int) -> set[int]:
+    """The fully recomputed layer ids: activation_checkpoint.py `_validate_recompute_config` over num_layers + MTP
+    layers, then its ranges ('0-42', '5') expanded."""
+    rc, comm = cfg["recompute"], cfg["recompute_comm"]
+    full: set[int] = set()
+    if rc["mode"] != "None":
+        select = rc["select_module"]
+        if select is not None and not isinstance(select, dict):
+            raise ConfigError("recompute.select_module", f"must be a mapping of module path -> layer ranges, got "
+                              f"{show(select)} (MindFormers refuses it)")
+        for key, ranges in (select or {}).items():
+            if not isinstance(ranges, (list, tuple)):
+                raise ConfigError(join("recompute.select_module", key), "must be a list of layer ranges "
+                                  "(MindFormers refuses it)")
+        if rc["mode"] == "full" and not rc["full_recompute_layer"]:
+            raise ConfigError("recompute.full_recompute_layer", "mode is 'full' but full_recompute_layer is missing "
+                              "or empty (MindFormers refuses it)")
+        if rc["mode"] == "select" and not select:
+            raise ConfigError("recompute.select_module", "mode is 'select' but select_module is missing or empty "
+                              "(MindFormers refuses it)")
+        if rc["full_recompute_layer"]:
+            full = _ranges(rc["full_recompute_layer"], "recompute.full_recompute_layer", total_layers)
+        elif rc["mode"] == "select":
+            for key, ranges in select.items():
+                _ranges(ranges, join("recompute.select_module", key), total_layers)
+    if comm["enable"]:
+        select = comm["select_module"]
+        if not isinstance(select, dict) or not select:
+            raise ConfigError("recompute_comm.select_module", "enable is True but select_module is missing, empty "
+                              "or not a mapping (MindFormers refuses it)")
+        for key, ranges in select.items():
+            _ranges(ranges, join("recompute_comm.select_module", key), total_layers)
+    return full
+
+
+def _ranges(specs: Any, path: str, total: int) -> set[int]:
+    """activation_checkpoint.py `_validate_layer_specs`: 'lo-hi' or 'n', ascending, within the layers."""
+    if not isinstance(specs, (list, tuple)):
+        specs = [specs]
+    layers: set[int] = set()
+    previous = -1
+    for i, spec in enumerate(specs):
+        match = _LAYER_SPEC.match(str(spec).strip())
+        if not match:
+            raise ConfigError(join(path, i), f"invalid layer spec {spec!r}: expected a layer id or 'start-end' "
+                              "(MindFormers refuses it)")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) is not None else low
+        if low > high:
+            raise ConfigError(join(path, i), f"range start must be <= end, got {spec!r} (MindFormers refuses it)")
+        if high >= total:
+            raise ConfigError(join(path, i), f"layer id {high} out of range [0, {total - 1}] (num_layers plus the "
+                              f"MTP layers), got {spec!r} (MindFormers refuses it)")
+        if low <= previous:
+            raise ConfigError(join(path, i), f"layer specs must be strictly ascending: {spec!r} starts at {low}, "
+                              f"the previous one ends at {previous} (MindFormers refuses it)")
+        previous = high
+        layers.update(range(low, high + 1))
+    return layers
+
+
+def check_context_parallel(p: dict) -> None:
+    """context_parallel.py `_validate_cp_method` and the mask check, which MindFormers runs when cp > 1."""
+    cp, method, ulysses = p["context_parallel"], (p["context_parallel_method"] or "colossal").lower(), \
+        p["ulysses_degree_in_cp"]
+    if cp <= 1:
+        return
+    if method not in ("colossal", "ulysses", "hybrid"):
+        raise ConfigError("parallelism.context_parallel_method", f"expected 'colossal', 'ulysses' or 'hybrid', got "
+                          f"{show(p['context_parallel_method'])} (MindFormers: NotImplementedError: Unsupported "
+                          "context_parallel_method)")
+    if method == "ulysses" and ulysses is not None and ulysses != cp:
+        raise ConfigError("parallelism.ulysses_degree_in_cp", f"Ulysses CP requires ulysses_degree_in_cp == "
+                          f"context_parallel {cp}, got {ulysses} (MindFormers refuses it)")
+    if method == "hybrid" and (ulysses is None or not 1 < ulysses < cp or cp % ulysses):
+        raise ConfigError("parallelism.ulysses_degree_in_cp", f"hybrid CP requires 1 < ulysses_degree_in_cp < "
+                          f"context_parallel {cp} dividing it, got {show(ulysses)} (MindFormers refuses it)")
+    if (p["context_parallel_mask_type"] or "causal").lower() != "causal":
+        raise ConfigError("parallelism.context_parallel_mask_type", f"context parallel supports only the causal mask, "
+                          f"got {show(p['context_parallel_mask_type'])} (MindFormers: NotImplementedError)")
+
+
+def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None,
+              mindformers_version: str | None = None):
+    """The Plan of a PyNative-schema YAML (a loaded dict): the same Translation graph mode gives."""
+    from translators.plan import Translation  # the graph-mode module imports this one
+
+    version = mf_defaults.resolve(mindformers_version if mindformers_version is not None
+                                  else tree.get("mindformers_version") if tree.get("mindformers_version") is not None
+                                  else NEWEST, "--mindformers-version" if mindformers_version is not None
+                                  else "mindformers_version")
+    cfg = effective(tree, version)
+    ledger = Ledger(tree)
+    view = ledger.view(_PATHS)
+    from translators import pynative_account as account
+
+    account.refusals(cfg, tree)
+    deg = degrees(cfg, version, world_size, ledger)
+    check_context_parallel(cfg["parallelism"])
+    extra = MfDs.parse(tree.get("mf_ds"), ledger)
+
+    # The model: the same family tables as graph mode's model.model_config.
+    model_section = tree.get("model")
+    if not isinstance(model_section, dict) or not model_section:
+        raise ConfigError("model", f"expected the model's settings (model_type, num_hidden_layers, ...), got "
+                          f"{show(model_section)}")
+    if model_section.get("model_type") == "deepseek_v4" and "deepseek_v4" not in families.mcore_model_types():
+        raise ConfigError("model.model_type", "deepseek_v4: DeepSeek-V4 has no family record in mf-ds yet")
+    mtree = families.mcore_tree(model_section)
+    with _renamed(view):
+        model = families.parse_model(mtree, view, version)
+    family, shape, hf_config = model.family, model.shape, model.hf_config
+    built = families.mcore_tree(model.config)
+    n_layers = shape.num_layers + shape.mtp_depth
+    full = recompute_layers(cfg, n_layers)
+
+    # Parallel degrees: the graph-mode resolution (DeepSpeed AutoTP, Ulysses, EP inside data parallel).
+    p = cfg["parallelism"]
+    ep = deg.ep
+    if not family.moe_plan and ep > 1:  # HF's own MoE block runs (DeepSeek-V4): no mf-ds MoE layer to split experts
+        ep = 1
+        ledger.differs("parallelism.expert_parallel", f"{deg.ep}: folds into data parallel: {family.name}'s MoE "
+                       "block runs as transformers builds it (no mf-ds MoE layer to shard its experts), so every "
+                       "rank holds every expert (ZeRO shards them when the stage is >= 1)")
+    pc = ParallelConfig(data_parallel=deg.data_parallel, model_parallel=deg.tp, context_parallel=deg.cp,
+                        expert_parallel=ep, pipeline_stage=deg.pp, micro_batch_num=max(deg.pp, 1))
+    dims = Dims(heads=shape.num_heads, kv_heads=(hf_config or {}).get("num_key_value_heads") or shape.num_heads,
+                seq_length=shape.seq_length, layers=shape.num_layers,
+                experts=_experts(model.config))
+    with _renamed(view):
+        lay = resolve(pc, family.hf_model_type, dims, deg.world)
+    lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
+    moe = None
+    if family.moe_plan:
+        with _renamed(view):
+            moe, _ = moe_plan(built, family.name, True, shape.num_layers, shape.mtp_depth, lay.expert_parallel, pc,
+                              extra, view)
+
+    # Batch: MindFormers' global batch on DeepSpeed's data-parallel ranks (folded axes add ranks to it).
+    micro = cfg["training"]["local_batch_size"]
+    if gradient_accumulation_steps is not None:
+        if gradient_accumulation_steps < 1:
+            raise ConfigError("--gradient_accumulation_steps",
+                              f"expected an int >= 1, got {gradient_accumulation_steps}")
+        ga = gradient_accumulation_steps
+    elif deg.global_batch % (micro * lay.data_parallel):
+        raise ConfigError("--world-size", f"MindFormers' global batch {deg.global_batch} is not a multiple of "
+                          f"local_batch_size {micro} x {lay.data_parallel} data-parallel ranks here",
+                          "choose a world size that divides it, or set --gradient_accumulation_steps")
+    else:
+        ga = deg.global_batch // (micro * lay.data_parallel)
+    global_batch = micro * ga * lay.data_parallel
+
+    # Optimizer and schedule.
+    steps = cfg["training"]["steps"]
+    sched_raw = {k: v for k, v in cfg["lr_scheduler"].items() if v is not None or k not in ("type",)}
+    if cfg["lr_scheduler"]["type"] is None:
+        raise ConfigError("lr_scheduler.type", "required: MindFormers' PyNative trainer builds the LR class from it")
+    with _renamed(view):
+        sched = LrSchedule.parse({**sched_raw, "total_steps": steps}, view)
+        lr = lr_plan(sched, True, None, 1, None, None, view)
+    compute_dtype, param_dtype = shape.compute_dtype, shape.param_init_type
+    zero = account.zero(cfg, deg, lay, extra, compute_dtype != "float32", moe, ledger)
+    muon = cfg["optimizer"]["type"] == "Muon"
+    if muon:
+        from translators import muon as muon_optimizer
+
+        with _renamed(view):
+            ds_optimizer, run_optimizer = muon_optimizer.plan(
+                tree.get("optimizer") or {}, peak_lr(lr), zero_stage=zero["stage"],
+                mla=_mla(hf_config), mcore=True, pynative=True, ledger=ledger)
+    else:
+        opt = Optimizer.parse({k: cfg["optimizer"][k] for k in ("type", "betas", "eps", "weight_decay")})
+        ds_optimizer, run_optimizer = ds.optimizer(opt, True, peak_lr(lr), ledger)
+        account.optimizer_extras(cfg, tree, ledger)
+
+    clip = float(cfg["training"]["max_norm"]) if cfg["training"]["max_norm"] > 0 else 0.0
+    precision = {"bfloat16": {"bf16": {"enabled": True}}, "float16": {"fp16": {"enabled": True, "loss_scale": 1.0}},
+                 "float32": {}}[compute_dtype]
+    config: dict[str, Any] = {
+        "train_batch_size": global_batch,  # = micro * GA * data-parallel ranks; DeepSpeed asserts it
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": ga,
+        "gradient_clipping": clip,
+        **precision,
+        "zero_optimization": zero,
+        "optimizer": ds_optimizer,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if lay.tensor_parallel * lay.context_parallel > 1:
+        del config["train_batch_size"]  # DeepSpeed counts TP / CP ranks as data parallel at config time
+    tp = lay.tensor_parallel
+    vocab_parallel = p["enable_loss_parallel"] and tp > 1 and shape.vocab_size % tp == 0
+    config.update(ds.parallel(lay, family.hf_model_type, vocab_parallel))
+    scheduler = ds.scheduler(lr, view)
+    if scheduler:
+        config["scheduler"] = scheduler
+    layers = [{"index": i, "full_recompute": i in full, "select_recompute": [], "comm_recompute": [],
+               "full_recompute_exclude": [], "mtp": i >= shape.num_layers} for i in range(n_layers)]
+    if full:
+        config["activation_checkpointing"] = ds.activation_checkpointing(len(full), False, lay.tensor_parallel,
+                                                                         ledger)
+
+    # Data.
+    data_tree = account.data_tree(tree)
+    with _renamed(view):
+        data = parse_data(data_tree, view, shape.seq_length, mcore=True, sliced=bool(shape.input_sliced_sig))
+        attention = attention_plan({**data_tree, **built}, True, (hf_config or {}).get("pad_token_id"), data, view,
+                                   modelled=True, context_parallel=lay.context_parallel)
+    steps_per_epoch = data["train_samples"] // global_batch if data["train_samples"] else None
+
+    callbacks = account.callbacks(cfg, moe, ledger)
+    run = {
+        "run_mode": "train",
+        "seed": cfg["training"]["seed"],
+        "output_dir": account.output_dir(tree),
+        # MindFormers' PyNative trainer counts steps, not epochs: as many passes over the data as the steps need
+        "epochs": steps,
+        "stop_step": steps,
+        "steps_per_epoch": steps_per_epoch or None,
+        "total_steps": steps,
+        "world_size": lay.world_size,
+        "data_parallel": lay.data_parallel,
+        "micro_batch_size": micro,
+        "gradient_accumulation_steps": ga,
+        "micro_batch_interleave_num": 1,
+        "global_batch_size": global_batch,
+        "mindformers_global_batch_size": deg.global_batch,
+        "seq_length": data["seq_length"],
+        "compute_dtype": compute_dtype,
+        "param_dtype": param_dtype,
+        "gradient_clipping": clip,
+        "optimizer": run_optimizer,
+        "lr_schedule": lr,
+        "data": data,
+        "callbacks": callbacks,
+        "load_checkpoint": cfg["checkpoint"]["load_path"] or None,
+        "load_ckpt_format": "safetensors",
+        "resume_training": False,
+        "ignore_data_skip": False,
+        "deterministic": cfg["training"]["deterministic"],
+        "print_separate_loss": True,
+        "model_name": cfg["checkpoint"]["prefix"] or family.name,
+        "family": family.name,
+        "layer_style": family.layer_style,
+        "tokenizer_dir": extra.tokenizer_dir,
+        "max_nan_steps": account.max_nan_steps(cfg, tree, extra),
+        "loss_mask_pad_id": None,
+        **attention,
+        "checkpoint_layout": {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,
+                              "use_contiguous_weight_layout_attention": False,
+                              "use_interleaved_weight_layout_mlp": True, "use_gmm": False},
+        "mindformers_version": version,
+    }
+    run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
+    account.sections(cfg, tree, deg, lay, ga, global_batch, full, n_layers,
+                     tuple(schema(version)["classes"]["TrainConfig"]["fields"]), ledger)
+    if gradient_accumulation_steps is not None:
+        ledger.mapped("training.global_batch_size", f"--gradient_accumulation_steps {ga}: the global batch is "
+                      f"{global_batch} here (MindFormers' {deg.global_batch})")
+    notes = ledger.finish()
+    plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
+                           "kernels": Kernels(fused_rope=shape.use_fused_rope, fused_swiglu=shape.use_fused_swiglu),
+                           "run": run, "parallel": lay.as_plan(), "notes": notes})
+    asked = {"data_parallel": deg.data_parallel, "model_parallel": deg.tp, "context_parallel": deg.cp,
+             "expert_parallel": deg.ep, "pipeline_stage": deg.pp, "micro_batch_num": ga}
+    return Translation(plan, (), ledger, asked)
+
+
+def _experts(config: dict) -> int:
+    counts = [config.get(name) for name in ("num_experts", "n_routed_experts", "num_moe_experts")]
+    return max([n for n in counts if isinstance(n, int) and not isinstance(n, bool)] or [0])
+
+
+def _mla(hf_config: dict | None) -> bool:
+    """MindFormers' Muon check (multi_latent_attention): DeepSeek-V2/V3's MLA, or DeepSeek-V4's attention, which
+    MindFormers builds as MLA too (DeepseekV4Config registers multi_latent_attention=True)."""
+    hf = hf_config or {}
+    return "kv_lora_rank" in hf or hf.get("model_type") == "deepseek_v4"
