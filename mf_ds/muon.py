@@ -5,6 +5,18 @@ MLA model's parameters (DeepSeek-V3 naming).
 Which parameters (Muon._build_muon_filter): 2-D and 3-D weights whose MindFormers name matches no `adamw_include`
 glob (default `*word_embeddings*`, `*output_layer*`) take Muon; every other parameter takes AdamW.
 
+DeepSeek-V4 (transformers' DeepseekV4ForCausalLM; MindFormers 2.1.0's PyNativeDeepseekV4ForCausalLM holds the same
+GPTModel, so the same make_model_muon_fns schema): its MindFormers names (translators/names.py DEEPSEEK4, read
+backwards) meet only two of the schema's rules. experts.weight1 [E, H, 2I] is cut into gate / up halves (HF's
+gate_up_proj [E, 2I, H]: the same pieces transposed, and Newton-Schulz works on the wider orientation either way);
+shared_experts.linear_fc1's interleaved gate / up rows are cut apart, which HF already holds as two weights. Its
+attention is named linear_q_up_proj / linear_kv_proj / linear_o_group_proj, not the linear_qb / linear_kvb /
+linear_qkv the per-head rules look for, so every attention weight (o_groups' grouped wo_a too) is orthogonalized
+whole; the mHC mappings (attn_hc / ffn_hc fn, hc_head.hc_fn), the router, the compressor's and indexer's
+projections and position biases are 2-D and take Muon whole; the mHC scales, bases, sinks and norms are vectors and
+take AdamW; tid2eid is an integer buffer, not a parameter (tests/mf_ds/test_muon.py: the split and every update
+against the transcription on MindFormers' names and layout).
+
 Muon, per parameter (`_apply_muon_update`, `_apply_muon_ns`, `newton_schulz`), all in fp32 unless said:
     next_m = m * momentum + g                                       (m: the momentum, "muon_m", fp32)
     u      = g + next_m * momentum   if nesterov   else next_m
@@ -80,8 +92,23 @@ _MCORE_NAMES = (("model.embed_tokens.", "embedding.word_embeddings."), ("lm_head
                 (".mlp.down_proj.", ".mlp.linear_fc2."))
 
 
-def mindformers_name(name: str) -> str:
-    """The MindFormers (mcore) name of an HF DeepSeek-V3 parameter, as adamw_include's globs see it."""
+# HF DeepSeek-V4 names the weight table does not rename (its stacked experts and fused shared fc1 are converted
+# by kind, translators/names.py DEEPSEEK4_EXPERTS / DEEPSEEK4_FUSED): HF name part -> MindFormers name part
+_V4_STACKED = ((".mlp.experts.gate_up_proj", ".mlp.experts.weight1"),
+               (".mlp.experts.down_proj", ".mlp.experts.weight2"),
+               (".mlp.shared_experts.gate_proj.", ".mlp.shared_experts.linear_fc1."),
+               (".mlp.shared_experts.up_proj.", ".mlp.shared_experts.linear_fc1."))
+
+
+def mindformers_name(name: str, model_type: str | None = None) -> str:
+    """The MindFormers name of an HF parameter, as adamw_include's globs see it: mcore's for DeepSeek-V3 (and any
+    other MLA model), PyNativeDeepseekV4ForCausalLM's (`model.decoder...`, as MindSpore names them) for deepseek_v4."""
+    if model_type == "deepseek_v4":
+        from translators.names import hf_to_mf
+
+        for hf, mf in _V4_STACKED:
+            name = name.replace(hf, mf)
+        return "model." + hf_to_mf(name, "deepseek_v4/mcore")
     for hf, mf in _MCORE_NAMES:
         name = name.replace(hf, mf)
     return name
@@ -90,6 +117,8 @@ def mindformers_name(name: str) -> str:
 def split_rule(name: str, config) -> tuple:
     """How MindFormers cuts this parameter before Newton-Schulz: ("whole",), ("periodic", a, b, blocks) or
     ("halves",) (stacked experts gate_up [E, 2I, H]: gate rows, up rows)."""
+    if getattr(config, "model_type", None) == "deepseek_v4":  # the schema's experts.weight1 rule only (docstring)
+        return ("halves",) if name.endswith("experts.gate_up_proj") else ("whole",)
     for suffix, parts in _PERIODIC.items():
         if name.endswith(suffix):
             return ("periodic", *parts(config))
@@ -262,21 +291,23 @@ class Muon(torch.optim.Optimizer):
         p.copy_(weight - (m / denom) * (lr / (1.0 - beta1**t)))
 
 
-def uses_muon(name: str, param: torch.Tensor, adamw_include: tuple[str, ...]) -> bool:
+def uses_muon(name: str, param: torch.Tensor, adamw_include: tuple[str, ...], model_type: str | None = None) -> bool:
     """Muon._build_muon_filter: 2-D / 3-D, and no adamw_include glob matches its MindFormers name (or its HF one)."""
     if param.dim() not in (2, 3):
         return False
-    return not any(fnmatch(mindformers_name(name), pat) or fnmatch(name, pat) for pat in adamw_include)
+    mf = mindformers_name(name, model_type)
+    return not any(fnmatch(mf, pat) or fnmatch(name, pat) for pat in adamw_include)
 
 
 def build_muon(model: torch.nn.Module, spec: MuonOptimizer) -> Muon:
     """Muon over MindFormers' groups: Muon weights (decayed), AdamW matrices (decayed), AdamW vectors (not)."""
     include = tuple(spec.adamw_include)
     muon, decay, no_decay = [], [], []
+    model_type = getattr(model.config, "model_type", None)
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        if uses_muon(name, param, include):
+        if uses_muon(name, param, include, model_type):
             muon.append((name, param))
         else:
             (decay if param.dim() > 1 and not name.endswith(".bias") else no_decay).append((name, param))
