@@ -137,7 +137,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     # MoE.
     ep = lay.expert_parallel
     moe = None
-    if shape is not None and family.moe_plan:
+    if shape is not None and not family.moe_plan and hf_config is not None:
+        moe = families.family_moe(family, hf_config, built["model"]["model_config"], ledger)
+    elif shape is not None and family.moe_plan:
         moe, _ = moe_plan(built, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep, pc, extra, ledger)
     elif ledger.present("moe_config"):
         ledger.dropped("moe_config", "no model section to build experts in")

@@ -47,7 +47,7 @@ class Layer:
 @dataclass(frozen=True)
 class Router:
     score: str = "softmax"
-    """softmax | sigmoid (use_gating_sigmoid)."""
+    """softmax | sigmoid (use_gating_sigmoid) | sqrtsoftplus (DeepSeek-V4: sqrt(softplus(logits)))."""
     dtype: str = "float32"
     """float32 | bfloat16 (router_dense_type)."""
     topk_method: str = "greedy"
@@ -81,7 +81,7 @@ class AuxGroups:
     """Groups of the comm loss: the YAML's expert_parallel."""
 
 
-SCORES = ("softmax", "sigmoid")
+SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 PATHS = ("moev2", "moev3", "mcore")
 

@@ -259,9 +259,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     ep = deg.ep
     if not family.moe_plan and ep > 1:  # HF's own MoE block runs (DeepSeek-V4): no mf-ds MoE layer to split experts
         ep = 1
-        ledger.differs("parallelism.expert_parallel", f"{deg.ep}: folds into data parallel: {family.name}'s MoE "
-                       "block runs as transformers builds it (no mf-ds MoE layer to shard its experts), so every "
-                       "rank holds every expert (ZeRO shards them when the stage is >= 1)")
+        ledger.differs("parallelism.expert_parallel", f"{deg.ep}: folds into data parallel: {family.name}'s hash-"
+                       "routed MoE blocks stay transformers' own (no mf-ds MoE layer to shard their experts), so "
+                       "every rank holds every expert (ZeRO shards them when the stage is >= 1)")
     pc = ParallelConfig(data_parallel=deg.data_parallel, model_parallel=deg.tp, context_parallel=deg.cp,
                         expert_parallel=ep, pipeline_stage=deg.pp, micro_batch_num=max(deg.pp, 1))
     dims = Dims(heads=shape.num_heads, kv_heads=(hf_config or {}).get("num_key_value_heads") or shape.num_heads,
@@ -271,6 +271,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         lay = resolve(pc, family.hf_model_type, dims, deg.world)
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
     moe = None
+    if not family.moe_plan and hf_config is not None:
+        moe = families.family_moe(family, hf_config, built["model"]["model_config"], view)
     if family.moe_plan:
         with _renamed(view):
             moe, _ = moe_plan(built, family.name, True, shape.num_layers, shape.mtp_depth, lay.expert_parallel, pc,

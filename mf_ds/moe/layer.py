@@ -199,7 +199,9 @@ class MFMoE(nn.Module):
         self._gbs_f: torch.Tensor | None = None
         self.stats: LayerStats | None = None
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """`input_ids`: what DeepSeek-V4's decoder layer passes every MoE block (its hash blocks route by them;
+        this block, replacing a top-k one, does not read them)."""
         shape = hidden_states.shape
         x_TH = hidden_states.reshape(-1, shape[-1])
         spec = self.spec

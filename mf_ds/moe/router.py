@@ -2,7 +2,8 @@
 
 Three MindFormers code paths (the Plan's `moe.path`; reference/mindformers/moe.md, tests/fixtures/moe_golden.json):
   moev2  `TopkRouterV2` (mindformers/modules/transformer/moe.py), the legacy capacity MoE:
-    1. logits = x W^T in float32 (router_dense_type), scores = softmax(logits) or sigmoid(logits);
+    1. logits = x W^T in float32 (router_dense_type), scores = softmax(logits) or sigmoid(logits) (or, on
+       DeepSeek-V4's mcore path, sqrt(softplus(logits)));
     2. the k experts with the highest `scores + bias` (the bias of `balance_via_topk_bias` / HF's
        `e_score_correction_bias` only *selects*). group_limited_greedy / noaux_tc first score the n_group groups
        (max / sum of the top two of `scores + bias`), keep every group scoring >= the topk_group-th best, and
@@ -60,7 +61,7 @@ def _topk(x_TE: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def route(logits_TE: torch.Tensor, spec: MoE, bias_E: torch.Tensor | None = None) -> Routing:
     """Choose K experts per token and their gates (module docstring, steps 1-3)."""
     # scores in the logits' dtype (bfloat16 with router_dense_type bfloat16, as MindFormers' gating), then float32
-    scores_TE = (logits_TE.softmax(-1) if spec.router.score == "softmax" else logits_TE.sigmoid()).float()
+    scores_TE = _scores(logits_TE, spec.router.score).float()
     biased_TE = scores_TE if bias_E is None else scores_TE + bias_E.float()
     if spec.grouped:
         biased_TE = _limit_groups(biased_TE, spec)
@@ -78,6 +79,16 @@ def route(logits_TE: torch.Tensor, spec: MoE, bias_E: torch.Tensor | None = None
     if spec.router.routed_scaling_factor != 1.0:
         gates_TK = gates_TK * spec.router.routed_scaling_factor
     return Routing(scores_TE, gates_TK, expert_ids_TK)
+
+
+def _scores(logits_TE: torch.Tensor, score: str) -> torch.Tensor:
+    """softmax over the experts, sigmoid, or DeepSeek-V4's sqrt(softplus(x)) (MindFormers 2.1.0 pynative
+    moe/router.py _compute_router_scores; transformers' ACT2FN["sqrtsoftplus"])."""
+    if score == "softmax":
+        return logits_TE.softmax(-1)
+    if score == "sqrtsoftplus":
+        return F.softplus(logits_TE).sqrt()
+    return logits_TE.sigmoid()
 
 
 def _limit_groups(choice_TE: torch.Tensor, spec: MoE) -> torch.Tensor:

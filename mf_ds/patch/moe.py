@@ -15,6 +15,9 @@ translators/families/record.py `PatchTargets`):
   deepseek_v2  DeepseekV2Moe            shared_experts; layers < first_k_dense_replace stay dense (HF builds them so)
   deepseek_v3  DeepseekV3MoE            shared_experts, dense first layers, `gate.e_score_correction_bias` is the
                                         selection bias that TopkBiasBalanceCallback updates
+  deepseek_v4  DeepseekV4SparseMoeBlock the top-k blocks as DeepSeek-V3's (sqrtsoftplus scores); its hash-routed
+                                        blocks (`is_hash`: experts from tid2eid[input_ids]) stay HF's; experts with a
+                                        finite swiglu_limit (a clamped SwiGLU) are refused
 Other families with balance_via_topk_bias get that bias as a new buffer, `mlp.gate.e_score_correction_bias` (one
 state-dict key more per MoE layer: it is training state, and HF ignores it on load), unless loading a MindFormers
 checkpoint (its `topk_bias`) or an HF directory has already put it on the router (mf_ds/weights.py
@@ -24,6 +27,7 @@ attach_router_bias). MTP layers in the Plan have no module in transformers' mode
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import nn
@@ -53,6 +57,10 @@ def _patch(family: PatchTargets, model: nn.Module, plan: Plan, recorder: Recorde
     for index, layer in enumerate(layers):
         block = layer.mlp
         sparse = type(block).__name__ == family.moe_block
+        if sparse and getattr(block, "is_hash", False) and index not in wanted:
+            report.append(f"{prefix}.{index}.mlp: hash-routed {type(block).__name__} kept (transformers' own: its "
+                          "experts come from tid2eid[input_ids])")
+            continue
         if sparse != (index in wanted):
             raise PatchError(f"{prefix}.{index}.mlp is {type(block).__name__}, but the plan makes layer {index} "
                              f"{'a MoE' if index in wanted else 'a dense'} layer")
@@ -86,6 +94,9 @@ def _build(family: PatchTargets, block: nn.Module, moe: MoE, estimate_cf: float 
     if getattr(experts, "has_bias", False) or not getattr(experts, "has_gate", True) or \
             getattr(experts, "is_transposed", False):
         raise PatchError(f"{path}.experts: only gated, bias-free [E, 2I, H] experts are supported")
+    if math.isfinite(getattr(experts, "limit", math.inf)):
+        raise PatchError(f"{path}.experts clamp their SwiGLU at {experts.limit} (swiglu_limit); mf-ds' experts "
+                         "do not clamp")
     act = getattr(experts.config, "hidden_act", "silu") if hasattr(experts, "config") else "silu"
     act_fn = None if act in ("silu", "swish") else experts.act_fn
     if ep is None:

@@ -57,7 +57,7 @@ def test_hf_model_has_mindformers_parameter_count(tmp_path):
 
     plan = translate_file(str(tiny_yaml(tmp_path))).plan
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config(plan))
+        model = AutoModelForCausalLM.from_config(hf_config(plan), dtype=torch.float32)
     assert type(model).__name__ == "DeepseekV4ForCausalLM"
     hf_count = sum(p.numel() for p in model.parameters())
     mf_count = sum(math.prod(shape) for name, (shape, trainable, _) in TINY["params"].items()
@@ -131,3 +131,53 @@ def test_a_frozen_norm_that_is_not_ones_is_refused(tmp_path):
     save_file(weights, str(src), metadata={"format": "ms"})
     with pytest.raises(RunError, match="rms_weight: MindFormers keeps it frozen at ones"):
         to_hf(plan, str(src), str(tmp_path / "hf"))
+
+
+def test_mf_moe_equals_hf_topk_block_forward_and_backward(tmp_path):
+    """mf-ds' MoE layer on a top-k DeepSeek-V4 block (sqrtsoftplus, expert bias selecting, renormalised and scaled
+    gates, the shared expert) computes HF's block: outputs and every gradient."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from mf_ds.model import hf_config
+    from mf_ds.patch.moe import build_block
+
+    plan = translate_file(str(tiny_yaml(tmp_path))).plan
+    assert plan.moe.layers == (1, 2, 3) and plan.moe.router.score == "sqrtsoftplus"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config(plan), dtype=torch.float32)
+    block = model.model.layers[1].mlp
+    with torch.no_grad():
+        block.gate.e_score_correction_bias.copy_(torch.randn(5) * 0.1)  # selects, does not weigh
+    ours = build_block("deepseek_v4", copy.deepcopy(block), plan, layer_index=1)
+    x = torch.randn(2, 7, 40)
+    x_hf, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_hf, y_ours = block(x_hf), ours(x_ours, input_ids=None)
+    torch.testing.assert_close(y_ours, y_hf, rtol=1e-5, atol=1e-6)
+    grad = torch.randn_like(y_hf)
+    y_hf.backward(grad)
+    y_ours.backward(grad)
+    torch.testing.assert_close(x_ours.grad, x_hf.grad, rtol=1e-5, atol=1e-6)
+    theirs = dict(block.named_parameters())
+    for name, param in ours.named_parameters():
+        torch.testing.assert_close(param.grad, theirs[name].grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_patched_model_keeps_hash_blocks_and_logits(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from mf_ds import patch
+    from mf_ds.model import hf_config
+
+    plan = translate_file(str(tiny_yaml(tmp_path))).plan
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config(plan), dtype=torch.float32)
+    ids = torch.randint(0, 50, (2, 160))  # past 128 tokens: the compressed layers hold entries
+    want = model(input_ids=ids).logits
+    keys = list(model.state_dict())
+    report = patch.apply(model, plan)
+    assert any("layers.0.mlp: hash-routed DeepseekV4SparseMoeBlock kept" in line for line in report), report
+    assert [type(layer.mlp).__name__ for layer in model.model.layers] == ["DeepseekV4SparseMoeBlock"] + ["MFMoE"] * 3
+    assert list(model.state_dict()) == keys
+    torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=1e-4, atol=1e-5)

@@ -1,6 +1,7 @@
 """A shrunk DeepSeek-V4 Flash (tests/fixtures/pynative/tiny_deepseek4_flash.yaml: the 2.1.0 wheel's YAML with its
 schema kept; 4 layers of sliding, compressed sparse, heavily compressed and compressed sparse attention, the first
-hash-routed) trains on transformers' DeepseekV4ForCausalLM: 20 steps with mf-train and the loss falls, a run killed
+hash-routed; mf-ds' MoE layer in the other three) trains on transformers' DeepseekV4ForCausalLM: 20 steps with
+mf-train and the loss falls, the expert bias moves as MindFormers moves it, a run killed
 mid-way resumes from its checkpoint with the same losses, and 2 ranks of `deepspeed mf_ds/train.py` give the single
 rank's losses. Muon waits on mf_ds/muon.py knowing DeepSeek-V4's names (see test_muon_step_needs_the_v4_split_rule).
 """
@@ -68,6 +69,20 @@ def test_trains_20_steps_with_the_loss_falling(one_rank):
         "checkpoint-step10", "checkpoint-step20"]
 
 
+def test_expert_bias_moves_as_mindformers_moves_it(one_rank):
+    """The top-k layers' bias (mf-ds' MoE layer) moves by moe_router_bias_update_rate x sign(mean load - load) after
+    each step: after 20 steps, multiples of 1e-4, not all zero; the hash layer has none (HF's block)."""
+    from transformers import AutoModelForCausalLM
+
+    out, _ = one_rank
+    model = AutoModelForCausalLM.from_pretrained(str(out / "checkpoint" / "checkpoint-step20"))
+    for layer in model.model.layers[1:]:
+        steps = layer.mlp.gate.e_score_correction_bias / 1e-4
+        assert bool(steps.any()) and torch.allclose(steps, steps.round(), atol=1e-3), steps
+        assert float(steps.abs().max()) <= 20
+    assert not hasattr(model.model.layers[0].mlp.gate, "e_score_correction_bias")
+
+
 def test_killed_run_resumes_with_the_same_losses(tmp_path, corpus, one_rank):
     """SIGKILLed in step 15's backward; --resume_training continues from step 10's checkpoint."""
     killed = run(tmp_path, corpus, *ADAMW, env={"MF_DS_TEST_KILL_AT": "step.backward@15"}, check=False)
@@ -90,6 +105,21 @@ def test_two_ranks_equal_one_rank(tmp_path, corpus, one_rank):
     assert [r["grad_norm"] for r in two] == pytest.approx([r["grad_norm"] for r in one[:3]], rel=1e-3)
 
 
+@pytest.mark.deepspeed
+def test_zero3_partitioned_build_starts_from_the_same_weights(tmp_path, corpus, one_rank):
+    """data_parallel_shard -1 (FSDP: ZeRO-3) builds the model partitioned; mf_ds/init.py's MindFormers values are
+    written through DeepSpeed's gathered parameters: the first step's loss and gradient norm are the single rank's
+    (later steps drift by routing ties: top-k choices flip on last-bit differences of the reduction order)."""
+    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "mf_ds" / "train.py")]
+    proc = run(tmp_path, corpus, *ADAMW, "--max_steps", "2", "--set", "checkpoint.enable_save=False", "--set",
+               "parallelism.data_parallel_shard=-1", launcher=launcher)
+    assert "built partitioned" in proc.stdout + proc.stderr
+    two, one = metrics(tmp_path), one_rank[1]
+    assert two[0]["loss"] == pytest.approx(one[0]["loss"], rel=1e-6)
+    assert two[0]["grad_norm"] == pytest.approx(one[0]["grad_norm"], rel=1e-5)
+    assert two[1]["loss"] == pytest.approx(one[1]["loss"], rel=1e-3)
+
+
 @pytest.mark.xfail(raises=AttributeError, strict=True,
                    reason="mf_ds/muon.py split_rule reads DeepSeek-V4's self_attn.q_b_proj as DeepSeek-V3's (per-head "
                           "nope/rope pieces from config.qk_nope_head_dim, which DeepseekV4Config lacks); MindFormers' "
@@ -108,5 +138,6 @@ def test_plan():
     from translators.plan import translate_file
 
     plan = translate_file(str(TINY), world_size=2).plan
-    assert plan.zero_stage == 0 and plan.run.gradient_accumulation_steps == 1 and plan.moe is None
+    assert plan.zero_stage == 0 and plan.run.gradient_accumulation_steps == 1
+    assert plan.moe.layers == (1, 2, 3) and plan.moe.router.score == "sqrtsoftplus"  # the hash layer 0 stays HF's
     assert plan.hf_config["model_type"] == "deepseek_v4" and plan.weights_family == "deepseek_v4/mcore"

@@ -80,9 +80,9 @@ def test_effective_config_of_mindformers_is_carried(name):
     notes = {n.key.rsplit(".", 1)[-1]: n.kind for n in ledger.finish() if n.key.startswith("model.model_config.")}
     assert set(_model(name)) <= set(notes), set(_model(name)) - set(notes)
     assert "unknown" not in notes.values(), [k for k, v in notes.items() if v == "unknown"]
-    for key in ("dsa_indexer_loss_coeff", "moe_router_enable_expert_bias", "moe_aux_loss_coeff",
-                "num_nextn_predict_layers"):
+    for key in ("dsa_indexer_loss_coeff", "moe_aux_loss_coeff", "num_nextn_predict_layers"):
         assert notes[key] == "differs", key
+    assert notes["moe_router_enable_expert_bias"] == "runtime"  # mf-ds' MoE layer moves the bias (plan_moe)
     assert notes["qk_nope_head_dim"] == "dropped"  # not read by MindFormers' model: heads are v_head_dim wide
     assert notes["mhc_init_gating_factor"] == "mapped" and hf["mhc_init_gating_factor"] == 0.01  # mf_ds/init.py
 
@@ -189,3 +189,19 @@ def test_built_slices_per_layer_equal_the_formula():
         mf = sum(math.prod(shape) for n, (shape, trainable, _) in data["params"].items()
                  if trainable and ".mtp." not in n)
         assert sum(w.numel * w.count for w in memory.inventory(hf)) - narrower == mf
+
+
+def test_moe_plan_for_the_top_k_layers():
+    """mf-ds' MoE layer takes the top-k layers with MindFormers' router; hash layers stay HF's; a clamped SwiGLU
+    (fusedswiglu) keeps HF's blocks everywhere, since mf-ds' experts do not clamp."""
+    from translators.families.deepseek4 import plan_moe
+
+    model = _model("pretrain_deepseek4_flash_reduction")
+    hf, _ = _translate(model)
+    moe = plan_moe(hf, model)
+    assert moe["layers"] == [1, 2] and moe["router"]["score"] == "sqrtsoftplus" and moe["path"] == "mcore"
+    assert moe["router"]["bias_balance"] and moe["router"]["bias_update_rate"] == 1e-4
+    assert moe["router"]["routed_scaling_factor"] == 1.5 and moe["dropless"]
+    clamped = {**model, "hidden_act": "fusedswiglu"}
+    hf, _ = _translate(clamped)
+    assert plan_moe(hf, clamped) is None

@@ -26,11 +26,12 @@ experts.py). Compared from source, piece by piece, with transformers' modeling_d
              activation_func_clamp_value for every other activation, and the YAMLs say `silu`): HF's swiglu_limit
              is then +inf.
 What differs in training only (stated on the keys): the indexer's KL loss (dsa_indexer_loss_coeff: HF has none, so
-the indexer's weights get no gradient here), the sequence aux loss, the expert-bias update, the router's dtype under
-bf16, MTP (HF builds none, as for DeepSeek-V3: num_nextn_predict_layers). A fresh model starts its hash table and
-mHC as MindFormers does (mf_ds/init.py: transformers' _init_weights leaves tid2eid at zeros, one expert for every
-token); its other initial values are transformers' (normal(initializer_range) weights, zero sinks and position
-biases).
+the indexer's weights get no gradient here), the sequence aux loss, the hash layers' router dtype under bf16, MTP
+(HF builds none, as for DeepSeek-V3: num_nextn_predict_layers). mf-ds' MoE layer replaces the top-k blocks (plan_moe:
+MindFormers' router, its expert-bias update); the hash-routed ones stay transformers'. A fresh model starts its
+hash table and mHC as MindFormers does (mf_ds/init.py: transformers' _init_weights leaves tid2eid at zeros, one
+expert for every token); its other initial values are transformers' (normal(initializer_range) weights, zero sinks
+and position biases).
 """
 
 from __future__ import annotations
@@ -66,16 +67,16 @@ SPELLINGS: dict[str, tuple[str, ...]] = {
     "use_gating_sigmoid": ("use_gating_sigmoid", "moe_router_score_function"),
 }
 
-# mf_ds/patch: HF's attention (eager: V4 supports no other), mHC and MoE blocks run as they are.
+# mf_ds/patch: the mf-ds MoE layer replaces the top-k MoE blocks (plan_moe); HF's attention (eager: V4 supports no
+# other), mHC and hash-routed MoE blocks run as they are.
 RUNTIME = PatchTargets(
-    f"{MODELS}.deepseek_v4.modeling_deepseek_v4",
+    f"{MODELS}.deepseek_v4.modeling_deepseek_v4", experts="DeepseekV4Experts", moe_block="DeepseekV4SparseMoeBlock",
+    shared="shared_experts",
     not_applicable={
         "fused_rope": "DeepSeek-V4 rotates the trailing qk_rope lanes interleaved, per layer type (plain and YaRN), "
                       "and back on the attention output: not the split-half RoPE the kernel computes",
         "fused_swiglu": "DeepSeek-V4's SwiGLU clamps gate and up (swiglu_limit) inside HF's experts and shared MLP; "
                         "the kernel does not clamp",
-        "moe": "DeepSeek-V4's MoE block routes hash layers by token id (tid2eid) and scores with sqrtsoftplus; HF's "
-               "DeepseekV4SparseMoeBlock runs as it is (mf-ds' MoE layer is not injected)",
     })
 
 # Memory formulas' inputs when a translated hf_config leaves them out (DeepseekV4Config of transformers 5.23).
@@ -107,6 +108,7 @@ def specs() -> dict[str, tuple]:
         Expect,
         Feeds,
         Map,
+        Runtime,
         _choice,
         _each,
         _flag,
@@ -163,8 +165,8 @@ def specs() -> dict[str, tuple]:
         "topk_method": Drop("not read by the PyNative router (it limits groups by moe_router_num_groups)"),
         "actual_vocab_size": Drop("DeepseekV4Config's copy of vocab_size (the hash table's rows)"),
         "moe_router_fusion": Drop("Ascend fused-router switch (performance only)"),
-        "moe_grouped_gemm": Drop("MindFormers' PyNative MoE needs it (GroupedMatmul); HF's experts compute the same "
-                                 "per-expert SwiGLU here"),
+        "moe_grouped_gemm": Drop("MindFormers' PyNative MoE needs it (GroupedMatmul); mf-ds' MoE layer always runs "
+                                 "its grouped matmul (the top-k layers; HF's experts in the hash layers)"),
         "use_pad_tokens": Drop("Ascend dispatch padding (performance only)"),
         "moe_permute_fusion": Drop("Ascend fused permute (performance only)"),
         "moe_token_drop_policy": Drop("unused: the PyNative MoE drops no tokens (dropless, as HF's block)"),
@@ -174,14 +176,17 @@ def specs() -> dict[str, tuple]:
         "moe_router_force_expert_balance": Expect(False, "off: the router's own choice",
                                                   "MindFormers replaces the routing by a round-robin (a load test); "
                                                   "HF routes with the router's scores"),
-        "moe_router_dtype": Differs("MindFormers computes the router logits and scores in float32; HF's "
-                                    "DeepSeek-V4 router computes its logits in the model's dtype (bf16 under bf16 "
-                                    "training; equal in float32 runs)", conv=_choice("float32", "fp32", "bfloat16")),
-        "moe_router_enable_expert_bias": Differs(
-            "HF's non-hash routers select with e_score_correction_bias (loaded and saved as MindFormers' "
-            "mlp.expert_bias), but nothing updates it here: MindFormers moves it by moe_router_bias_update_rate "
-            "after each step (aux-loss-free balancing); here it keeps its initial value", conv=_flag),
-        "moe_router_bias_update_rate": Differs("the expert-bias update step; not applied here (see "
+        "moe_router_dtype": Differs("the top-k layers' router runs in float32 in mf-ds' MoE layer, as in "
+                                    "MindFormers; the hash layers' (HF's DeepseekV4HashRouter) in the model's dtype "
+                                    "(bf16 under bf16 training; equal in float32 runs)",
+                                    conv=_choice("float32", "fp32", "bfloat16")),
+        "moe_router_enable_expert_bias": Runtime(
+            "the Plan's moe.router.bias_balance (plan_moe): the top-k layers select with the bias (HF's "
+            "e_score_correction_bias, MindFormers' mlp.expert_bias) and move it after each step by "
+            "moe_router_bias_update_rate x sign(mean load - load), as MindFormers' _update_expert_bias; hash layers "
+            "have none, as in MindFormers. With a clamped SwiGLU (hidden_act fusedswiglu) HF's blocks run and the "
+            "bias does not move"),
+        "moe_router_bias_update_rate": Runtime("the Plan's moe.router.bias_update_rate (see "
                                                "moe_router_enable_expert_bias)"),
         "moe_router_load_balancing_type": Differs(
             "MindFormers adds a sequence-level aux loss (seq_aux_loss x moe_aux_loss_coeff, hash layers too); "
@@ -219,6 +224,30 @@ def specs() -> dict[str, tuple]:
     defaults = {**MCORE_DEFAULTS, "return_extra_loss": True, "extend_method": "None"}
     derive = (_heads, _layers, _rope, _moe, _swiglu, _mhc, _mcore_tie)
     return {"deepseek_v4": ("DeepseekV4Config", rules, defaults, derive, SPELLINGS)}
+
+
+def plan_moe(hf: dict, model_config: dict) -> dict | None:
+    """The Plan's `moe` for the top-k (`moe`) layers, which mf-ds' MoE layer replaces: MindFormers' PyNative router
+    (moe/router.py: sqrtsoftplus scores in float32, top-k of scores + expert bias, the unbiased scores renormalised
+    with + 1e-20 and scaled; the expert bias moved by moe_router_bias_update_rate x sign(mean load - load) after each
+    step, moe_layer.py / gpt_model.py _update_expert_bias), dropless. None (HF's blocks run) when the experts clamp
+    their SwiGLU, which mf-ds' experts do not. `model_config`: the effective one (class defaults filled in)."""
+    if math.isfinite(hf["swiglu_limit"]):
+        return None
+    layers = [i for i, kind in enumerate(hf["mlp_layer_types"]) if kind == "moe"]
+    bias = bool(model_config.get("moe_router_enable_expert_bias", False))
+    rate = float(model_config.get("moe_router_bias_update_rate", 1e-3))
+    zero = {"expert": 0.0, "device": 0.0, "comm": 0.0}
+    return {"num_experts": hf["n_routed_experts"], "top_k": hf["num_experts_per_tok"],
+            "intermediate_size": hf["moe_intermediate_size"], "shared_experts": 1, "shared_expert_gating": False,
+            "layers": layers, "mtp_layers": [], "path": "mcore",
+            "router": {"score": hf["scoring_func"], "dtype": "float32", "topk_method": "greedy", "n_group": None,
+                       "topk_group": None, "norm_topk_prob": True,
+                       "routed_scaling_factor": hf["routed_scaling_factor"], "bias_balance": bias,
+                       "bias_update_rate": rate, "bias_updated": bias},
+            "aux_loss": zero, "aux_loss_configured": zero, "aux_groups": {"device": 0, "comm": 1}, "z_loss": 0.0,
+            "capacity_factor": -1.0, "capacity_multiple": 1, "token_groups": 1, "aux_f": "group", "dropless": True,
+            "drop_policy": "kdrop", "safe_tokens": False, "expert_parallel": 1, "drop_rate_callback": False}
 
 
 def _refuse(m, name: str, message: str):
