@@ -233,6 +233,10 @@ class MFTrainer(Trainer):
 
         if self.optimizer is None:
             self.optimizer = build_optimizer(model or self.model, self.plan.run.optimizer)
+            if self.plan.zero_stage and self.plan.run.optimizer.type == "Muon":  # mf_ds/muon_zero.py
+                from mf_ds import muon_zero
+
+                muon_zero.install(self.optimizer)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):

@@ -183,6 +183,10 @@ class Trainer:
         self.steps_per_epoch = prepared.steps_per_epoch
         self.total_steps = prepared.total_steps
         optimizer = build_optimizer(model, run.optimizer)
+        if plan.zero_stage and run.optimizer.type == "Muon":  # DeepSpeed's ZeRO Muon, MindFormers' update
+            from mf_ds import muon_zero
+
+            muon_zero.install(optimizer)
         # MindFormers' total_steps counts epochs x the data set (x repeat), whatever stop_step / --max_steps cut.
         scheduler = build_scheduler(optimizer, run.lr_schedule, prepared.data_size, run_steps=self.total_steps,
                                     log=_log)

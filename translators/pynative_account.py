@@ -67,7 +67,6 @@ def max_nan_steps(cfg: dict, tree: dict, extra: Any) -> int:
 def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | None, ledger: Ledger) -> dict:
     """The ZeRO block for the FSDP the YAML asks for (data_parallel_shard over the data-parallel ranks)."""
     p = cfg["parallelism"]
-    muon = cfg["optimizer"]["type"] == "Muon"
     ep = moe["expert_parallel"] if moe else 1
     if extra.zero_stage is not None:
         stage, why = extra.zero_stage, "mf_ds.zero_stage"
@@ -75,8 +74,6 @@ def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | Non
         if stage == 3 and ep > 1:
             raise ConfigError("mf_ds.zero_stage", "ZeRO-3 with expert parallelism is not supported (DeepSpeed expert "
                               "groups need ZeRO-1 or -2)")
-    elif muon:
-        stage, why = 0, "Muon updates whole weights (translators/muon.py)"
     elif lay.data_parallel == 1:
         stage, why = (1 if mixed else 0), "one data-parallel rank: nothing to shard" + (
             " (ZeRO-1 keeps the fp32 master weights of bf16/fp16 training)" if mixed else "")
