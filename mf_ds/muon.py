@@ -332,8 +332,9 @@ class Muon(_muon_base()):
 
 
 def uses_muon(name: str, param: torch.Tensor, adamw_include: tuple[str, ...], model_type: str | None = None) -> bool:
-    """Muon._build_muon_filter: 2-D / 3-D, and no adamw_include glob matches its MindFormers name (or its HF one)."""
-    if param.dim() not in (2, 3):
+    """Muon._build_muon_filter: 2-D / 3-D, and no adamw_include glob matches its MindFormers name (or its HF one).
+    A parameter built partitioned (deepspeed.zero.Init) is judged by its full shape, ds_shape."""
+    if len(getattr(param, "ds_shape", None) or param.shape) not in (2, 3):
         return False
     mf = mindformers_name(name, model_type)
     return not any(fnmatch(mf, pat) or fnmatch(name, pat) for pat in adamw_include)
@@ -350,7 +351,8 @@ def build_muon(model: torch.nn.Module, spec: MuonOptimizer) -> Muon:
         if uses_muon(name, param, include, model_type):
             muon.append((name, param))
         else:
-            (decay if param.dim() > 1 and not name.endswith(".bias") else no_decay).append((name, param))
+            full = getattr(param, "ds_shape", None) or param.shape
+            (decay if len(full) > 1 and not name.endswith(".bias") else no_decay).append((name, param))
     wd = spec.weight_decay
     groups = [{"params": [p for _, p in muon], "muon": True, "weight_decay": wd, "name": "muon",
                "rules": [split_rule(n, model.config) for n, _ in muon]},
