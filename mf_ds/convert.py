@@ -93,19 +93,22 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
         raise RunError(f"{src}: {exc.args[0]}") from None
     model = _meta_model(plan)
     state = model.state_dict()
-    owners = weight_files(Path(src))  # checks the files (index, shards, checksums) first
+    files = weight_files(Path(src))  # checks the files (index, shards, checksums) first
+    # the names transformers' modules hold (save_pretrained may write others: DeepSeek-V4's own) -> the file's name
+    saved = {names.hf_module_name(name, family): name for name in files}
+    owners = {name: files[saved[name]] for name in saved}
     for name in sorted(owners):
         slot = model_slot(name, state)
-        shape = _shape(owners[name], name) if slot is None else None
+        shape = _shape(owners[name], saved[name]) if slot is None else None
         if slot is None and (bias := attach_router_bias(model, name, torch.empty(shape, device="meta"))) is not None:
             state[bias] = model.get_buffer(bias)  # balance_via_topk_bias on a family whose HF router has no bias
         elif slot is None:
-            raise RunError(f"{owners[name]}: {name} is not a weight of the YAML's {family} model")
+            raise RunError(f"{owners[name]}: {saved[name]} is not a weight of the YAML's {family} model")
     layout = layout_of(plan)
 
     def read(name: str) -> torch.Tensor:
         with safe_open(str(owners[name]), framework="pt") as f:
-            tensor = f.get_tensor(name)
+            tensor = f.get_tensor(saved[name])
         param, index = model_slot(name, state)
         want = tuple(state[param][index].shape) if index else tuple(state[param].shape)
         if tuple(tensor.shape) != want:

@@ -87,7 +87,13 @@ def run(argv: list[str] | None = None) -> int:
             # what the YAML asked for (shown beside the degrees); MindFormers resets it without use_parallel
             raw_pc = result.asked if result.asked is not None else \
                 tree.get("parallel_config") if tree.get("use_parallel") is True else None
-            report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory)
+            rename = None
+            if result.asked is not None:  # a PyNative-schema YAML: the suggestions in its own keys
+                from translators.pynative import layout_setting
+
+                def rename(setting: str) -> str:
+                    return layout_setting(setting, len(plan["layers"]))
+            report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory, rename)
     except ConfigError as exc:
         print(f"mf-translate: error: {exc}", file=sys.stderr)
         return 2

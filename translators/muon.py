@@ -112,7 +112,8 @@ def zero_block(zero: dict[str, Any]) -> dict[str, Any]:
 
 def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, pynative: bool,
          ledger: Ledger, attention_variant: str | None = None, context_parallel: int = 1,
-         tensor_parallel: int = 1, clipping: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
+         tensor_parallel: int = 1, clipping: float = 0.0,
+         expert_parallel: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
     """DeepSpeed's optimizer block and run.optimizer for a Muon section; every key accounted for in `ledger`.
     attention_variant: the model's experimental_attention_variant (dsv4_hybrid, dsa: no max-logit statistic);
     clipping: the run's gradient clipping (under ZeRO 1-3 DeepSpeed applies it to the Muon update)."""
@@ -148,6 +149,11 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
         raise ConfigError("optimizer.type", f"Muon needs each weight whole and tensor parallelism "
                           f"({tensor_parallel}) shards them (MindFormers all-gathers them for Newton-Schulz); run "
                           "Muon without tensor parallelism")
+    if zero_stage and expert_parallel > 1:
+        raise ConfigError("optimizer.type", f"Muon under ZeRO-{zero_stage} with expert parallelism "
+                          f"({expert_parallel}): DeepSpeed's ZeRO-1/2 need the expert shards in their own parameter "
+                          "groups, which mf-ds' Muon groups are not; run Muon beside expert parallelism in float32 "
+                          "(ZeRO stage 0) or without expert parallelism")
     if clip and zero_stage:
         raise ConfigError("optimizer.qk_clip_enabled" if pynative else "optimizer.type",
                           f"QK-clip under ZeRO-{zero_stage}: it scales rows of whole fp32 weights after the step, and "

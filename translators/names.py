@@ -169,6 +169,50 @@ DEEPSEEK4_FROZEN = {
     ".ffn_hc.rms_weight": (".ffn_hc.mapping_proj.weight", "ones", 1),
     ".mlp.tokens_per_expert": (".mlp.router.weight", "zeros", 0),  # the router's load counter (NOT_WEIGHTS), float32
 }
+# transformers' save_pretrained writes DeepSeek-V4 under DeepSeek's own names (conversion_mapping.py "deepseek_v4",
+# reversed: `layers.N.attn.wq_a`, `ffn.experts.E.w1`, `hc_attn_fn`, `head.weight`, ...): (saved, module name), in
+# order, to read such a directory (an mf-ds checkpoint) back; per-expert `mlp.experts.E.w1/w3/w2` stay per expert.
+_V4_ATTN = (("wq_a.", "q_a_proj."), ("q_norm.", "q_a_norm."), ("wq_b.", "q_b_proj."), ("wkv.", "kv_proj."),
+            ("norm.", "kv_norm."), ("wo_a.", "o_a_proj."), ("wo_b.", "o_b_proj."))
+_V4_COMPRESSOR = (("wkv.", "kv_proj."), ("wgate.", "gate_proj."), ("norm.", "kv_norm."), ("ape", "position_bias"))
+DEEPSEEK4_SAVED = (
+    (".attn_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
+    *((f".hc_{part}_{w}", f".{part}_hc.{w}") for part in ("attn", "ffn") for w in ("fn", "base", "scale")),
+    (".attn.attn_sink", ".self_attn.sinks"),
+    *((f".attn.indexer.compressor.{a}", f".self_attn.compressor.indexer.{b}") for a, b in _V4_COMPRESSOR),
+    (".attn.indexer.weights_proj.", ".self_attn.compressor.indexer.scorer.weights_proj."),
+    (".attn.indexer.wq_b.", ".self_attn.compressor.indexer.q_b_proj."),
+    *((f".attn.compressor.{a}", f".self_attn.compressor.{b}") for a, b in _V4_COMPRESSOR),
+    *((f".attn.{a}", f".self_attn.{b}") for a, b in _V4_ATTN),
+    (".ffn.gate.bias", ".mlp.gate.e_score_correction_bias"), (".ffn.gate.", ".mlp.gate."),
+    (".ffn.shared_experts.w1.", ".mlp.shared_experts.gate_proj."),
+    (".ffn.shared_experts.w3.", ".mlp.shared_experts.up_proj."),
+    (".ffn.shared_experts.w2.", ".mlp.shared_experts.down_proj."),
+    (".ffn.experts.", ".mlp.experts."),
+)
+# and the top-level ones, whole names (DeepSeek's release also leaves out the `model.` prefix)
+DEEPSEEK4_SAVED_TOP = {"head.weight": "lm_head.weight", "embed.weight": "model.embed_tokens.weight",
+                       "norm.weight": "model.norm.weight", "hc_head_fn": "model.hc_head.hc_fn",
+                       "hc_head_base": "model.hc_head.hc_base", "hc_head_scale": "model.hc_head.hc_scale"}
+
+
+def hf_module_name(name: str, family: str) -> str:
+    """An HF checkpoint name as transformers' module holds it (DeepSeek-V4's saved names: DEEPSEEK4_SAVED); other
+    families' names are their module names already."""
+    from translators.families import registry
+
+    found = registry.weights(family)
+    if found is None or found.names is not DEEPSEEK4:
+        return name
+    if name in DEEPSEEK4_SAVED_TOP:
+        return DEEPSEEK4_SAVED_TOP[name]
+    if name.startswith("layers."):
+        name = "model." + name
+    for saved, module in DEEPSEEK4_SAVED:
+        name = name.replace(saved, module)
+    return name
+
+
 # One shared-expert MLP: linear_fc1 holds gate and up interleaved per row (pynative/transformers/mlp.py reshapes its
 # output to [..., I, 2] and takes gate = [..., 0], up = [..., 1]; MindFormers' own HF template, utils.py, concatenates
 # them instead, which that MLP does not read back).

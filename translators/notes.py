@@ -120,18 +120,21 @@ class Ledger:
     def as_json(notes: list[Note]) -> list[dict]:
         return [asdict(note) for note in notes]
 
-    def view(self, paths: dict[str, str]) -> LedgerView:
+    def view(self, paths: dict[str, str], words: dict[str, str] | None = None) -> LedgerView:
         """This ledger seen through a path map (`{"model.model_config": "model"}`): code written for one schema's
-        paths notes the keys of another (the PyNative schema's flat `model`, translators/pynative.py)."""
-        return LedgerView(self, paths)
+        paths notes the keys of another (the PyNative schema's flat `model`, translators/pynative.py). `words`:
+        key paths that the notes' messages name, replaced in them too."""
+        return LedgerView(self, paths, words or {})
 
 
 class LedgerView:
-    """A Ledger whose keys are renamed on the way in: the longest matching prefix of `paths` is replaced."""
+    """A Ledger whose keys are renamed on the way in: the longest matching prefix of `paths` is replaced (and each
+    of `words` in the message)."""
 
-    def __init__(self, ledger: Ledger, paths: dict[str, str]):
+    def __init__(self, ledger: Ledger, paths: dict[str, str], words: dict[str, str]):
         self.ledger = ledger
         self.paths = sorted(paths.items(), key=lambda item: -len(item[0]))
+        self.words = words
 
     def path(self, key: str) -> str:
         for old, new in self.paths:
@@ -144,6 +147,8 @@ class LedgerView:
         return self.ledger.values
 
     def add(self, key: str, kind: str, message: str) -> None:
+        for old, new in self.words.items():
+            message = message.replace(old, new)
         self.ledger.add(self.path(key), kind, message)
 
     def mapped(self, key: str, message: str) -> None:

@@ -15,6 +15,7 @@ Rank order and groups are DeepSpeed's (mf_ds builds them through it):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from translators import memory
@@ -180,8 +181,10 @@ def _fixes(plan: dict, deg: memory.Degrees, zero: dict, micro: int, limit: float
     return out
 
 
-def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None) -> dict:
-    """The layout report for the Plan's world size (raw_pc: the YAML's parallel_config, for what was folded)."""
+def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None,
+                  rename: Callable[[str], str | None] | None = None) -> dict:
+    """The layout report for the Plan's world size (raw_pc: the YAML's parallel_config, for what was folded).
+    `rename` turns each suggested setting (`runner_config.batch_size=1`) into the YAML schema's own spelling."""
     par = plan.get("parallel")
     if par is None:
         raise ConfigError("--layout", "the Plan has no parallel section")
@@ -230,7 +233,11 @@ def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None) -> 
         report["memory"]["verdict"] = ("fits" if peak <= 0.9 * gpu_memory else
                                        "tight (over 90%)" if peak <= gpu_memory else "does not fit")
         if peak > 0.9 * gpu_memory:
-            report["memory"]["what_if"] = _fixes(plan, deg, zero, run["micro_batch_size"], 0.9 * gpu_memory)
+            fixes = _fixes(plan, deg, zero, run["micro_batch_size"], 0.9 * gpu_memory)
+            if rename:  # a fix the schema cannot express (None) is left out
+                fixes = [{**fix, "set": [rename(s) for s in fix["set"]]} for fix in fixes]
+                fixes = [fix for fix in fixes if None not in fix["set"]]
+            report["memory"]["what_if"] = fixes
     return report
 
 

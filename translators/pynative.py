@@ -25,7 +25,8 @@ import re
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, mf_defaults
+from translators import families, mf_defaults, recompute_ops
+from translators import pynative_account as account
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.data import parse_data
 from translators.errors import ConfigError, join, show
@@ -173,8 +174,36 @@ def recompute_layers(cfg: dict, total_layers: int) -> set[int]:
     return full
 
 
-def _ranges(specs: Any, path: str, total: int) -> set[int]:
-    """activation_checkpoint.py `_validate_layer_specs`: 'lo-hi' or 'n', ascending, within the layers."""
+def select_modules(cfg: dict, total_layers: int, full: set[int], style: str,
+                   ledger: Ledger) -> dict[int, tuple[str, ...]]:
+    """mode: select -> {layer id: HF module paths recomputed}: each select_module key is a regular expression over
+    the layer's module paths (activation_checkpoint.py `_expand_select_module`), mapped to the HF layer's modules
+    through the mcore names (translators/recompute_ops.py); layers recomputed whole take no select list, as in
+    `_clean_and_parse_config`. MindFormers checks the select ranges only when full_recompute_layer is empty; with it,
+    ids past the model are skipped."""
+    rc = cfg["recompute"]
+    if rc["mode"] != "select":
+        return {}
+    found: dict[int, set[str]] = {}
+    for key, ranges in rc["select_module"].items():
+        path = join("recompute.select_module", key)
+        ids = _ranges(ranges, path, total_layers, strict=not rc["full_recompute_layer"])
+        paths, note = recompute_ops.module_targets(str(key), style)
+        if note:
+            ledger.differs(path, note)
+            continue
+        for i in sorted(ids - full):
+            found.setdefault(i, set()).update(paths)
+        where = account.spans(ids - full) if ids - full else "none (recomputed whole)" if ids else \
+            "none (its ids lie past the model: skipped, as MindFormers skips them)"
+        ledger.runtime(path, f"layers {where}: {', '.join(paths)} recomputed one by one (plan.layers)")
+    return {i: tuple(sorted(p for p in paths if not any(p.startswith(q + ".") for q in paths)))
+            for i, paths in found.items()}
+
+
+def _ranges(specs: Any, path: str, total: int, strict: bool = True) -> set[int]:
+    """activation_checkpoint.py `_validate_layer_specs`: 'lo-hi' or 'n', ascending, within the layers. Not `strict`:
+    `_parse_layer_ids` alone (a spec it cannot read still stops MindFormers; ids past the model are skipped)."""
     if not isinstance(specs, (list, tuple)):
         specs = [specs]
     layers: set[int] = set()
@@ -186,6 +215,9 @@ def _ranges(specs: Any, path: str, total: int) -> set[int]:
                               "(MindFormers refuses it)")
         low = int(match.group(1))
         high = int(match.group(2)) if match.group(2) is not None else low
+        if not strict:
+            layers.update(range(low, min(high, total - 1) + 1))
+            continue
         if low > high:
             raise ConfigError(join(path, i), f"range start must be <= end, got {spec!r} (MindFormers refuses it)")
         if high >= total:
@@ -231,9 +263,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                                   else "mindformers_version")
     cfg = effective(tree, version)
     ledger = Ledger(tree)
-    view = ledger.view(_PATHS)
-    from translators import pynative_account as account
-
+    view = ledger.view(_PATHS, {"model.model_config": "model"})
     account.refusals(cfg, tree)
     deg = degrees(cfg, version, world_size, ledger)
     check_context_parallel(cfg["parallelism"])
@@ -253,6 +283,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     built = families.mcore_tree(model.config)
     n_layers = shape.num_layers + shape.mtp_depth
     full = recompute_layers(cfg, n_layers)
+    select = select_modules(cfg, n_layers, full, family.layer_style, ledger)
 
     # Parallel degrees: the graph-mode resolution (DeepSpeed AutoTP, Ulysses, EP inside data parallel).
     p = cfg["parallelism"]
@@ -295,11 +326,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
     # Optimizer and schedule.
     steps = cfg["training"]["steps"]
-    sched_raw = {k: v for k, v in cfg["lr_scheduler"].items() if v is not None or k not in ("type",)}
-    if cfg["lr_scheduler"]["type"] is None:
-        raise ConfigError("lr_scheduler.type", "required: MindFormers' PyNative trainer builds the LR class from it")
-    with _renamed(view):
-        sched = LrSchedule.parse({**sched_raw, "total_steps": steps}, view)
+    with _renamed(view):  # the LR class the Trainer builds: the section (its type is required) + training.steps
+        sched = LrSchedule.parse({**cfg["lr_scheduler"], "total_steps": steps}, view)
         lr = lr_plan(sched, True, None, 1, None, None, view)
     compute_dtype, param_dtype = shape.compute_dtype, shape.param_init_type
     zero = account.zero(cfg, deg, lay, extra, compute_dtype != "float32", moe, ledger)
@@ -310,9 +338,10 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
 
         with _renamed(view):
             ds_optimizer, run_optimizer = muon_optimizer.plan(
-                tree.get("optimizer") or {}, peak_lr(lr), zero_stage=zero["stage"],
+                account.muon_section(cfg, tree, ledger), peak_lr(lr), zero_stage=zero["stage"],
                 mla=_mla(hf_config), mcore=True, pynative=True, ledger=ledger, clipping=clip,
-                attention_variant=built["model"]["model_config"].get("experimental_attention_variant"))
+                attention_variant=built["model"]["model_config"].get("experimental_attention_variant"),
+                expert_parallel=moe["expert_parallel"] if moe else 1)
         zero = muon_optimizer.zero_block(zero)
     else:
         opt = Optimizer.parse({k: cfg["optimizer"][k] for k in ("type", "betas", "eps", "weight_decay")})
@@ -340,8 +369,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     scheduler = ds.scheduler(lr, view)
     if scheduler:
         config["scheduler"] = scheduler
-    layers = [{"index": i, "full_recompute": i in full, "select_recompute": [], "comm_recompute": [],
-               "full_recompute_exclude": [], "mtp": i >= shape.num_layers} for i in range(n_layers)]
+    layers = [{"index": i, "full_recompute": i in full, "select_recompute": list(select.get(i, ())),
+               "comm_recompute": [], "full_recompute_exclude": [], "mtp": i >= shape.num_layers}
+              for i in range(n_layers)]
     if full:
         config["activation_checkpointing"] = ds.activation_checkpointing(len(full), False, lay.tensor_parallel,
                                                                          ledger)
@@ -398,7 +428,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "mindformers_version": version,
     }
     run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
-    account.sections(cfg, tree, deg, lay, ga, global_batch, full, n_layers,
+    account.sections(cfg, tree, deg, lay, moe, ga, global_batch, full, n_layers,
                      tuple(schema(version)["classes"]["TrainConfig"]["fields"]), ledger)
     if gradient_accumulation_steps is not None:
         ledger.mapped("training.global_batch_size", f"--gradient_accumulation_steps {ga}: the global batch is "
@@ -408,8 +438,23 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                            "kernels": Kernels(fused_rope=shape.use_fused_rope, fused_swiglu=shape.use_fused_swiglu),
                            "run": run, "parallel": lay.as_plan(), "notes": notes})
     asked = {"data_parallel": deg.data_parallel, "model_parallel": deg.tp, "context_parallel": deg.cp,
-             "expert_parallel": deg.ep, "pipeline_stage": deg.pp, "micro_batch_num": ga}
+             "expert_parallel": deg.ep, "pipeline_stage": deg.pp, "micro_batch_num": deg.gradient_accumulation_steps}
     return Translation(plan, (), ledger, asked)
+
+
+def layout_setting(setting: str, n_layers: int) -> str | None:
+    """A setting the layout planner suggests (graph mode's keys) in this schema's keys; None where it has none
+    (select recompute: recompute.select_module names MindFormers' PyNative modules, not mapped here)."""
+    key, _, value = setting.partition("=")
+    if key == "recompute_config.select_recompute":
+        return None
+    if key == "runner_config.batch_size":
+        return f"training.local_batch_size={value}"
+    if key == "recompute_config.recompute":
+        return f"recompute={{mode: full, full_recompute_layer: ['0-{n_layers - 1}']}}"
+    if key == "parallel_config.expert_parallel":
+        return f"parallelism.expert_parallel={value}"
+    return setting  # mf_ds.* and the command-line flags are the same in both schemas
 
 
 def _experts(config: dict) -> int:

@@ -74,6 +74,8 @@ def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | Non
         if stage == 3 and ep > 1:
             raise ConfigError("mf_ds.zero_stage", "ZeRO-3 with expert parallelism is not supported (DeepSpeed expert "
                               "groups need ZeRO-1 or -2)")
+    elif cfg["optimizer"]["type"] == "Muon" and ep > 1 and not mixed:
+        stage, why = 0, "Muon beside expert parallelism updates at ZeRO stage 0 (translators/muon.py)"
     elif lay.data_parallel == 1:
         stage, why = (1 if mixed else 0), "one data-parallel rank: nothing to shard" + (
             " (ZeRO-1 keeps the fp32 master weights of bf16/fp16 training)" if mixed else "")
@@ -131,6 +133,21 @@ def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | Non
     return block
 
 
+def muon_section(cfg: dict, tree: dict, ledger: Ledger) -> dict:
+    """The arguments MindFormers' PyNative trainer hands Muon: the YAML's optimizer keys, and OptimizerConfig's
+    defaults where it leaves out eps or weight_decay (trainer/utils.py _build_optimizer passes
+    `config.to_dict()` as **kwargs, so those are TrainConfig's 1e-8 / 0.01, not Muon's own 1e-7 / 0.1)."""
+    raw = tree.get("optimizer") or {}
+    section = dict(raw)
+    taken = [f"{name} {cfg['optimizer'][name]!r}" for name in ("eps", "weight_decay") if name not in raw]
+    for name in ("eps", "weight_decay"):
+        section.setdefault(name, cfg["optimizer"][name])
+    if taken:
+        ledger.mapped("", "Muon takes OptimizerConfig's defaults for what the optimizer section leaves out, as "
+                      "MindFormers' _build_optimizer passes them: " + ", ".join(taken))
+    return section
+
+
 def optimizer_extras(cfg: dict, tree: dict, ledger: Ledger) -> None:
     """AdamW: the keys ds.optimizer does not read."""
     raw = tree.get("optimizer") or {}
@@ -184,8 +201,8 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger) -> dict:
     return out
 
 
-def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: int, full: set[int], n_layers: int,
-             sections_known: tuple[str, ...], ledger: Ledger) -> None:
+def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: int, global_batch: int,
+             full: set[int], n_layers: int, sections_known: tuple[str, ...], ledger: Ledger) -> None:
     """The notes on the keys of checkpoint, training, parallelism, recompute*, swap, train_dataset, monitor, context,
     profiler, callbacks and the top level."""
     present = ledger.present
@@ -193,8 +210,10 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
 
     # training
     for name, kind, message in (
-            ("steps", "runtime", f"run.total_steps = run.stop_step = {t['steps']}; the LR schedule's total_steps, "
-                                 "as MindFormers' _build_lr_scheduler passes it"),
+            ("steps", "runtime", f"run.stop_step = {t['steps']} steps, with run.epochs = {t['steps']} so that the "
+                                 "data is passed over as often as the steps need (MindFormers counts steps, not "
+                                 "epochs); the LR schedule's total_steps, as MindFormers' _build_lr_scheduler passes "
+                                 "it"),
             ("local_batch_size", "mapped", f"deepspeed.train_micro_batch_size_per_gpu = {t['local_batch_size']}"),
             ("global_batch_size", "mapped", f"deepspeed.gradient_accumulation_steps = {ga} on {lay.data_parallel} "
                                             f"data-parallel ranks: a global batch of {global_batch} (MindFormers: "
@@ -223,6 +242,9 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
                         "MindFormers stops after that many skipped steps") if n > 0 else
             ("differs", "0: MindFormers never stops; mf-ds stops after mf_ds.max_nan_steps non-finite losses in a "
                         "row")))
+    if present("lr_scheduler.total_steps"):
+        ledger.dropped("lr_scheduler.total_steps", f"MindFormers' PyNative trainer replaces it with training.steps "
+                       f"{t['steps']} (trainer/utils.py _build_lr_scheduler)")
     if present("training.rampup_batch_size"):
         ledger.dropped("training.rampup_batch_size", "null: a fixed batch")
 
@@ -245,9 +267,11 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
         if path == "parallelism.expert_parallel":
             ledger.differs(path, reason)
     if "parallelism.expert_parallel" not in folded and present("parallelism.expert_parallel"):
-        ledger.runtime("parallelism.expert_parallel", f"moe.expert_parallel = {lay.expert_parallel} (DeepSpeed "
-                       "expert-parallel groups inside data parallel)" if lay.expert_parallel > 1 or deg.ep == 1
-                       else "a dense model has no experts to shard")
+        if moe is not None:
+            ledger.runtime("parallelism.expert_parallel", f"moe.expert_parallel = {lay.expert_parallel} (DeepSpeed "
+                           "expert-parallel groups inside data parallel)")
+        elif deg.ep == 1:  # a dense model's ep > 1 is noted by translators/moe.py
+            ledger.dropped("parallelism.expert_parallel", "1: a dense model, no experts to shard")
     method = (p["context_parallel_method"] or "colossal").lower()
     if present("parallelism.context_parallel_method"):
         if lay.context_parallel == 1:
@@ -271,10 +295,10 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
             ledger.dropped(join("parallelism", name), _PIPELINE)
     if present("parallelism.disable_gradient_division"):
         if p["disable_gradient_division"]:
-            ledger.runtime("parallelism.disable_gradient_division", "true: MindFormers sums the gradients over the "
+            ledger.dropped("parallelism.disable_gradient_division", "true: MindFormers sums the gradients over the "
                            "FSDP ranks and scales each rank's loss by 1 / (world / pp) (distributed/utils.py "
-                           "get_loss_sense): together the mean over the data-parallel ranks, which is the gradient "
-                           "DeepSpeed's averaging gives")
+                           "get_loss_sense): together the mean over the data-parallel ranks, which DeepSpeed's "
+                           "averaging computes anyway: nothing to carry")
         else:
             ledger.differs("parallelism.disable_gradient_division", "false: MindFormers divides twice (FSDP's mean and "
                            "the 1 / (world / pp) loss sense), a gradient 1/dp of the mean; mf-ds takes the mean (AdamW "
@@ -307,9 +331,12 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
             ledger.dropped("parallelism.enable_loss_parallel", "no tensor parallelism runs" if p["enable_loss_parallel"]
                            else "false")
     if present("parallelism.moe_token_dispatcher_type"):
-        if p["moe_token_dispatcher_type"] == "alltoall":
+        if lay.expert_parallel == 1:
+            ledger.dropped("parallelism.moe_token_dispatcher_type", f"{p['moe_token_dispatcher_type']}: no expert "
+                           "parallelism runs, so no tokens travel between ranks")
+        elif p["moe_token_dispatcher_type"] == "alltoall":
             ledger.runtime("parallelism.moe_token_dispatcher_type", "alltoall: mf-ds' MoE layer dispatches with "
-                           "all-to-all over the expert-parallel group")
+                           "all-to-all over the expert-parallel group (moe.expert_parallel)")
         else:
             ledger.differs("parallelism.moe_token_dispatcher_type", f"{p['moe_token_dispatcher_type']}: the plain "
                            "all-to-all here (the per-node de-duplication is a communication saving: the same tokens "
@@ -328,13 +355,14 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
         else ("dropped", "enable_save is false"),
         "prefix": ("runtime", "run.callbacks.checkpoint.prefix and run.model_name"),
         "no_save_optim": ("differs", "true: mf-ds' checkpoints always hold the optimizer state (a resume needs it)")
-        if c["no_save_optim"] else ("runtime", "false: the checkpoints hold the optimizer state"),
+        if c["no_save_optim"] else ("dropped", "false: mf-ds' checkpoints hold the optimizer state, as asked"),
         "async_save": ("dropped", "checkpoints are written synchronously (never left half-written)"),
         "remove_redundancy": ("dropped", "DeepSpeed writes each shard once; the HF weights come from rank 0"),
         "load_path": ("runtime", "run.load_checkpoint: a Checkpoint 2.0 directory (mf_ds/checkpoint2.py, its ranks "
                                  "merged), MindFormers safetensors or an HF directory") if load else
         ("dropped", "empty: the model starts from random weights"),
-        "no_load_optim": ("runtime", "true: the weights only, the optimizer starts fresh") if c["no_load_optim"] else
+        "no_load_optim": ("runtime", "true: the weights only, the optimizer starts fresh (run.resume_training "
+                                     "false)") if c["no_load_optim"] else
         ("differs", "false: mf-ds loads the weights of load_path and starts the optimizer fresh (no optimizer state "
                     "is read from a Checkpoint 2.0 directory)") if load else ("dropped", "no load_path"),
         "load_balanced": ("dropped", "how MindFormers spreads the reading over ranks"),
@@ -354,12 +382,10 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
         ledger.runtime("recompute.mode", f"{rc['mode']}: {len(full)} of {n_layers} layers fully recomputed "
                        "(plan.layers)")
     if present("recompute.full_recompute_layer"):
-        ledger.runtime("recompute.full_recompute_layer", f"layers {_spans(full)} fully recomputed (plan.layers; "
+        ledger.runtime("recompute.full_recompute_layer", f"layers {spans(full)} fully recomputed (plan.layers; "
                        "MTP layers count after the decoder layers)" if full else "mode is not full: unused")
-    if present("recompute.select_module"):
-        ledger.differs("recompute.select_module", "the module paths of MindFormers' PyNative model are not mapped to "
-                       "the HF model's: not recomputed" if rc["mode"] == "select" and rc["select_module"] else
-                       "mode is not 'select': unused")
+    if present("recompute.select_module") and rc["mode"] != "select":
+        ledger.dropped("recompute.select_module", f"mode is {rc['mode']!r}: MindFormers reads it only with 'select'")
     if present("recompute.exclude_op"):
         if rc["exclude_op"]:
             ledger.differs("recompute.exclude_op", "not applied: the recomputed layers recompute every op")
@@ -429,7 +455,7 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, ga: int, global_batch: i
                   f"{deg.gradient_accumulation_steps} = global_batch_size / (local_batch_size x data_parallel)")
 
 
-def _spans(layers: set[int]) -> str:
+def spans(layers: set[int]) -> str:
     """{0, 1, 2, 5} -> '0-2, 5'."""
     out, ordered = [], sorted(layers)
     start = prev = ordered[0]

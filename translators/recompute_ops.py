@@ -214,3 +214,22 @@ def layer_plan(result: RecomputeResult, num_layers: int, style: str, *,
             "mtp": first_mtp_layer is not None and i >= first_mtp_layer,
         })
     return plan, list(unmapped.items())
+
+
+def module_targets(pattern: str, style: str) -> tuple[tuple[str, ...], str | None]:
+    """HF module paths (within one decoder layer) that a PyNative `recompute.select_module` key denotes: a regular
+    expression fullmatched against each dotted module path of the layer, as MindFormers 2.x's activation_checkpoint.py
+    `_expand_select_module` matches it (`self_attention`, `mlp\\..*`); this style's MindFormers names and the HF names
+    both count. A path whose parent is also named is left to the parent, as `_add_modules_dedup` leaves it."""
+    table = _TABLES[style]
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        return (), f"'{pattern}' is not a regular expression ({exc}); nothing recomputed"
+    targets = {hf for src in (table.cells, table.prims) for mf, hfs in src.items() if regex.fullmatch(mf)
+               for hf in hfs}
+    targets |= {hf for hf in table.hf if regex.fullmatch(hf)}
+    kept = tuple(sorted(p for p in targets if not any(p.startswith(q + ".") for q in targets)))
+    if kept:
+        return kept, None
+    return (), f"'{pattern}' matches no module of a {style} decoder layer; nothing recomputed"

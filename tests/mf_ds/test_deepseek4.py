@@ -181,3 +181,47 @@ def test_patched_model_keeps_hash_blocks_and_logits(tmp_path):
     assert [type(layer.mlp).__name__ for layer in model.model.layers] == ["DeepseekV4SparseMoeBlock"] + ["MFMoE"] * 3
     assert list(model.state_dict()) == keys
     torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=1e-4, atol=1e-5)
+
+
+MODULES = FIXTURES / "deepseek4" / "modules.golden.safetensors"
+
+
+def test_mhc_and_compressors_equal_mindformers_own(tmp_path):
+    """MindFormers 2.1.0's own mHC and compressors, run on CPU (make_deepseek4_golden.py modules: CPU stand-ins that
+    keep the arithmetic), against transformers' modules built from the translated config with the same weights:
+    the collapsed input, the Sinkhorn comb, the post gates and the updated streams; the compressed sparse (overlapping
+    windows) and heavily compressed entries with their YaRN RoPE on the trailing lanes."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
+
+    from mf_ds.model import hf_config
+
+    g = load_file(str(MODULES))
+    config = hf_config(translate_file(str(tiny_yaml(tmp_path))).plan)
+    n, h = config.hc_mult, config.hidden_size
+    hc = hf.DeepseekV4HyperConnection(config)
+    with torch.no_grad():
+        hc.fn.copy_(g["mhc.w.mapping_proj.weight"])
+        hc.base.copy_(g["mhc.w.bias"])
+        hc.scale.copy_(torch.cat([g[f"mhc.w.alpha_{p}"] for p in ("pre", "post", "res")]))
+    s, b = g["mhc.x"].shape[:2]
+    streams = g["mhc.x"].permute(1, 0, 2).reshape(b, s, n, h)  # MindFormers [s, b, n*H] -> HF [B, S, n, H]
+    post, comb, collapsed = hc(streams)
+    torch.testing.assert_close(collapsed, g["mhc.aggregated"].permute(1, 0, 2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(comb, g["mhc.h_res"].permute(1, 0, 2, 3), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(post, g["mhc.h_post"].permute(1, 0, 2, 3)[..., 0], rtol=1e-5, atol=1e-5)
+    sub = g["mhc.sub"].permute(1, 0, 2)
+    out = post.unsqueeze(-1) * sub.unsqueeze(-2) + torch.matmul(comb.transpose(-1, -2), streams)  # the decoder layer
+    torch.testing.assert_close(out.reshape(b, s, n * h), g["mhc.out"].permute(1, 0, 2), rtol=1e-5, atol=1e-5)
+
+    for name, cls, layer in (("csa", hf.DeepseekV4CSACompressor, 1), ("hca", hf.DeepseekV4HCACompressor, 2)):
+        compressor = cls(config)
+        with torch.no_grad():
+            compressor.kv_proj.weight.copy_(g[f"{name}.w.linear_wkv.weight"])
+            compressor.gate_proj.weight.copy_(g[f"{name}.w.linear_wgate.weight"])
+            compressor.position_bias.copy_(g[f"{name}.w.ape"])
+            compressor.kv_norm.weight.copy_(g[f"{name}.w.norm.weight"])
+        x = g[f"{name}.x"].permute(1, 0, 2)
+        positions = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+        compressed, _ = compressor(x, torch.randn(x.shape[0], x.shape[1], config.q_lora_rank), positions, None, layer)
+        torch.testing.assert_close(compressed.squeeze(1), g[f"{name}.y"].squeeze(2).permute(1, 0, 2), rtol=1e-5,
+                                   atol=1e-5)

@@ -84,6 +84,24 @@ def test_expert_bias_moves_as_mindformers_moves_it(one_rank):
     assert not hasattr(model.model.layers[0].mlp.gate, "e_score_correction_bias")
 
 
+def test_mf_convert_of_the_trained_checkpoint_both_ways(tmp_path, one_rank):
+    """The run's checkpoint (save_pretrained writes DeepSeek-V4 under DeepSeek's own names) -> MindFormers' PyNative
+    names -> an HF directory again: every tensor the same."""
+    from transformers import AutoModelForCausalLM
+
+    out, _ = one_rank
+    for src, dst in ((out / "checkpoint" / "checkpoint-step20", tmp_path / "mf.safetensors"),
+                     (tmp_path / "mf.safetensors", tmp_path / "hf")):
+        proc = subprocess.run([sys.executable, "-m", "mf_ds.convert", "--mf-config", str(TINY), str(src), str(dst)],
+                              cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    want = AutoModelForCausalLM.from_pretrained(str(out / "checkpoint" / "checkpoint-step20")).state_dict()
+    got = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).state_dict()
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        assert torch.equal(got[name].to(tensor.dtype), tensor), name
+
+
 def test_killed_run_resumes_with_the_same_losses(tmp_path, corpus, one_rank):
     """SIGKILLed in step 15's backward; --resume_training continues from step 10's checkpoint."""
     killed = run(tmp_path, corpus, *ADAMW, env={"MF_DS_TEST_KILL_AT": "step.backward@15"}, check=False)

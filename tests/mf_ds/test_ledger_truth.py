@@ -23,6 +23,7 @@ from tests.translators.test_corpus import REFUSED
 from translators.plan import translate_file
 
 MF = ROOT / "tests" / "fixtures" / "mindformers"
+PYNATIVE = ROOT / "tests" / "fixtures" / "pynative" / "tiny_deepseek3_pynative.yaml"
 PACKED = MF / "finetune_qwen2_5_packed.yaml"
 NAMED = re.compile(r"\b(?:plan\.)?((?:run|moe|kernels|layers|deepspeed|hf_config)(?:\.[A-Za-z_]+)*)")
 # Ledger keys (list indices as [*]) whose message names no Plan entry -> the entry they became. Translator-side
@@ -63,6 +64,13 @@ ENTRY = {
     "trainer.type": "run",
     "use_legacy": "hf_config",
     "use_parallel": "run.world_size",
+    # the PyNative schema (translators/pynative.py): the same settings under its own paths
+    "model.seq_length": "run.seq_length",
+    "model.mtp_loss_scaling_factor": "layers",
+    "model.moe_router_load_balancing_type": "moe.aux_loss",
+    "train_dataset.dataloader.type": "run.data.kind",
+    "train_dataset.dataloader.datasets_type": "run.data.kind",
+    "train_dataset.dataloader.column_names": "run.data.columns",
 }
 
 
@@ -75,7 +83,7 @@ def plan_entry(key: str, message: str) -> str | None:
 
 
 def yamls() -> list[Path]:
-    return [*sorted(CONFIGS.glob("*.yaml")), *sorted(MF.glob("*.yaml")),
+    return [*sorted(CONFIGS.glob("*.yaml")), *sorted(MF.glob("*.yaml")), PYNATIVE,
             *(p for p in corpus_files() if p.name not in REFUSED)]
 
 
@@ -115,7 +123,9 @@ def reads(tmp_path_factory) -> set[str]:
              # group-limited routing (DeepSeek-V3's noaux_tc): the block reads n_group / topk_group only then
              f"{CONFIGS / 'tiny_deepseek_v3.yaml'}::moe_config.topk_method=noaux_tc::moe_config.n_group=4"
              "::moe_config.topk_group=2",
-             f"{PACKED}::train_dataset.data_loader.config.data_path=['1', '{tmp / 'packed'}']"]
+             f"{PACKED}::train_dataset.data_loader.config.data_path=['1', '{tmp / 'packed'}']",
+             # the PyNative schema: the shrunk DeepSeek-V3 PyNative YAML of the 2.1.0 wheel
+             f"{PYNATIVE}::train_dataset.dataloader.config.data_path=['1', '{tmp / 'packed'}']"]
     proc = subprocess.run([sys.executable, "-m", "tests.mf_ds.plan_reads", str(tmp / "reads.json"), str(tmp / "runs"),
                            *specs], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -70,3 +70,78 @@ def test_plan_at_two_ranks_is_zero3():
     assert plan.zero_stage == 3 and plan.run.gradient_accumulation_steps == 1 and plan.run.global_batch_size == 2
     plan = translate_file(str(TINY), world_size=1).plan
     assert plan.zero_stage == 0 and plan.run.gradient_accumulation_steps == 2 and plan.run.global_batch_size == 2
+
+
+QWEN3 = ROOT / "tests" / "fixtures" / "pynative" / "tiny_qwen3_pynative.yaml"
+
+
+def test_checkpoint_load_path_reads_a_checkpoint2_directory(tmp_path, corpus):
+    """checkpoint.load_path: a Checkpoint 2.0 directory (written by mf-convert from 2 trained steps) starts the run
+    from the same weights as their HF safetensors: the same first loss and gradient norm, not a fresh model's."""
+    import shutil
+
+    save = ["--max_steps", "2", "--set", "checkpoint.enable_save=true", "--set",
+            "checkpoint.save_interleaved_steps=2", "--set", f"checkpoint.save_path={tmp_path / 'ckpt'}"]
+    data = f"train_dataset.dataloader.config.data_path=['1', '{corpus}']"
+
+    def run(out: str, *args: str) -> list[dict]:
+        proc = subprocess.run([sys.executable, "-m", "mf_ds.cli", str(QWEN3), "--output_dir", str(tmp_path / out),
+                               "--set", data, *args], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [json.loads(line) for line in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
+
+    run("trained", *save)
+    step2 = tmp_path / "ckpt" / "qwen3-step2"
+    proc = subprocess.run([sys.executable, "-m", "mf_ds.convert", "--mf-config", str(QWEN3), str(step2),
+                           str(tmp_path / "c2")], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "c2" / "latest_checkpointed_iteration.txt").is_file()
+    plain = tmp_path / "hf"  # the weights alone (a directory with the engine state would be resumed instead)
+    plain.mkdir()
+    for name in ("model.safetensors", "config.json"):
+        shutil.copy(step2 / name, plain)
+    from_c2 = run("from_c2", "--max_steps", "1", "--set", f"checkpoint.load_path={tmp_path / 'c2'}")
+    from_hf = run("from_hf", "--max_steps", "1", "--set", f"checkpoint.load_path={plain}")
+    fresh = run("fresh", "--max_steps", "1")
+    assert from_c2[0]["loss"] == from_hf[0]["loss"] and from_c2[0]["grad_norm"] == from_hf[0]["grad_norm"]
+    assert from_c2[0]["loss"] < fresh[0]["loss"] - 0.1
+
+
+def test_hf_trainer_path_runs_the_pynative_yaml(tmp_path, corpus, one_rank):
+    """mf_ds.hf (examples/hf_trainer.py) takes the PyNative YAML unchanged: the same losses as mf-train."""
+    import yaml
+
+    tree = yaml.safe_load(TINY.read_text())
+    tree["train_dataset"]["dataloader"]["config"]["data_path"] = ["1", corpus]
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tree, sort_keys=False))
+    proc = subprocess.run([sys.executable, "examples/hf_trainer.py", str(config), "--max_steps", "3", "--output_dir",
+                           str(tmp_path / "hf")], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "hf" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in one_rank[:3]], rel=1e-4)
+
+
+def test_select_and_full_recompute_change_nothing_but_memory(tmp_path, corpus, one_rank):
+    """recompute mode select (select_module regexes over the layer's module paths, mapped to the HF layer's modules)
+    and mode full: the runtime recomputes those modules / layers, and the losses are the plain run's."""
+    data = f"train_dataset.dataloader.config.data_path=['1', '{corpus}']"
+    for name, recompute in (
+            ("select", "recompute={mode: select, full_recompute_layer: ['0'], "
+                       "select_module: {self_attention: ['0-3'], 'mlp\\.shared_experts': ['1-2']}}"),
+            ("full", "recompute={mode: full, full_recompute_layer: ['0-3']}")):
+        proc = subprocess.run([sys.executable, "-m", "mf_ds.cli", str(TINY), "--output_dir", str(tmp_path / name),
+                               "--set", data, "--max_steps", "2", "--set", recompute], cwd=ROOT, env=CPU_ENV,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("mf-ds: recompute: ")]
+        if name == "select":
+            assert "mf-ds: recompute: model.layers.0: full recompute" in lines
+            assert any(line.startswith("mf-ds: recompute: model.layers.1.self_attn: recompute") for line in lines)
+            assert any(line.startswith("mf-ds: recompute: model.layers.2.mlp.shared_experts: recompute")
+                       for line in lines)
+        else:
+            assert [f"mf-ds: recompute: model.layers.{i}: full recompute" for i in range(3)] == lines[:3]
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in one_rank[:2]], rel=1e-6)

@@ -83,7 +83,7 @@ def test_effective_config_of_mindformers_is_carried(name):
     for key in ("dsa_indexer_loss_coeff", "moe_aux_loss_coeff", "num_nextn_predict_layers"):
         assert notes[key] == "differs", key
     assert notes["moe_router_enable_expert_bias"] == "runtime"  # mf-ds' MoE layer moves the bias (plan_moe)
-    assert notes["qk_nope_head_dim"] == "dropped"  # not read by MindFormers' model: heads are v_head_dim wide
+    assert notes["qk_nope_head_dim"] == "mapped"  # checked as MindFormers checks it; HF's head_dim = v_head_dim
     assert notes["mhc_init_gating_factor"] == "mapped" and hf["mhc_init_gating_factor"] == 0.01  # mf_ds/init.py
 
 
@@ -100,6 +100,7 @@ def test_effective_config_of_mindformers_is_carried(name):
     ({"mhc_layernorm_epsilon": 1e-5}, "mhc_layernorm_epsilon"),
     ({"moe_router_score_function": "softmax"}, "moe_router_score_function"),
     ({"qk_rope_head_dim": 600}, "qk_rope_head_dim"),
+    ({"qk_nope_head_dim": 400}, "qk_nope_head_dim"),  # MindFormers: "DSv4 hybrid requires qk_head_dim + ..."
     ({"experimental_attention_variant": "dsa"}, "experimental_attention_variant"),
     ({"position_embedding_type": "llama3"}, "position_embedding_type"),
 ])

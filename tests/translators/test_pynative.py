@@ -45,7 +45,8 @@ REFUSED_KEY = {
     "recompute_full_bad_spec": "recompute.full_recompute_layer[0]",
     "recompute_full_empty": "recompute.full_recompute_layer", "recompute_bad_mode": "recompute.mode",
     "profiler_bad": "profiler.start_step", "rampup": "training.rampup_batch_size",
-    "skip_on_nan": "training.use_skip_step_on_nan",
+    "skip_on_nan": "training.use_skip_step_on_nan", "no_lr_scheduler": "lr_scheduler.type",
+    "recompute_select_out_of_range": "recompute.select_module.self_attention[0]",
 }
 # Mutations MindFormers accepts and mf-ds refuses (what it cannot run), with the key it names.
 MF_DS_REFUSES = {"rampup": "training.rampup_batch_size"}
@@ -98,6 +99,12 @@ def check_plan(plan, golden: dict, tree: dict) -> None:
     assert run_.lr_schedule["type"] == lr["type"]
     assert run_.lr_schedule["learning_rate"] == lr["learning_rate"]
     assert run_.lr_schedule["total_steps"] == t["steps"]  # _build_lr_scheduler passes training.steps
+    from mf_ds.lr import schedule  # MindFormers' formulas (pure Python; tests/mf_ds/test_lr.py holds them to 1.7.0)
+    from translators.lr import schedule_for
+
+    rate = schedule(schedule_for(dict(run_.lr_schedule)))
+    peak = max(der["lr"])
+    assert [rate(step) for step in range(len(der["lr"]))] == pytest.approx(der["lr"], abs=1e-6 * peak)
     full = spans(der["full_recompute_layer"]) if eff["recompute"]["mode"] != "None" and \
         der["full_recompute_layer"] else set()
     assert {layer.index for layer in plan.layers if layer.full_recompute} == full
@@ -176,6 +183,16 @@ def test_defaults_left_out_are_mindformers_defaults():
         golden["no_max_norm"]["effective"]["training"]["max_norm"]
 
 
+def test_gradient_accumulation_override():
+    """--gradient_accumulation_steps (MindFormers' run-script override) wins; the global batch follows."""
+    tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    plan = translate(tree, world_size=8, gradient_accumulation_steps=4).plan
+    assert plan.deepspeed["gradient_accumulation_steps"] == 4 and plan.run.global_batch_size == 32
+    assert plan.run.mindformers_global_batch_size == 8
+    with pytest.raises(ConfigError, match="^--gradient_accumulation_steps"):
+        translate(tree, world_size=8, gradient_accumulation_steps=0)
+
+
 def test_world_size_defaults_to_accumulation_one():
     tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
     plan = translate(tree).plan
@@ -218,6 +235,7 @@ def test_every_key_is_accounted():
         tree = load_yaml(str(WHEELS / version / DS3))
         result = translate(tree, world_size=8, mindformers_version=version)
         assert not [n for n in result.plan.notes if n.kind == "unknown"]
+        assert len(result.plan.notes) == len(set(result.plan.notes))  # each account once
         explained = {line.split(" = ", 1)[0] for line in result.ledger.explain() if " = " in line}
         assert set(result.ledger.values) <= explained
 
@@ -225,3 +243,109 @@ def test_every_key_is_accounted():
 def test_graph_mode_tree_with_runner_config_is_not_pynative():
     assert not is_pynative({"training": {}, "runner_config": {}})
     assert is_pynative({"parallelism": {}})
+
+
+TINY = ROOT / "tests" / "fixtures" / "pynative" / "tiny_deepseek3_pynative.yaml"
+MUON = {"type": "Muon", "qk_clip_enabled": False,
+        "ns_coefficients": [[[3.4445, -4.7750, 2.0315], 8], [[2.0, -1.5, 0.5], 2]]}
+
+
+def test_muon_goes_through_the_pynative_muon_path():
+    """optimizer: Muon -> translators/muon.py with pynative=True: its segmented Newton-Schulz schedule, FSDP as ZeRO-3
+    (DeepSpeed's ZeRO Muon with MindFormers' update, without reduce_scatter), and the eps / weight_decay MindFormers'
+    _build_optimizer hands it from OptimizerConfig (1e-8, 0.01), not Muon's own."""
+    tree = load_yaml(str(TINY))
+    tree["optimizer"] = dict(MUON)
+    plan = translate(tree, world_size=2).plan
+    opt = plan.run.optimizer
+    assert opt.type == "Muon" and len(opt.ns_schedule) == 10 and opt.ns_schedule[-1] == (2.0, -1.5, 0.5)
+    assert (opt.eps, opt.weight_decay) == (1e-8, 0.01)
+    assert plan.zero_stage == 3 and plan.deepspeed["zero_optimization"]["reduce_scatter"] is False
+    assert [n.kind for n in plan.notes if n.key == "parallelism.data_parallel_shard"] == ["mapped"]
+    bf16 = {**tree, "model": {**tree["model"], "compute_dtype": "bfloat16"}}
+    assert translate(bf16, world_size=1).plan.zero_stage == 1  # bf16's fp32 masters: ZeRO-1, Muon included
+    tree["optimizer"]["weight_decay"] = 0.1
+    assert translate(tree, world_size=2).plan.run.optimizer.weight_decay == 0.1
+
+
+@pytest.mark.parametrize("change, key", [
+    # QK-clip (on by default) under ZeRO-1, which bf16 needs: translators/muon.py refuses it
+    ({"optimizer": {"type": "Muon"}, "model": {"compute_dtype": "bfloat16"}}, "optimizer.qk_clip_enabled"),
+    ({"optimizer": {"type": "Lion"}}, "optimizer.type"),
+    ({"lora_config": {"target_modules": ".*"}}, "lora_config"),
+    ({"run_mode": "predict"}, "run_mode"),
+    ({"training": {"rampup_batch_size": [1, 1, 10]}}, "training.rampup_batch_size"),
+    ({"model": {"model_type": "deepseek_v9"}}, "model.model_type"),
+])
+def test_what_mf_ds_cannot_run_is_one_line(change, key):
+    tree = load_yaml(str(TINY))
+    for section, values in change.items():
+        if isinstance(tree.get(section), dict) and section != "optimizer":
+            tree[section].update(values)
+        else:
+            tree[section] = values
+    with pytest.raises(ConfigError) as caught:
+        translate(tree, world_size=1)
+    assert caught.value.path == key, caught.value
+
+
+def test_layout_and_memory_for_the_pynative_degrees(capsys):
+    """mf-translate --layout: the PyNative YAML's degrees (tensor_parallel 2, expert_parallel 4 of 8 ranks) as the
+    layout runs them, with what the YAML asked beside, and the memory per device."""
+    from translators.planner import layout_report
+
+    tree = load_yaml(str(WHEELS / "2.1.0" / DS3))
+    tree["parallelism"].update(tensor_parallel=2, expert_parallel=4, pipeline_parallel=2)
+    tree["training"]["global_batch_size"] = 16
+    result = translate(tree, world_size=8)
+    report = layout_report(result.json, result.asked)
+    assert report["degrees"] == {"data_parallel": 4, "tensor_parallel": 2, "context_parallel": 1,
+                                 "expert_parallel": 4}
+    # MindFormers: dp = 8 / (tp 2 x pp 2) = 2, accumulation 16 / (1 x 2) = 8; pp folds into data parallel here
+    assert report["yaml"] == {"data_parallel": 2, "model_parallel": 2, "context_parallel": 1, "expert_parallel": 4,
+                              "pipeline_stage": 2, "micro_batch_num": 8}
+    assert report["data"]["global_batch"] == report["data"]["mindformers_global_batch"] == 16
+    assert "parallelism.pipeline_parallel" in report["folded"]
+    assert report["memory"]["zero_stage"] == 2 and report["memory"]["peak"] > 0  # EP: ZeRO-2
+    path = WHEELS / "2.1.0" / DS3
+    assert run([str(path), "--layout", "--world-size", "8", "--gpu-memory", "8GiB", "--json"]) == 0
+    fixes = json.loads(capsys.readouterr().out)["memory"]["what_if"]
+    settings = {s for fix in fixes for s in fix["set"]}  # what to change, in the PyNative schema's own keys
+    assert "recompute={mode: full, full_recompute_layer: ['0-16']}" in settings
+    assert not [s for s in settings if s.startswith(("recompute_config", "runner_config", "parallel_config"))]
+
+
+def test_deepseek_v4_sections_are_accounted():
+    """Every section of the DeepSeek-V4 Flash YAML but its model (which waits for the family record), on the shrunk
+    DeepSeek-V3 model: no key unaccounted; lr_scheduler.total_steps -1 gives way to training.steps, as in
+    MindFormers."""
+    tree = load_yaml(str(TINY))
+    flash = load_yaml(str(WHEELS / "2.1.0" / "deepseek4" / "pretrain_deepseek4_flash.yaml"))
+    tree.update({k: v for k, v in flash.items() if k != "model"})
+    tree["optimizer"]["qk_clip_enabled"] = False  # QK-clip: translators/muon.py
+    tree["recompute"]["full_recompute_layer"] = ["0-3"]  # the shrunk model's 3 layers + MTP
+    tree["train_dataset"]["dataloader"]["config"]["seq_length"] = 64
+    plan = translate(tree, world_size=8).plan
+    assert [n.line() for n in plan.notes if n.kind == "unknown"] == []
+    assert plan.run.lr_schedule["total_steps"] == 300 == plan.run.stop_step
+    assert plan.notes_on("lr_scheduler.total_steps") == ["MindFormers' PyNative trainer replaces it with "
+                                                         "training.steps 300 (trainer/utils.py _build_lr_scheduler)"]
+    assert plan.moe.expert_parallel == 8 and plan.run.optimizer.type == "Muon" and plan.zero_stage == 0
+    assert all(layer.full_recompute for layer in plan.layers)
+
+
+def test_select_recompute_maps_module_regexes_to_hf_modules():
+    """select_module: regexes over the layer's module paths (MindFormers' _expand_select_module), through the mcore
+    names to the HF layer's modules; layers recomputed whole take none; a regex that names nothing is a note."""
+    tree = load_yaml(str(TINY))
+    tree["recompute"] = {"mode": "select", "full_recompute_layer": ["0"],
+                         "select_module": {"self_attention": ["0-3"], r"mlp\.shared_experts": ["1-2"],
+                                           r"self_attention\.linear_qkv": ["5-9"], "no_such_module": ["1"]}}
+    plan = translate(tree, world_size=1).plan
+    assert [(layer.full_recompute, layer.select_recompute) for layer in plan.layers] == [
+        (True, ()), (False, ("mlp.shared_experts", "self_attn")), (False, ("mlp.shared_experts", "self_attn")),
+        (False, ("self_attn",))]  # ids 5-9 lie past the model: skipped, as MindFormers skips them
+    assert [n.kind for n in plan.notes if n.key == "recompute.select_module.no_such_module"] == ["differs"]
+    tree["recompute"] = {"mode": "select", "select_module": {"self_attention": ["0-9"]}}
+    with pytest.raises(ConfigError, match=r"^recompute\.select_module\.self_attention\[0\]: layer id 9 out of"):
+        translate(tree, world_size=1)  # without full_recompute_layer MindFormers checks the select ranges

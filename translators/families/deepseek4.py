@@ -120,8 +120,8 @@ def specs() -> dict[str, tuple]:
     feeds = {key: Feeds(conv=conv) for key, conv in (
         ("hc_mult", pos), ("hc_sinkhorn_iters", pos), ("hc_eps", _positive), ("sliding_window", pos),
         ("num_hash_layers", nonneg), ("compress_rope_theta", _positive), ("norm_topk_prob", _flag),
-        ("enable_hyper_connections", _flag), ("csa_dense_mode", _flag), ("v_head_dim", pos),
-        ("qk_rope_head_dim", pos), ("n_group", None), ("topk_group", None),
+        ("enable_hyper_connections", _flag), ("csa_dense_mode", _flag), ("v_head_dim", pos), ("head_dim", pos),
+        ("qk_nope_head_dim", pos), ("qk_rope_head_dim", pos), ("n_group", None), ("topk_group", None),
         ("shared_expert_num", None), ("moe_shared_expert_intermediate_size", None))}
     untyped = {key: Feeds(conv=lambda value, path: value) for key in (
         "compress_ratios", "hidden_act", "use_gating_sigmoid", "experimental_attention_variant")}
@@ -135,10 +135,6 @@ def specs() -> dict[str, tuple]:
         "n_kv_heads": Drop("not read: DeepSeek-V4's attention has one shared KV head (as HF's: "
                            "num_key_value_heads 1)"),
         "intermediate_size": Drop("no dense MLP: every DeepSeek-V4 layer is MoE"),
-        **_each(("head_dim", "qk_nope_head_dim"), Drop(
-            "not read by the hybrid attention: its q, kv and compressor heads are v_head_dim wide, of which the "
-            "trailing qk_rope_head_dim lanes rotate (DeepseekV4Config derives qk_nope_head_dim = head_dim - "
-            "qk_rope_head_dim; the model uses neither); HF's head_dim = v_head_dim")),
         "pad_token_id": Drop("the tokenizer's pad id: MindFormers' embedding has no padding row, so HF's padding_idx "
                              "is left unset"),
         "use_flash_attention": Drop("Ascend FlashAttention; HF's DeepSeek-V4 attention is eager (sinks and "
@@ -262,6 +258,13 @@ def _heads(m, moe) -> dict:
     v, rope = m.need("v_head_dim"), m.get("qk_rope_head_dim")
     if not 0 < rope <= v or rope % 2:
         _refuse(m, "qk_rope_head_dim", f"{rope}: the rotated lanes must be an even number within v_head_dim {v}")
+    # DeepseekV4Config sets qk_nope_head_dim = head_dim - qk_rope_head_dim unless the YAML gives it
+    nope = m.get("qk_nope_head_dim") if m.given("qk_nope_head_dim") else m.get("head_dim") - rope
+    if nope + rope != v:
+        name = "qk_nope_head_dim" if m.given("qk_nope_head_dim") else "head_dim"
+        _refuse(m, name, f"qk_nope_head_dim {nope} + qk_rope_head_dim {rope} is not v_head_dim {v}: MindFormers "
+                         "stops with \"DSv4 hybrid requires qk_head_dim + qk_pos_emb_head_dim == v_head_dim\" "
+                         "(TransformerConfig.__post_init__)")
     return {"head_dim": v, "partial_rotary_factor": rope / v, "num_key_value_heads": 1, "pad_token_id": None}
 
 

@@ -59,7 +59,8 @@ def _build(classes: dict, name: str, data: Any, path: str) -> dict:
     out: dict[str, Any] = {}
     for key, field in fields.items():
         where = join(path, key)
-        value = _convert(classes, data[key], field["type"], where) if key in data else _default(classes, field)
+        value = _convert(classes, data[key], field["type"], where) if key in data else \
+            _default(classes, field, where)
         _check(value, field["type"], where)
         out[key] = value
     for key in unknown:  # kept as attributes (BaseConfig.from_dict), nested mappings as BaseConfig
@@ -86,10 +87,10 @@ def _convert(classes: dict, value: Any, hint: Any, path: str) -> Any:
     return value
 
 
-def _default(classes: dict, field: dict) -> Any:
+def _default(classes: dict, field: dict, path: str) -> Any:
     default = field["default"]
-    if isinstance(default, dict) and set(default) == {"section"}:
-        return _build(classes, default["section"], {}, "")
+    if isinstance(default, dict) and set(default) == {"section"}:  # a section left out: its class's defaults
+        return _build(classes, default["section"], {}, path)
     return json.loads(json.dumps(default))  # a fresh copy
 
 
