@@ -218,11 +218,12 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
     zero_note = ""
     if zero_stage:
         zero_note = (f"; under ZeRO-{zero_stage} DeepSpeed gathers each Muon weight's full gradient and mf_ds/"
-                     "muon_zero.py gives it MindFormers' update (the weights of ZeRO stage 0)")
+                     "muon_zero.py gives it MindFormers' update (the weights of ZeRO stage 0), but DeepSpeed measures "
+                     "the gradient norm after that update replaced the Muon weights' gradients: the norm it reports "
+                     "covers their updates and the AdamW parameters' gradients")
         if clipping:
-            zero_note += (f", but DeepSpeed measures the gradient norm and clips at {clipping:g} after that update "
-                          "replaced the Muon weights' gradients: the norm covers their updates and the AdamW "
-                          "parameters' gradients (MindFormers clips the raw gradients before Muon)")
+            zero_note += (f", and it clips at {clipping:g} by that norm, the updates included (MindFormers clips the "
+                          "raw gradients before Muon)")
     ledger.differs("optimizer.type", "Muon: mf-train and mf_ds.hf run MindFormers' update (mf_ds/muon.py); the "
                    "DeepSpeed JSON alone names DeepSpeed's Muon, which is not it (one triple, EMA momentum, no "
                    "per-head split)" + zero_note)
