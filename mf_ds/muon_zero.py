@@ -20,8 +20,9 @@ DeepSpeed's own update.
 
 What still differs from MindFormers (and from stage 0): DeepSpeed computes the global gradient norm, and clips, after
 the Muon update has replaced the gradient, so the norm reported and clipped covers the Muon weights' updates and the
-AdamW parameters' gradients, where MindFormers clips the raw gradients before Muon (translators/muon.py says so when
-training.max_norm / gradient_clipping is on). QK-clip scales rows of whole weights: refused under ZeRO 1-3.
+AdamW parameters' gradients, where MindFormers clips the raw gradients before Muon (translators/muon.py's note on
+optimizer.type says so). QK-clip scales rows of whole weights: refused under ZeRO 1-3; so is expert parallelism
+(DeepSpeed's ZeRO-1/2 want the expert shards in their own groups).
 """
 
 from __future__ import annotations
