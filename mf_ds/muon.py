@@ -261,6 +261,7 @@ class Muon(_muon_base()):
                 param.use_muon = group["muon"]
         self.qk_clip = None  # mf_ds.qk_clip.QKClip, set by build_muon when the plan asks for QK-clip
         self._where: dict[int, tuple[int, int]] = {}
+        self.zero_hooked = False  # mf_ds/muon_zero.py install: DeepSpeed's ZeRO runs the Muon update
 
     @torch.no_grad()
     def step(self, closure: Callable | None = None):
@@ -273,6 +274,12 @@ class Muon(_muon_base()):
                 if p.grad is None:
                     continue
                 if group["muon"] and p.dim() == 1:
+                    if not self.zero_hooked:  # a flat copy no ZeRO Muon filled: DeepSpeed's bf16/fp16 wrapper
+                        from mf_ds.errors import RunError
+
+                        raise RunError(f"Muon got a flat {p.numel()}-element partition that no ZeRO optimizer "
+                                       "orthogonalized (DeepSpeed's bf16/fp16 optimizer at ZeRO stage 0?): run Muon "
+                                       "in float32 at ZeRO stage 0, or under ZeRO 1-3")
                     # ZeRO-1/2/3: mf_ds/muon_zero.py's muon_update ran on each full gradient when DeepSpeed
                     # gathered it, leaving MindFormers' lr-scaled update in this partition's gradient
                     p.copy_(decayed(p, group) - p.grad.float())

@@ -64,6 +64,7 @@ def install(optimizer) -> None:
     global _ORIGINAL
     from deepspeed.runtime.zero.muon import original_muon
 
+    optimizer.zero_hooked = True
     for group in optimizer.param_groups:
         if not group["muon"]:
             continue

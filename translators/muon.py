@@ -112,11 +112,12 @@ def zero_block(zero: dict[str, Any]) -> dict[str, Any]:
 
 def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, pynative: bool,
          ledger: Ledger, attention_variant: str | None = None, context_parallel: int = 1,
-         tensor_parallel: int = 1, clipping: float = 0.0,
-         expert_parallel: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
+         tensor_parallel: int = 1, clipping: float = 0.0, expert_parallel: int = 1,
+         mixed: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """DeepSpeed's optimizer block and run.optimizer for a Muon section; every key accounted for in `ledger`.
     attention_variant: the model's experimental_attention_variant (dsv4_hybrid, dsa: no max-logit statistic);
-    clipping: the run's gradient clipping (under ZeRO 1-3 DeepSpeed applies it to the Muon update)."""
+    clipping: the run's gradient clipping (under ZeRO 1-3 DeepSpeed applies it to the Muon update); mixed: bf16 /
+    fp16 compute (at ZeRO stage 0 DeepSpeed's bf16 / fp16 optimizer hands Muon flat fp32 copies: refused)."""
     if not mcore:
         raise ConfigError("optimizer.type", "Muon: MindFormers stops with \"Muon does not support Legacy Model.\"")
     if not mla:
@@ -149,6 +150,10 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
         raise ConfigError("optimizer.type", f"Muon needs each weight whole and tensor parallelism "
                           f"({tensor_parallel}) shards them (MindFormers all-gathers them for Newton-Schulz); run "
                           "Muon without tensor parallelism")
+    if mixed and not zero_stage:
+        raise ConfigError("optimizer.type", "Muon in bf16 / fp16 at ZeRO stage 0: DeepSpeed's bf16 / fp16 optimizer "
+                          "hands the optimizer flat fp32 copies, which no ZeRO Muon has orthogonalized; run it under "
+                          "ZeRO 1-3 (not mf_ds.zero_stage: 0) or in float32")
     if zero_stage and expert_parallel > 1:
         raise ConfigError("optimizer.type", f"Muon under ZeRO-{zero_stage} with expert parallelism "
                           f"({expert_parallel}): DeepSpeed's ZeRO-1/2 need the expert shards in their own parameter "

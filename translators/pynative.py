@@ -341,7 +341,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                 account.muon_section(cfg, tree, ledger), peak_lr(lr), zero_stage=zero["stage"],
                 mla=_mla(hf_config), mcore=True, pynative=True, ledger=ledger, clipping=clip,
                 attention_variant=built["model"]["model_config"].get("experimental_attention_variant"),
-                expert_parallel=moe["expert_parallel"] if moe else 1)
+                expert_parallel=moe["expert_parallel"] if moe else 1, mixed=compute_dtype != "float32")
         zero = muon_optimizer.zero_block(zero)
     else:
         opt = Optimizer.parse({k: cfg["optimizer"][k] for k in ("type", "betas", "eps", "weight_decay")})

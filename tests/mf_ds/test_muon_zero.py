@@ -142,3 +142,21 @@ def test_deepseek4_flash_muon_under_fsdp(tmp_path, corpus):  # noqa: F811 (the f
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert one[-1]["loss"] < one[0]["loss"] - 0.5
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
+
+
+def test_a_flat_copy_no_zero_muon_filled_is_an_error():
+    """DeepSpeed's bf16 / fp16 optimizer at ZeRO stage 0 hands the optimizer flat fp32 copies whose gradient is the raw
+    gradient: Muon stops with one line (translators/muon.py refuses the configuration before) instead of subtracting
+    it as an update; once mf_ds/muon_zero.py is installed the flat gradient is the update and is subtracted after the
+    decay."""
+    from mf_ds.errors import RunError
+    from mf_ds.muon import Muon
+
+    flat = torch.nn.Parameter(torch.ones(6))
+    optimizer = Muon([{"params": [flat], "muon": True, "rules": [("whole",)]}], lr=0.5, weight_decay=0.1)
+    flat.grad = torch.full((6,), 0.25)
+    with pytest.raises(RunError, match="no ZeRO optimizer orthogonalized"):
+        optimizer.step()
+    optimizer.zero_hooked = True
+    optimizer.step()
+    torch.testing.assert_close(flat.detach(), torch.full((6,), 1 * (1 - 0.5 * 0.1) - 0.25))

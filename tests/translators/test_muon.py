@@ -74,6 +74,7 @@ def test_refusals(change, path, words):
     ({"mcore": False}, "Muon does not support Legacy Model."),
     ({"tensor_parallel": 2}, "tensor parallelism"),
     ({"zero_stage": 2, "expert_parallel": 2}, "Muon under ZeRO-2 with expert parallelism"),
+    ({"mixed": True}, "Muon in bf16 / fp16 at ZeRO stage 0"),
 ])
 def test_what_cannot_run(over, words):
     with pytest.raises(ConfigError, match=words.replace(".", r"\.").replace("(", r"\(")):
