@@ -229,6 +229,9 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
         if clipping:
             zero_note += (f", and it clips at {clipping:g} by that norm, the updates included (MindFormers clips the "
                           "raw gradients before Muon)")
+        if mixed:
+            zero_note += ("; in bf16 / fp16 DeepSpeed holds Muon's momentum in the gradient dtype (ZeRO-1/2) or the "
+                          "communication dtype (ZeRO-3), not in fp32 as MindFormers' muon_m")
     ledger.differs("optimizer.type", "Muon: mf-train and mf_ds.hf run MindFormers' update (mf_ds/muon.py); the "
                    "DeepSpeed JSON alone names DeepSpeed's Muon, which is not it (one triple, EMA momentum, no "
                    "per-head split)" + zero_note)

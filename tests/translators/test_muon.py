@@ -92,6 +92,8 @@ def test_zero_stages(stage):
     assert "clips" not in note.message
     _, _, clipped = plan(FLASH, zero_stage=stage, clipping=1.0)
     assert "clips at 1 by that norm" in {n.key: n for n in clipped._notes}["optimizer.type"].message
+    _, _, bf16 = plan(FLASH, zero_stage=stage, mixed=True)
+    assert "not in fp32 as MindFormers' muon_m" in {n.key: n for n in bf16._notes}["optimizer.type"].message
     assert muon.zero_block({"stage": stage}) == ({"stage": 3, "reduce_scatter": False} if stage == 3 else
                                                  {"stage": stage})
     with pytest.raises(ConfigError, match=f"QK-clip under ZeRO-{stage}") as info:
