@@ -235,6 +235,10 @@ class MFTrainer(Trainer):
 
         if self.optimizer is None:
             self.optimizer = build_optimizer(model or self.model, self.plan.run.optimizer)
+            if self.plan.zero_stage and self.plan.run.optimizer.type == "Muon":  # mf_ds/muon_zero.py
+                from mf_ds import muon_zero
+
+                muon_zero.install(self.optimizer)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
@@ -340,7 +344,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     saving = bool(ckpt and ckpt.save_checkpoint_steps)  # MindSpore's save_checkpoint_steps 0: no step saves
     report.extend(_checkpoint2_notes(run))
     optimizer = run.optimizer
-    betas = optimizer.betas or (0.9, 0.999)
+    muon = optimizer.type == "Muon"  # MFTrainer.create_optimizer builds it; these arguments only describe it
+    betas = (optimizer.adamw_betas if muon else optimizer.betas) or (0.9, 0.999)
+    eps = optimizer.adamw_eps if muon else optimizer.eps
     args = TrainingArguments(
         output_dir=run.output_dir,
         per_device_train_batch_size=run.micro_batch_size,
@@ -356,7 +362,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
         weight_decay=optimizer.weight_decay,
         adam_beta1=betas[0],
         adam_beta2=betas[1],
-        adam_epsilon=1e-8 if optimizer.eps is None else optimizer.eps,
+        adam_epsilon=1e-8 if eps is None else eps,
         max_steps=steps,
         logging_steps=1,
         save_strategy="steps" if saving else "no",

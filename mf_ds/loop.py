@@ -205,6 +205,10 @@ class Trainer:
             self.state_keys, self.unmapped = optim_state.state_keys(model, optimizer), None
         except optim_state.Unmapped as exc:
             self.state_keys, self.unmapped = None, str(exc)
+        if plan.zero_stage and run.optimizer.type == "Muon":  # DeepSpeed's ZeRO Muon, MindFormers' update
+            from mf_ds import muon_zero
+
+            muon_zero.install(optimizer)
         # MindFormers' total_steps counts epochs x the data set (x repeat), whatever stop_step / --max_steps cut.
         scheduler = build_scheduler(optimizer, run.lr_schedule, prepared.data_size, run_steps=self.total_steps,
                                     log=_log)

@@ -5,6 +5,18 @@ MLA model's parameters (DeepSeek-V3 naming).
 Which parameters (Muon._build_muon_filter): 2-D and 3-D weights whose MindFormers name matches no `adamw_include`
 glob (default `*word_embeddings*`, `*output_layer*`) take Muon; every other parameter takes AdamW.
 
+DeepSeek-V4 (transformers' DeepseekV4ForCausalLM; MindFormers 2.1.0's PyNativeDeepseekV4ForCausalLM holds the same
+GPTModel, so the same make_model_muon_fns schema): its MindFormers names (translators/names.py DEEPSEEK4, read
+backwards) meet only two of the schema's rules. experts.weight1 [E, H, 2I] is cut into gate / up halves (HF's
+gate_up_proj [E, 2I, H]: the same pieces transposed, and Newton-Schulz works on the wider orientation either way);
+shared_experts.linear_fc1's interleaved gate / up rows are cut apart, which HF already holds as two weights. Its
+attention is named linear_q_up_proj / linear_kv_proj / linear_o_group_proj, not the linear_qb / linear_kvb /
+linear_qkv the per-head rules look for, so every attention weight (o_groups' grouped wo_a too) is orthogonalized
+whole; the mHC mappings (attn_hc / ffn_hc fn, hc_head.hc_fn), the router, the compressor's and indexer's
+projections and position biases are 2-D and take Muon whole; the mHC scales, bases, sinks and norms are vectors and
+take AdamW; tid2eid is an integer buffer, not a parameter (tests/mf_ds/test_muon.py: the split and every update
+against the transcription on MindFormers' names and layout).
+
 Muon, per parameter (`_apply_muon_update`, `_apply_muon_ns`, `newton_schulz`), all in fp32 unless said:
     next_m = m * momentum + g                                       (m: the momentum, "muon_m", fp32)
     u      = g + next_m * momentum   if nesterov   else next_m
@@ -80,8 +92,23 @@ _MCORE_NAMES = (("model.embed_tokens.", "embedding.word_embeddings."), ("lm_head
                 (".mlp.down_proj.", ".mlp.linear_fc2."))
 
 
-def mindformers_name(name: str) -> str:
-    """The MindFormers (mcore) name of an HF DeepSeek-V3 parameter, as adamw_include's globs see it."""
+# HF DeepSeek-V4 names the weight table does not rename (its stacked experts and fused shared fc1 are converted
+# by kind, translators/names.py DEEPSEEK4_EXPERTS / DEEPSEEK4_FUSED): HF name part -> MindFormers name part
+_V4_STACKED = ((".mlp.experts.gate_up_proj", ".mlp.experts.weight1"),
+               (".mlp.experts.down_proj", ".mlp.experts.weight2"),
+               (".mlp.shared_experts.gate_proj.", ".mlp.shared_experts.linear_fc1."),
+               (".mlp.shared_experts.up_proj.", ".mlp.shared_experts.linear_fc1."))
+
+
+def mindformers_name(name: str, model_type: str | None = None) -> str:
+    """The MindFormers name of an HF parameter, as adamw_include's globs see it: mcore's for DeepSeek-V3 (and any
+    other MLA model), PyNativeDeepseekV4ForCausalLM's (`model.decoder...`, as MindSpore names them) for deepseek_v4."""
+    if model_type == "deepseek_v4":
+        from translators.names import hf_to_mf
+
+        for hf, mf in _V4_STACKED:
+            name = name.replace(hf, mf)
+        return "model." + hf_to_mf(name, "deepseek_v4/mcore")
     for hf, mf in _MCORE_NAMES:
         name = name.replace(hf, mf)
     return name
@@ -90,6 +117,8 @@ def mindformers_name(name: str) -> str:
 def split_rule(name: str, config) -> tuple:
     """How MindFormers cuts this parameter before Newton-Schulz: ("whole",), ("periodic", a, b, blocks) or
     ("halves",) (stacked experts gate_up [E, 2I, H]: gate rows, up rows)."""
+    if getattr(config, "model_type", None) == "deepseek_v4":  # the schema's experts.weight1 rule only (docstring)
+        return ("halves",) if name.endswith("experts.gate_up_proj") else ("whole",)
     for suffix, parts in _PERIODIC.items():
         if name.endswith(suffix):
             return ("periodic", *parts(config))
@@ -160,9 +189,59 @@ def schedule_of(ns_coefficients, ns_steps: int) -> tuple[tuple[float, float, flo
     return tuple(tuple(float(v) for v in triple) for triple, count in ns_coefficients for _ in range(int(count)))
 
 
-class Muon(torch.optim.Optimizer):
+def _muon_base() -> type:
+    """DeepSpeed's MuonWithAuxAdam: its ZeRO-1/2/3 optimizers recognise a Muon optimizer by this class."""
+    from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+
+    return MuonWithAuxAdam
+
+
+def momentum_step(m: torch.Tensor, g: torch.Tensor, group: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """P _apply_muon_update: next_m = m * momentum + g; the Newton-Schulz input (nesterov: g + next_m * momentum)."""
+    mu = group["momentum"]
+    next_m = m.float() * mu + g
+    return next_m, (g + next_m * mu if group["nesterov"] else next_m)
+
+
+def orthogonal_update(u: torch.Tensor, rule: tuple, group: dict) -> torch.Tensor:
+    """P _apply_muon_ns: split, Newton-Schulz per piece, each scaled by lr * sqrt(max(A, B)) * matched_adamw_rms,
+    merged back to u's shape (fp32): what MindFormers subtracts from the decayed weight."""
+    lr = group["lr"]
+    graph = group.get("mode") == "graph"
+    pieces = []
+    inputs = split(u.to(torch.bfloat16) if graph else u, tuple(rule))  # GM: op_cast(gradient_fp32, bf16) first
+    # PyNative: each piece's own sqrt(max(A, B)); graph mode: the last piece's dims for all (its loop variables)
+    widths = [max(x.shape[-2], x.shape[-1]) for x in inputs]
+    if graph:
+        widths = [widths[-1]] * len(widths)
+    # graph mode's lr and matched_adamw_rms are fp32 tensors, so its scalars round to fp32 each
+    lr32, rms32 = (torch.tensor(v, dtype=torch.float32) for v in (lr, group["matched_adamw_rms"]))
+    for piece, width in zip(inputs, widths, strict=True):
+        if graph:  # GM: adjusted_lr = lr * (sqrt(fp32(max(A, B))) * matched_adamw_rms)
+            ratio = torch.tensor(width, dtype=torch.float32).sqrt() * rms32
+            pieces.append((lr32 * ratio) * graph_newton_schulz(piece).float())
+        else:
+            scale = lr * math.sqrt(width) * group["matched_adamw_rms"]
+            pieces.append(newton_schulz(piece, group["schedule"], group["eps"]).float() * scale)
+    return merge(pieces, tuple(rule)).reshape(u.shape)
+
+
+def decayed(p: torch.Tensor, group: dict) -> torch.Tensor:
+    """param * (1 - lr * weight_decay), in fp32 (graph mode: its fp32 tensors' rounding)."""
+    if group.get("mode") == "graph":
+        lr32, wd32 = (torch.tensor(v, dtype=torch.float32) for v in (group["lr"], group["weight_decay"]))
+        return p.float() * (1 - lr32 * wd32)
+    return p.float() * (1 - group["lr"] * group["weight_decay"])
+
+
+class Muon(_muon_base()):
     """MindFormers' Muon with its AdamW part. Each group has `muon` (bool) and `rules` (split_rule per parameter);
-    the state per parameter is `momentum_buffer` (Muon) or `exp_avg`, `exp_avg_sq`, `step` (AdamW), fp32."""
+    the state per parameter is `momentum_buffer` (Muon) or `exp_avg`, `exp_avg_sq`, `step` (AdamW), fp32.
+
+    A subclass of DeepSpeed's MuonWithAuxAdam (groups carry `use_muon`, parameters `use_muon`) so that DeepSpeed's
+    ZeRO-1/2/3 optimizers gather each Muon weight's full gradient and call original_muon.muon_update, which
+    mf_ds/muon_zero.py points at MindFormers' update (momentum, split, Newton-Schulz, lr scale); the flat
+    partition's gradient then holds that update, and step() only decays and subtracts it (see step)."""
 
     def __init__(self, params, lr: float = 2e-2, weight_decay: float = 0.1, matched_adamw_rms: float = 0.2,
                  momentum: float = 0.95, nesterov: bool = True, schedule=((3.4445, -4.7750, 2.0315),) * 5,
@@ -173,18 +252,37 @@ class Muon(torch.optim.Optimizer):
         defaults = {"lr": lr, "weight_decay": weight_decay, "matched_adamw_rms": matched_adamw_rms,
                     "momentum": momentum, "nesterov": nesterov, "schedule": tuple(map(tuple, schedule)), "eps": eps,
                     "adamw_betas": tuple(adamw_betas), "adamw_eps": adamw_eps, "muon": False, "rules": None,
-                    "mode": mode}
-        super().__init__(params, defaults)
+                    "mode": mode, "ns_method": "mindformers"}
+        torch.optim.Optimizer.__init__(self, params, defaults)  # not MuonWithAuxAdam's: it builds its own Adam
+        self.aux_optimizer = None  # MuonWithAuxAdam.load_state_dict reads it
+        for group in self.param_groups:
+            group["use_muon"] = group["muon"]
+            for param in group["params"]:
+                param.use_muon = group["muon"]
         self.qk_clip = None  # mf_ds.qk_clip.QKClip, set by build_muon when the plan asks for QK-clip
         self._where: dict[int, tuple[int, int]] = {}
+        self.zero_hooked = False  # mf_ds/muon_zero.py install: DeepSpeed's ZeRO runs the Muon update
 
     @torch.no_grad()
     def step(self, closure: Callable | None = None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             rules = group["rules"] or [("whole",)] * len(group["params"])
+            if len(rules) != len(group["params"]):  # a ZeRO optimizer's flat partition in place of the weights
+                rules = [("whole",)] * len(group["params"])
             for p, rule in zip(group["params"], rules, strict=True):
                 if p.grad is None:
+                    continue
+                if group["muon"] and p.dim() == 1:
+                    if not self.zero_hooked:  # a flat copy no ZeRO Muon filled: DeepSpeed's bf16/fp16 wrapper
+                        from mf_ds.errors import RunError
+
+                        raise RunError(f"Muon got a flat {p.numel()}-element partition that no ZeRO optimizer "
+                                       "orthogonalized (DeepSpeed's bf16/fp16 optimizer at ZeRO stage 0?): run Muon "
+                                       "in float32 at ZeRO stage 0, or under ZeRO 1-3")
+                    # ZeRO-1/2/3: mf_ds/muon_zero.py's muon_update ran on each full gradient when DeepSpeed
+                    # gathered it, leaving MindFormers' lr-scaled update in this partition's gradient
+                    p.copy_(decayed(p, group) - p.grad.float())
                     continue
                 (self._muon if group["muon"] else self._adamw)(p, p.grad.float(), self.state[p], rule, group)
         if self.qk_clip is not None:  # P construct: model.apply_qk_clip_scaling after the update loop
@@ -208,42 +306,20 @@ class Muon(torch.optim.Optimizer):
             from mf_ds.errors import RunError
 
             raise RunError(f"QK-clip: the optimizer holds a {tuple(held.shape)} tensor for a {tuple(param.shape)} "
-                           "weight (a ZeRO partition?); Muon needs ZeRO stage 0")
+                           "weight (a ZeRO partition?); QK-clip needs ZeRO stage 0")
         return held
 
     @staticmethod
     def _muon(p: torch.Tensor, g: torch.Tensor, state: dict, rule: tuple, group: dict) -> None:
-        lr, mu = group["lr"], group["momentum"]
-        if p.dim() not in (2, 3):  # a ZeRO-1/2/3 flat partition (translators/muon.py refuses those stages)
+        if p.dim() not in (2, 3):
             from mf_ds.errors import RunError
 
-            raise RunError(f"Muon got a {p.dim()}-D parameter of {p.numel()} elements: a ZeRO partition? Muon needs "
-                           "whole weights (ZeRO stage 0)")
+            raise RunError(f"Muon got a {p.dim()}-D parameter of {p.numel()} elements")
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
         m = state["momentum_buffer"]
-        next_m = m * mu + g
-        u = g + next_m * mu if group["nesterov"] else next_m
-        graph = group.get("mode") == "graph"
-        pieces = []
-        inputs = split(u.to(torch.bfloat16) if graph else u, tuple(rule))  # GM: op_cast(gradient_fp32, bf16) first
-        # PyNative: each piece's own sqrt(max(A, B)); graph mode: the last piece's dims for all (its loop variables)
-        widths = [max(x.shape[-2], x.shape[-1]) for x in inputs]
-        if graph:
-            widths = [widths[-1]] * len(widths)
-        # graph mode's lr, matched_adamw_rms and weight decay are fp32 tensors, so its scalars round to fp32 each
-        lr32, rms32, wd32 = (torch.tensor(v, dtype=torch.float32) for v in (lr, group["matched_adamw_rms"],
-                                                                           group["weight_decay"]))
-        for piece, width in zip(inputs, widths, strict=True):
-            if graph:  # GM: adjusted_lr = lr * (sqrt(fp32(max(A, B))) * matched_adamw_rms)
-                ratio = torch.tensor(width, dtype=torch.float32).sqrt() * rms32
-                pieces.append((lr32 * ratio) * graph_newton_schulz(piece).float())
-            else:
-                scale = lr * math.sqrt(width) * group["matched_adamw_rms"]
-                pieces.append(newton_schulz(piece, group["schedule"], group["eps"]).float() * scale)
-        decay = (1 - lr32 * wd32) if graph else 1 - lr * group["weight_decay"]
-        weight = p.float() * decay - merge(pieces, tuple(rule)).reshape(p.shape)
-        p.copy_(weight)
+        next_m, u = momentum_step(m, g, group)
+        p.copy_(decayed(p, group) - orthogonal_update(u, rule, group).reshape(p.shape))
         m.copy_(next_m)
 
     @staticmethod
@@ -262,24 +338,28 @@ class Muon(torch.optim.Optimizer):
         p.copy_(weight - (m / denom) * (lr / (1.0 - beta1**t)))
 
 
-def uses_muon(name: str, param: torch.Tensor, adamw_include: tuple[str, ...]) -> bool:
-    """Muon._build_muon_filter: 2-D / 3-D, and no adamw_include glob matches its MindFormers name (or its HF one)."""
-    if param.dim() not in (2, 3):
+def uses_muon(name: str, param: torch.Tensor, adamw_include: tuple[str, ...], model_type: str | None = None) -> bool:
+    """Muon._build_muon_filter: 2-D / 3-D, and no adamw_include glob matches its MindFormers name (or its HF one).
+    A parameter built partitioned (deepspeed.zero.Init) is judged by its full shape, ds_shape."""
+    if len(getattr(param, "ds_shape", None) or param.shape) not in (2, 3):
         return False
-    return not any(fnmatch(mindformers_name(name), pat) or fnmatch(name, pat) for pat in adamw_include)
+    mf = mindformers_name(name, model_type)
+    return not any(fnmatch(mf, pat) or fnmatch(name, pat) for pat in adamw_include)
 
 
 def build_muon(model: torch.nn.Module, spec: MuonOptimizer) -> Muon:
     """Muon over MindFormers' groups: Muon weights (decayed), AdamW matrices (decayed), AdamW vectors (not)."""
     include = tuple(spec.adamw_include)
     muon, decay, no_decay = [], [], []
+    model_type = getattr(model.config, "model_type", None)
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        if uses_muon(name, param, include):
+        if uses_muon(name, param, include, model_type):
             muon.append((name, param))
         else:
-            (decay if param.dim() > 1 and not name.endswith(".bias") else no_decay).append((name, param))
+            full = getattr(param, "ds_shape", None) or param.shape
+            (decay if len(full) > 1 and not name.endswith(".bias") else no_decay).append((name, param))
     wd = spec.weight_decay
     groups = [{"params": [p for _, p in muon], "muon": True, "weight_decay": wd, "name": "muon",
                "rules": [split_rule(n, model.config) for n, _ in muon]},

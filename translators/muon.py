@@ -18,11 +18,13 @@ micro batches and the data-parallel ranks; after the update q / kv_b rows scaled
 min(1, qk_clip_threshold / max_logit). Only MindFormers' FlashAttention core tracks the statistic: DeepSeek-V3's MLA
 does, DeepSeek-V4's CompressedSparseAttention (experimental_attention_variant dsv4_hybrid) and DSA do not, so there
 MindFormers' clip scales nothing, and neither does mf-ds. Under context parallelism (Ulysses hands the attention a
-head shard) mf-ds does not compute the statistic: QK-clip is refused there. Muon needs each weight whole: DeepSpeed's
-ZeRO-1/2/3 optimizers hand a client optimizer flat partitions (and ZeRO-1/2's own Muon, `use_muon` parameters, is
-DeepSpeed's update: one coefficient triple, EMA momentum, no per-head split), and AutoTP shards them, so only ZeRO
-stage 0 without tensor parallelism runs it (data parallel gradients are still averaged over ranks, each rank then
-updates whole weights).
+head shard) mf-ds does not compute the statistic: QK-clip is refused there. Muon needs each weight whole: at ZeRO
+stage 0 each rank updates whole weights; at ZeRO-1/2/3 DeepSpeed's own ZeRO Muon gathers each Muon weight's full
+gradient and calls its muon_update, which mf_ds/muon_zero.py points at MindFormers' update (the weights equal stage
+0's: tests/mf_ds/test_muon_zero.py). Two things differ there: DeepSpeed measures and clips the gradient norm after
+the Muon update replaced the gradient (MindFormers clips the raw gradients first), and QK-clip, which scales rows of
+whole fp32 weights, is refused under ZeRO 1-3. ZeRO-3 runs Muon only without reduce_scatter (stage3.py refuses the
+two together): `zero_block` turns it off. AutoTP shards the weights: Muon is refused under tensor parallelism.
 
 Graph-mode Muon (a graph-mode YAML naming Muon) is another update, which mf-ds runs as well (`mode: graph` in
 mf_ds/muon.py): its Newton-Schulz in bf16 op by op with the fixed triple x 5 whatever ns_steps says, one lr scale
@@ -102,11 +104,20 @@ def schedule(coefficients: Any, ns_steps: Any) -> list[list[float]]:
     return out
 
 
+def zero_block(zero: dict[str, Any]) -> dict[str, Any]:
+    """The ZeRO block Muon runs under: stage 3 without reduce_scatter (DeepSpeed's stage3.py: "Muon and reduce
+    scatter cannot be used together")."""
+    return {**zero, "reduce_scatter": False} if zero.get("stage") == 3 else zero
+
+
 def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, pynative: bool,
          ledger: Ledger, attention_variant: str | None = None, context_parallel: int = 1,
-         tensor_parallel: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
+         tensor_parallel: int = 1, clipping: float = 0.0, expert_parallel: int = 1,
+         mixed: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """DeepSpeed's optimizer block and run.optimizer for a Muon section; every key accounted for in `ledger`.
-    attention_variant: the model's experimental_attention_variant (dsv4_hybrid, dsa: no max-logit statistic)."""
+    attention_variant: the model's experimental_attention_variant (dsv4_hybrid, dsa: no max-logit statistic);
+    clipping: the run's gradient clipping (under ZeRO 1-3 DeepSpeed applies it to the Muon update); mixed: bf16 /
+    fp16 compute (at ZeRO stage 0 DeepSpeed's bf16 / fp16 optimizer hands Muon flat fp32 copies: refused)."""
     if not mcore:
         raise ConfigError("optimizer.type", "Muon: MindFormers stops with \"Muon does not support Legacy Model.\"")
     if not mla:
@@ -139,10 +150,21 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
         raise ConfigError("optimizer.type", f"Muon needs each weight whole and tensor parallelism "
                           f"({tensor_parallel}) shards them (MindFormers all-gathers them for Newton-Schulz); run "
                           "Muon without tensor parallelism")
-    if zero_stage:
-        raise ConfigError("optimizer.type", f"Muon needs whole weights and ZeRO-{zero_stage} gives the optimizer flat "
-                          "partitions (DeepSpeed's own ZeRO Muon is not MindFormers' update); run with ZeRO stage 0: "
-                          "no parallel.enable_parallel_optimizer, float32 parameters or compute, mf_ds.zero_stage: 0")
+    if mixed and not zero_stage:
+        raise ConfigError("optimizer.type", "Muon in bf16 / fp16 at ZeRO stage 0: DeepSpeed's bf16 / fp16 optimizer "
+                          "hands the optimizer flat fp32 copies, which no ZeRO Muon has orthogonalized; run it under "
+                          "ZeRO 1-3 (not mf_ds.zero_stage: 0) or in float32")
+    if zero_stage and expert_parallel > 1:
+        raise ConfigError("optimizer.type", f"Muon under ZeRO-{zero_stage} with expert parallelism "
+                          f"({expert_parallel}): DeepSpeed's ZeRO-1/2 need the expert shards in their own parameter "
+                          "groups, which mf-ds' Muon groups are not; run Muon beside expert parallelism in float32 "
+                          "(ZeRO stage 0) or without expert parallelism")
+    if clip and zero_stage:
+        raise ConfigError("optimizer.qk_clip_enabled" if pynative else "optimizer.type",
+                          f"QK-clip under ZeRO-{zero_stage}: it scales rows of whole fp32 weights after the step, and "
+                          "ZeRO partitions them flat; mf-ds clips at ZeRO stage 0 only: "
+                          + ("set qk_clip_enabled: false or run at ZeRO stage 0 (mf_ds.zero_stage: 0)" if pynative
+                             else "graph-mode Muon always clips: run at ZeRO stage 0 (mf_ds.zero_stage: 0)"))
     if pynative:
         if s["comm_strategy"] not in ("allgather", "allgather_deredundency"):
             raise ConfigError("optimizer.comm_strategy", f"comm_strategy must be 'allgather' or "
@@ -198,9 +220,21 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
             ledger.dropped(f"optimizer.{key}", "graph-mode Muon has no switch: it clips every step (not one of its "
                            "arguments: **kwargs, ignored)" if key == "qk_clip_enabled" and not pynative else
                            "not a Muon argument: MindFormers' Muon takes it in **kwargs and ignores it")
+    zero_note = ""
+    if zero_stage:
+        zero_note = (f"; under ZeRO-{zero_stage} DeepSpeed gathers each Muon weight's full gradient and mf_ds/"
+                     "muon_zero.py gives it MindFormers' update (the weights of ZeRO stage 0), but DeepSpeed measures "
+                     "the gradient norm after that update replaced the Muon weights' gradients: the norm it reports "
+                     "covers their updates and the AdamW parameters' gradients")
+        if clipping:
+            zero_note += (f", and it clips at {clipping:g} by that norm, the updates included (MindFormers clips the "
+                          "raw gradients before Muon)")
+        if mixed:
+            zero_note += ("; in bf16 / fp16 DeepSpeed holds Muon's momentum in the gradient dtype (ZeRO-1/2) or the "
+                          "communication dtype (ZeRO-3), not in fp32 as MindFormers' muon_m")
     ledger.differs("optimizer.type", "Muon: mf-train and mf_ds.hf run MindFormers' update (mf_ds/muon.py); the "
                    "DeepSpeed JSON alone names DeepSpeed's Muon, which is not it (one triple, EMA momentum, no "
-                   "per-head split)")
+                   "per-head split)" + zero_note)
     ds = {"type": "Muon", "params": {"lr": lr, "momentum": run["momentum"], "weight_decay": run["weight_decay"]}}
     return ds, run
 

@@ -206,7 +206,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         ds_optimizer, run_optimizer = muon_optimizer.plan(
             tree["optimizer"], peak_lr(lr), zero_stage=zero["stage"], mla="kv_lora_rank" in (hf_config or {}),
             mcore=family.mcore, pynative=False, ledger=ledger, context_parallel=lay.context_parallel,
-            tensor_parallel=lay.tensor_parallel)
+            tensor_parallel=lay.tensor_parallel, clipping=clip, expert_parallel=moe["expert_parallel"] if moe else 1,
+            mixed=compute_dtype != "float32")
+        zero = muon_optimizer.zero_block(zero)
     else:
         ds_optimizer, run_optimizer = ds.optimizer(opt, opt_given, peak_lr(lr), ledger)
     if not opt_given:

@@ -160,21 +160,23 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     compute_dtype, param_dtype = shape.compute_dtype, shape.param_init_type
     zero = account.zero(cfg, deg, lay, extra, compute_dtype != "float32", moe, ledger)
     muon = cfg["optimizer"]["type"] == "Muon"
+    clip = float(cfg["training"]["max_norm"]) if cfg["training"]["max_norm"] > 0 else 0.0
     if muon:
         from translators import muon as muon_optimizer
 
         with _renamed(view):
             ds_optimizer, run_optimizer = muon_optimizer.plan(
                 account.muon_section(cfg, tree, ledger), peak_lr(lr), zero_stage=zero["stage"],
-                mla=_mla(hf_config), mcore=True, pynative=True, ledger=ledger,
-                attention_variant=model_section.get("experimental_attention_variant"),
-                context_parallel=lay.context_parallel, tensor_parallel=lay.tensor_parallel)
+                mla=_mla(hf_config), mcore=True, pynative=True, ledger=ledger, clipping=clip,
+                attention_variant=built["model"]["model_config"].get("experimental_attention_variant"),
+                context_parallel=lay.context_parallel, tensor_parallel=lay.tensor_parallel,
+                expert_parallel=moe["expert_parallel"] if moe else 1, mixed=compute_dtype != "float32")
+        zero = muon_optimizer.zero_block(zero)
     else:
         opt = Optimizer.parse({k: cfg["optimizer"][k] for k in ("type", "betas", "eps", "weight_decay")})
         ds_optimizer, run_optimizer = ds.optimizer(opt, True, peak_lr(lr), ledger)
         account.optimizer_extras(cfg, tree, ledger)
 
-    clip = float(cfg["training"]["max_norm"]) if cfg["training"]["max_norm"] > 0 else 0.0
     precision = {"bfloat16": {"bf16": {"enabled": True}}, "float16": {"fp16": {"enabled": True, "loss_scale": 1.0}},
                  "float32": {}}[compute_dtype]
     config: dict[str, Any] = {

@@ -68,7 +68,6 @@ def max_nan_steps(cfg: dict, tree: dict, extra: Any) -> int:
 def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | None, ledger: Ledger) -> dict:
     """The ZeRO block for the FSDP the YAML asks for (data_parallel_shard over the data-parallel ranks)."""
     p = cfg["parallelism"]
-    muon = cfg["optimizer"]["type"] == "Muon"
     ep = moe["expert_parallel"] if moe else 1
     if extra.zero_stage is not None:
         stage, why = extra.zero_stage, "mf_ds.zero_stage"
@@ -76,9 +75,8 @@ def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | Non
         if stage == 3 and ep > 1:
             raise ConfigError("mf_ds.zero_stage", "ZeRO-3 with expert parallelism is not supported (DeepSpeed expert "
                               "groups need ZeRO-1 or -2)")
-    elif muon:  # Muon updates whole weights: ZeRO 0, where fp32 master weights need no ZeRO optimizer
-        stage, why = (1, "DeepSpeed keeps the fp32 master weights of bf16/fp16 training only through a ZeRO "
-                         "optimizer") if mixed else (0, "Muon updates whole weights (translators/muon.py)")
+    elif cfg["optimizer"]["type"] == "Muon" and ep > 1 and not mixed:
+        stage, why = 0, "Muon beside expert parallelism updates at ZeRO stage 0 (translators/muon.py)"
     elif lay.data_parallel == 1:
         stage, why = (1 if mixed else 0), "one data-parallel rank: nothing to shard" + (
             " (ZeRO-1 keeps the fp32 master weights of bf16/fp16 training)" if mixed else "")

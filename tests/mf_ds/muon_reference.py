@@ -16,6 +16,7 @@ orientation: a fused MLA q_up weight [heads * (nope + rope), q_lora]; experts we
 from __future__ import annotations
 
 import math
+from fnmatch import fnmatch
 
 import numpy as np
 
@@ -73,6 +74,8 @@ def split_fn(kind, tensor, parts):
         e, h, two_i = parts
         t3 = tensor.reshape(-1, h, two_i)
         return [t3[..., : two_i // 2], t3[..., two_i // 2:]]
+    if kind == "reshape_only":                  # U _split_reshape_only: experts.weight2 -> [E, I, H]
+        return [tensor.reshape(-1, parts[1], parts[2])]
     return [tensor]
 
 
@@ -81,7 +84,58 @@ def merge_fn(kind, pieces, parts):
         return muon_merge(pieces[0], pieces[1], parts[0], parts[1])
     if kind == "reshape_concat":
         return np.concatenate(pieces, axis=-1).reshape(-1, parts[2])
+    if kind == "reshape_only":                  # U _merge_reshape_only
+        return pieces[0].reshape(-1, parts[1], parts[2])
     return pieces[0]
+
+
+# ---- Which parameters take Muon and how each is cut, by MindFormers name (P Muon._build_muon_filter lines
+# 2375-2396; G make_model_muon_fns lines 798-867; U make_muon_fns _match_rule). PyNativeDeepseekV4ForCausalLM
+# (mindformers/models/deepseek4/modeling_deepseek_v4_pynative.py) holds a GPTModel, so DeepSeek-V4 gets this schema.
+
+def muon_filter(param_name, shape, adamw_include=None):
+    """P _build_muon_filter's muon_filter (adamw_include None: the default globs)."""
+    if adamw_include is None:
+        adamw_include = ("*word_embeddings*", "*output_layer*")
+    if len(shape) not in (2, 3):
+        return False
+    return not any(fnmatch(param_name, pat) for pat in adamw_include)
+
+
+def model_muon_schema(num_moe_experts, hidden_size, moe_ffn_hidden_size, qk_head_dim, qk_pos_emb_head_dim,
+                      num_attention_heads, kv_lora_rank, value_head_dim, q_lora_rank):
+    """G make_model_muon_fns' schema (the config's values as arguments)."""
+    if q_lora_rank is not None:
+        qkv_blocks = (q_lora_rank, kv_lora_rank, qk_pos_emb_head_dim)
+    else:
+        qkv_blocks = ((qk_head_dim, qk_pos_emb_head_dim, num_attention_heads), kv_lora_rank, qk_pos_emb_head_dim)
+    return [
+        {"patterns": ["*mlp.experts.weight1*"], "kind": "reshape_concat",
+         "reshape": (num_moe_experts, hidden_size, 2 * moe_ffn_hidden_size)},
+        {"patterns": ["*mlp.experts.weight2*"], "kind": "reshape_only",
+         "reshape": (num_moe_experts, moe_ffn_hidden_size, hidden_size)},
+        {"patterns": ["*self_attention.linear_qb.weight*"], "kind": "periodic",
+         "parts": (qk_head_dim, qk_pos_emb_head_dim, num_attention_heads)},
+        {"patterns": ["*self_attention.linear_kvb.weight*"], "kind": "periodic",
+         "parts": (qk_head_dim, value_head_dim, num_attention_heads)},
+        {"patterns": ["*self_attention.linear_qkv.weight*"], "kind": "block_split", "blocks": qkv_blocks},
+        {"patterns": ["*mlp.shared_experts.linear_fc1.weight*", "*mlp.linear_fc1.weight*"], "kind": "periodic",
+         "parts": (1, 1)},
+    ]
+
+
+def match_rule(param_name, schema):
+    """U make_muon_fns _match_rule: the first rule one of whose patterns matches, else _IDENTITY_RULE."""
+    for rule in schema:
+        if any(fnmatch(param_name, pat) for pat in rule["patterns"]):
+            return rule
+    return {"kind": None}
+
+
+def is_expert_muon_weight(param_name):
+    """P _is_expert_muon_weight: the only 3-D weights _select_muon_matmul_op accepts (others raise ValueError)."""
+    return (param_name in ("experts.weight1", "experts.weight2")
+            or param_name.endswith((".experts.weight1", ".experts.weight2")))
 
 
 def apply_muon_update(gradient, muon_m, momentum, use_nesterov, param, lr, weight_decay, matched_adamw_rms,

@@ -3,7 +3,8 @@ schema kept; 4 layers of sliding, compressed sparse, heavily compressed and comp
 hash-routed; mf-ds' MoE layer in the other three) trains on transformers' DeepseekV4ForCausalLM: 20 steps with
 mf-train and the loss falls, the expert bias moves as MindFormers moves it, a run killed
 mid-way resumes from its checkpoint with the same losses, and 2 ranks of `deepspeed mf_ds/train.py` give the single
-rank's losses. Muon waits on mf_ds/muon.py knowing DeepSeek-V4's names (see test_muon_step_needs_the_v4_split_rule).
+rank's losses. With the YAML's own optimizer, MindFormers' Muon (mf_ds/muon.py, its DeepSeek-V4 split; the
+other tests run AdamW), the loss falls over 20 steps too and a killed run resumes with the same losses.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from tests.conftest import CPU_ENV, ROOT, free_port
 
 TINY = ROOT / "tests" / "fixtures" / "pynative" / "tiny_deepseek4_flash.yaml"
-# The YAML's Muon needs mf_ds/muon.py to split DeepSeek-V4's weights as MindFormers does (test below): AdamW here.
+# AdamW for the tests of the model and its parallel runs; the Muon tests (the YAML's optimizer) at the end.
 ADAMW = ("--set", "optimizer.type=AdamW")
 
 
@@ -138,18 +139,33 @@ def test_zero3_partitioned_build_starts_from_the_same_weights(tmp_path, corpus, 
     assert two[1]["loss"] == pytest.approx(one[1]["loss"], rel=1e-3)
 
 
-@pytest.mark.xfail(raises=AttributeError, strict=True,
-                   reason="mf_ds/muon.py split_rule reads DeepSeek-V4's self_attn.q_b_proj as DeepSeek-V3's (per-head "
-                          "nope/rope pieces from config.qk_nope_head_dim, which DeepseekV4Config lacks); MindFormers' "
-                          "schema (gpt_model.py make_model_muon_fns) leaves V4's linear_q_up_proj whole")
-def test_muon_step_needs_the_v4_split_rule(tmp_path):
-    from mf_ds.model import build_model
-    from mf_ds.muon import build_muon
-    from translators.plan import translate_file
+@pytest.fixture(scope="module")
+def muon_rank(tmp_path_factory, corpus) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp("deepseek4_muon")
+    run(out, corpus)
+    return out, metrics(out)
 
-    plan = translate_file(str(TINY), world_size=1).plan
-    assert plan.run.optimizer.type == "Muon"
-    build_muon(build_model(plan), plan.run.optimizer)
+
+def test_muon_trains_20_steps_with_the_loss_falling(muon_rank, one_rank):
+    """The YAML's Muon (8 + 2 segmented Newton-Schulz, matched_adamw_rms 0.2, nesterov, the AdamW part for the
+    embeddings, output layer and vectors) at its lr 2e-2: the loss falls, and the run is not the AdamW one."""
+    _, rows = muon_rank
+    assert [r["step"] for r in rows] == list(range(1, 21))
+    first, last = sum(r["loss"] for r in rows[:3]) / 3, sum(r["loss"] for r in rows[-3:]) / 3
+    assert last < first - 2.0, (first, last)
+    assert [r["loss"] for r in rows[1:]] != [r["loss"] for r in one_rank[1][1:]]
+
+
+def test_muon_killed_run_resumes_with_the_same_losses(tmp_path, corpus, muon_rank):
+    """SIGKILLed in step 15's backward; --resume_training continues from step 10's checkpoint (Muon momentum, the
+    AdamW part's moments and step in the optimizer state) with the straight run's losses, bit for bit."""
+    killed = run(tmp_path, corpus, env={"MF_DS_TEST_KILL_AT": "step.backward@15"}, check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    run(tmp_path, corpus, "--resume_training")
+    straight = {r["step"]: r["loss"] for r in muon_rank[1]}
+    resumed = {r["step"]: r["loss"] for r in metrics(tmp_path)}
+    assert sorted(resumed) == list(range(1, 21))
+    assert [resumed[s] for s in range(11, 21)] == [straight[s] for s in range(11, 21)]
 
 
 def test_plan():

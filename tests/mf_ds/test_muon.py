@@ -304,3 +304,138 @@ def test_deepspeed_engine_trains_and_resumes_exactly(tmp_path):
     assert resumed["losses"] == straight["losses"][3:]
     assert resumed["weights"] == straight["weights"]
     assert straight["min_gamma"] < 0.9 and resumed["min_gamma"] < 0.9
+
+
+# ---- DeepSeek-V4: transformers' DeepseekV4ForCausalLM against MindFormers' names, layout and schema
+V4_YAML = "tests/fixtures/pynative/tiny_deepseek4_flash.yaml"
+V4_PARAMS = "tests/fixtures/deepseek4/params.tiny.json"  # PyNativeDeepseekV4ForCausalLM's parameters, built on CPU
+V4_KIND = {None: ("whole",), "reshape_only": ("whole",), "reshape_concat": ("halves",),
+           "periodic": ("whole",)}  # periodic: the shared fc1's gate / up rows, which HF holds as two weights
+
+
+@pytest.fixture(scope="module")
+def v4():
+    from mf_ds.model import build_model
+    from tests.conftest import ROOT
+    from translators.plan import translate_file
+
+    plan = translate_file(str(ROOT / V4_YAML), world_size=1).plan
+    c = build_model(plan).config
+    schema = ref.model_muon_schema(c.n_routed_experts, c.hidden_size, c.moe_intermediate_size, c.head_dim,
+                                   c.qk_rope_head_dim, c.num_attention_heads, None, c.head_dim, c.q_lora_rank)
+    return plan, schema
+
+
+def v4_counterparts(name: str) -> list[str]:
+    """The MindFormers parameters an HF DeepSeek-V4 parameter holds (mHC `scale` [3]: alpha_pre / post / res)."""
+    mf = mindformers_name(name, "deepseek_v4")
+    if mf.endswith(("attn_hc.scale", "ffn_hc.scale")):
+        return [mf.replace(".scale", f".alpha_{part}") for part in ("pre", "post", "res")]
+    return [mf]
+
+
+def test_deepseek_v4_split_is_mindformers(v4):
+    """Every trainable parameter of the tiny DeepSeek-V4 takes Muon or AdamW as its MindFormers counterpart does
+    (P _build_muon_filter on the name PyNativeDeepseekV4ForCausalLM gives it, its shape there), and is cut as G's
+    schema cuts that counterpart; every trainable 2-D / 3-D MindFormers weight of the decoder has an HF counterpart
+    (MTP, which HF does not hold, aside). build_muon on this model used to stop on V3's per-head rule (AttributeError:
+    no qk_nope_head_dim)."""
+    import json
+
+    from mf_ds.model import build_model
+    from tests.conftest import ROOT
+
+    plan, schema = v4
+    model = build_model(plan)
+    mf = json.loads((ROOT / V4_PARAMS).read_text())["params"]
+    optimizer = build_muon(model, plan.run.optimizer)
+    on_muon = {id(p) for g in optimizer.param_groups if g["muon"] for p in g["params"]}
+    seen, kinds = set(), set()
+    for name, p in model.named_parameters():
+        for counterpart in v4_counterparts(name):
+            shape, trainable, _ = mf[counterpart]
+            assert trainable, counterpart
+            seen.add(counterpart)
+            assert (id(p) in on_muon) == ref.muon_filter(counterpart, shape), (name, counterpart)
+            rule = ref.match_rule(counterpart, schema)
+            assert split_rule(name, model.config) == V4_KIND[rule["kind"]], (name, rule)
+            assert rule["kind"] != "periodic" or (".shared_experts.linear_fc1." in counterpart
+                                                  and rule["parts"] == (1, 1))
+            assert len(shape) != 3 or ref.is_expert_muon_weight(counterpart)  # MindFormers' 3-D refusal
+            kinds.add(rule["kind"])
+    assert kinds == {None, "reshape_concat", "reshape_only", "periodic"}
+    wanted = {n for n, (shape, trainable, _) in mf.items()
+              if trainable and len(shape) in (2, 3) and not n.startswith("model.mtp.")}
+    assert wanted <= seen, sorted(wanted - seen)
+
+
+def test_deepseek_v4_steps_equal_the_transcription(v4):
+    """Two steps of MindFormers' Muon (the Flash YAML's 8 + 2 segmented schedule, its betas) on the tiny DeepSeek-V4
+    equal the transcription run on MindFormers' layout: experts.weight1 [E, H, 2I] (reshape_concat), weight2
+    [E, I, H] (reshape_only), the shared fc1 [2I, H] with gate / up rows interleaved (periodic 1, 1), the rest as HF
+    holds them; each kind chosen by the transcribed schema, not by mf_ds. The AdamW part within 1e-6; the Muon
+    weights within 2% of their step (measured: up to 0.8% on the widest, hc fn [24, 128]; bit for bit on the
+    narrow ones): torch's fp32 Frobenius norm is one ulp off the correctly rounded one numpy gives here, which
+    flips a few bf16 roundings that 10 Newton-Schulz steps carry (MindSpore's fp32 reduction order is its own)."""
+    import dataclasses
+
+    from mf_ds.model import build_model
+
+    plan, schema = v4
+    spec_ = dataclasses.replace(plan.run.optimizer, lr=0.02)
+    model = build_model(plan)
+    named = dict(model.named_parameters())
+    start = {n: p.detach().numpy().copy() for n, p in named.items()}
+    gen = torch.Generator().manual_seed(5)
+    steps = [{n: torch.randn(p.shape, generator=gen) for n, p in named.items()} for _ in range(2)]
+    optimizer = build_muon(model, spec_)
+    on_muon = {id(p) for g in optimizer.param_groups if g["muon"] for p in g["params"]}
+    for g in steps:
+        for n, p in named.items():
+            p.grad = g[n].clone()
+        optimizer.step()
+
+    def to_mf(name: str, x: np.ndarray) -> np.ndarray:  # HF layout -> MindFormers' (mf_ds/weights.py's conversions)
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            return x.transpose(0, 2, 1)
+        return x
+
+    s = spec_
+    params = {n: to_mf(n, x) for n, x in start.items()}
+    fused = {}  # shared experts: MindFormers' linear_fc1 rows gate_0, up_0, gate_1, ...
+    for n in list(params):
+        if n.endswith("shared_experts.gate_proj.weight"):
+            up = n.replace("gate_proj", "up_proj")
+            fused[n] = np.stack([params.pop(n), params.pop(up)], axis=1).reshape(-1, start[n].shape[1])
+    params.update(fused)
+    state: dict[str, dict] = {n: {} for n in params}
+    for t, g in enumerate(steps, start=1):
+        grad = {n: to_mf(n, x.numpy()) for n, x in g.items()}
+        for n in fused:
+            up = n.replace("gate_proj", "up_proj")
+            grad[n] = np.stack([grad.pop(n), grad.pop(up)], axis=1).reshape(-1, start[n].shape[1])
+        for n, w in params.items():
+            counterpart = v4_counterparts(n)[0]
+            if id(named[n]) in on_muon:
+                rule = ref.match_rule(counterpart, schema)
+                parts = rule.get("parts") or rule.get("reshape")
+                m = state[n].get("m", np.zeros_like(w))
+                params[n], state[n]["m"] = ref.apply_muon_update(
+                    grad[n], m, s.momentum, s.nesterov, w, s.lr, s.weight_decay, s.matched_adamw_rms, rule["kind"],
+                    parts, s.eps, len(s.ns_schedule), s.ns_schedule)
+            else:
+                st = state[n]
+                wd = s.weight_decay if w.ndim > 1 else 0.0
+                params[n], st["m"], st["v"] = ref.run_adamw(*s.adamw_betas, s.adamw_eps, s.lr, wd, w, grad[n],
+                                                            st.get("m", np.zeros_like(w)),
+                                                            st.get("v", np.zeros_like(w)), t)
+    for n in fused:
+        up = n.replace("gate_proj", "up_proj")
+        params[n], params[up] = params[n][0::2], params[n][1::2]
+    for n, p in named.items():
+        want = to_mf(n, params[n])  # the transpose is its own inverse
+        moved = np.abs(want - start[n]).max()
+        assert moved > 1e-3, n
+        tol = 2e-2 * moved if id(p) in on_muon else 1e-6
+        np.testing.assert_allclose(p.detach().numpy(), want, atol=tol, rtol=0 if id(p) in on_muon else 1e-6,
+                                   err_msg=n)

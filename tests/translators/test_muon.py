@@ -1,5 +1,6 @@
 """`optimizer: type: Muon` (translators/muon.py): MindFormers' keys and defaults, its refusals in its words, what mf-ds
-refuses (ZeRO >= 1, tensor parallelism, QK-clip under context parallelism), QK-clip where MindFormers applies it,
+refuses (tensor parallelism, QK-clip under context parallelism or ZeRO >= 1), ZeRO 1-3 accepted with what differs
+there, QK-clip where MindFormers applies it,
 graph-mode Muon's own arguments, and a ledger note for every key."""
 
 from __future__ import annotations
@@ -69,14 +70,39 @@ def test_refusals(change, path, words):
 
 
 @pytest.mark.parametrize("over,words", [
-    ({"zero_stage": 1}, "ZeRO-1 gives the optimizer flat partitions"),
     ({"mla": False}, "only supports models with Multi-Latent Attention enabled."),
     ({"mcore": False}, "Muon does not support Legacy Model."),
     ({"tensor_parallel": 2}, "tensor parallelism"),
+    ({"zero_stage": 2, "expert_parallel": 2}, "Muon under ZeRO-2 with expert parallelism"),
+    ({"mixed": True}, "Muon in bf16 / fp16 at ZeRO stage 0"),
 ])
 def test_what_cannot_run(over, words):
     with pytest.raises(ConfigError, match=words.replace(".", r"\.").replace("(", r"\(")):
         plan(FLASH, **over)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_stages(stage):
+    """ZeRO 1-3 run Muon (DeepSpeed's ZeRO Muon with MindFormers' update, mf_ds/muon_zero.py): the optimizer.type note
+    says so, and with clipping that the norm and clip then cover the Muon update; stage 3 without reduce_scatter;
+    QK-clip (scaling whole weights) refused there."""
+    _, run, ledger = plan(FLASH, zero_stage=stage)
+    note = {n.key: n for n in ledger._notes}["optimizer.type"]
+    assert note.kind == "differs" and f"under ZeRO-{stage}" in note.message and "the norm it reports" in note.message
+    assert "clips" not in note.message
+    _, _, clipped = plan(FLASH, zero_stage=stage, clipping=1.0)
+    assert "clips at 1 by that norm" in {n.key: n for n in clipped._notes}["optimizer.type"].message
+    _, _, bf16 = plan(FLASH, zero_stage=stage, mixed=True)
+    assert "not in fp32 as MindFormers' muon_m" in {n.key: n for n in bf16._notes}["optimizer.type"].message
+    assert muon.zero_block({"stage": stage}) == ({"stage": 3, "reduce_scatter": False} if stage == 3 else
+                                                 {"stage": stage})
+    with pytest.raises(ConfigError, match=f"QK-clip under ZeRO-{stage}") as info:
+        plan({**FLASH, "qk_clip_enabled": True}, zero_stage=stage)
+    assert info.value.path == "optimizer.qk_clip_enabled"
+    with pytest.raises(ConfigError, match="graph-mode Muon always clips"):
+        plan({"type": "Muon"}, zero_stage=stage, pynative=False)
+    assert plan({**FLASH, "qk_clip_enabled": True}, zero_stage=stage,
+                attention_variant="dsv4_hybrid")[1]["qk_clip_threshold"] is None  # nothing to clip: accepted
 
 
 def test_qk_clip_is_carried_where_mindformers_applies_it():

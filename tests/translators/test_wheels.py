@@ -36,10 +36,10 @@ class Refused:
     line: str  # the start of the one error line, after "mf-translate: error: "
 
 
-# DeepSeek-V4 (the PyNative YAMLs' flagship; translators/families/deepseek4.py): Flash's model translates, and its
-# Muon under FSDP (data_parallel_shard -1, QK-clip on) is refused by translators/muon.py; Pro's shared expert (2048
-# beside 3072-wide routed experts) has no HF DeepSeek-V4 equivalent
-DEEPSEEK_V4_FLASH = Refused("optimizer.")
+# DeepSeek-V4 (the PyNative YAMLs' flagship; translators/families/deepseek4.py): Flash translates, its Muon under
+# FSDP (data_parallel_shard -1: ZeRO-3, mf_ds/muon_zero.py; QK-clip on, which dsv4_hybrid attention gives nothing
+# to clip); Pro's shared expert (2048 beside 3072-wide routed experts) has no HF DeepSeek-V4 equivalent
+DEEPSEEK_V4_FLASH = Model("deepseek_v4")
 DEEPSEEK_V4_PRO = Refused("model.moe_shared_expert_intermediate_size: 2048 is not moe_intermediate_size 3072")
 NO_TEMPLATE_DIR = Refused("pretrained_model_dir: path/to/model_dir/config.json does not exist: MindFormers builds "
                           "the model from it")
@@ -142,7 +142,8 @@ def test_wheel_yaml(version, rel, tmp_path, capsys):
         theirs = {**theirs, "num_key_value_heads": hf["num_key_value_heads"]}  # MLA: not read (test_mf_defaults)
     assert {k: hf.get(k) for k in SHAPE if k in theirs and k in hf} == \
            {k: theirs[k] for k in SHAPE if k in theirs and k in hf}
-    assert counts(hf) == counts({**theirs, "model_type": hf["model_type"]})
+    if hf["model_type"] != "deepseek_v4":  # its count is checked against MindFormers' model built on CPU instead
+        assert counts(hf) == counts({**theirs, "model_type": hf["model_type"]})  # (tests/translators/test_deepseek4)
     total, active = counts(hf)
     if expect.total:
         assert total == pytest.approx(expect.total, rel=0.01), expect.source
