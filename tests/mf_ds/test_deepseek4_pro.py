@@ -4,7 +4,8 @@ mf-ds builds it at its own width (mf_ds/shared_expert.py) from tests/fixtures/py
 2.1.0 wheel's Pro YAML shrunk: shared 16 beside routed 24). The build, its parameter count (the memory planner's),
 its checkpoints (mf-ds loads them; plain from_pretrained refuses the shapes), mf-convert both ways bit for bit, mf-ds'
 MoE layer keeping the shared expert as built, mf-train (the loss falls, a killed run resumes with the same losses and
-the width), and the ZeRO-3 partitioned build (the same first step as one rank)."""
+the width), the ZeRO-3 partitioned build (the same first step as one rank) and the HF Trainer path (mf-train's
+losses)."""
 
 from __future__ import annotations
 
@@ -185,3 +186,24 @@ def test_zero3_partitioned_build_starts_from_the_same_weights(tmp_path, corpus):
     two, first = metrics(tmp_path / "two")[0], metrics(one)[0]
     assert two["loss"] == pytest.approx(first["loss"], rel=1e-6)
     assert two["grad_norm"] == pytest.approx(first["grad_norm"], rel=1e-5)
+
+
+def test_hf_trainer_builds_it_and_gives_mf_train_losses(tmp_path, corpus):
+    """mf_ds.hf (examples/hf_trainer.py) builds the narrower shared experts through the same prepare(): 3 steps of
+    its Muon give mf-train's losses (max_norm 0, as tests/mf_ds/test_muon_zero.py compares the two)."""
+    import yaml
+
+    tree = yaml.safe_load(TINY.read_text())
+    tree["training"]["max_norm"] = 0
+    tree["train_dataset"]["dataloader"]["config"]["data_path"] = ["1", corpus]
+    config = tmp_path / "tiny_pro.yaml"
+    config.write_text(yaml.safe_dump(tree, sort_keys=False))
+    losses = {}
+    for name, cmd in (("hf", ["examples/hf_trainer.py", str(config)]), ("ds", ["-m", "mf_ds.cli", str(config)])):
+        done = subprocess.run([sys.executable, *cmd, "--max_steps", "3", "--output_dir", str(tmp_path / name)],
+                              cwd=ROOT, env={**CPU_ENV, "MASTER_PORT": str(free_port())}, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses[name] = [row["loss"] for row in metrics(tmp_path / name)]
+    assert len(losses["ds"]) == 3 and losses["ds"][-1] < losses["ds"][0] - 0.5
+    assert losses["hf"] == pytest.approx(losses["ds"], rel=1e-6)
