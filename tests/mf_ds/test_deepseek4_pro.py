@@ -10,6 +10,7 @@ losses)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,9 +86,10 @@ def test_mf_convert_both_ways_bit_for_bit(plan, tmp_path):
     shared = model.model.layers[3].mlp.shared_experts
     assert torch.equal(fc1[0::2], shared.gate_proj.weight) and torch.equal(fc1[1::2], shared.up_proj.weight)
     to_hf(plan, str(tmp_path / "mf.safetensors"), str(tmp_path / "hf2"))
-    back = build_model(plan, str(tmp_path / "hf2")).state_dict()
     want = model.state_dict()
-    assert set(back) == set(want) and all(torch.equal(back[k], want[k]) for k in want)
+    for source in (tmp_path / "hf2", tmp_path / "mf.safetensors"):  # load_checkpoint takes either
+        back = build_model(plan, str(source)).state_dict()
+        assert set(back) == set(want) and all(torch.equal(back[k], want[k]) for k in want), source
     to_mindformers(plan, str(tmp_path / "hf2"), str(tmp_path / "mf2.safetensors"))
     again = load_file(str(tmp_path / "mf2.safetensors"))
     assert set(again) == set(mf) and all(torch.equal(again[k], mf[k]) for k in mf)
@@ -182,7 +184,11 @@ def test_zero3_partitioned_build_starts_from_the_same_weights(tmp_path, corpus):
     proc = run(tmp_path / "two", corpus, "--set", "optimizer.type=AdamW", "--max_steps", "1", "--set",
                "checkpoint.enable_save=False", "--set", "parallelism.data_parallel_shard=-1", launcher=launcher)
     log = proc.stdout + proc.stderr
-    assert "built partitioned" in log and "4 built 16 wide" in log
+    assert "4 built 16 wide" in log
+    # every parameter partitioned, the new shared experts too (held whole, they would put 3,072 elements over half)
+    held = re.search(r"built partitioned \(deepspeed.zero.Init\): this rank holds ([\d,]+) of ([\d,]+)", log)
+    mine, total = (int(g.replace(",", "")) for g in held.groups())
+    assert total == 124_829 and 0 <= 2 * mine - total < 100, (mine, total)
     two, first = metrics(tmp_path / "two")[0], metrics(one)[0]
     assert two["loss"] == pytest.approx(first["loss"], rel=1e-6)
     assert two["grad_norm"] == pytest.approx(first["grad_norm"], rel=1e-5)

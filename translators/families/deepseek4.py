@@ -122,6 +122,7 @@ def specs() -> dict[str, tuple]:
         _each,
         _flag,
         _int,
+        _optional,
         _positive,
     )
 
@@ -132,7 +133,7 @@ def specs() -> dict[str, tuple]:
         ("enable_hyper_connections", _flag), ("csa_dense_mode", _flag), ("v_head_dim", pos), ("head_dim", pos),
         ("qk_nope_head_dim", pos), ("qk_rope_head_dim", pos), ("n_group", None), ("topk_group", None),
         ("shared_expert_num", None))}
-    feeds["moe_shared_expert_intermediate_size"] = SharedWidth(conv=pos)
+    feeds["moe_shared_expert_intermediate_size"] = SharedWidth(conv=_optional(pos))
     untyped = {key: Feeds(conv=lambda value, path: value) for key in (
         "compress_ratios", "hidden_act", "use_gating_sigmoid", "experimental_attention_variant")}
     untyped["swiglu_limit"] = Feeds(unused="ignored: MindFormers' get_activation clamps only a `fusedswiglu` "
