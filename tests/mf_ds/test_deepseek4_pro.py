@@ -57,13 +57,14 @@ def test_builds_the_shared_expert_at_its_own_width(plan):
 
 
 def test_checkpoint_loads_with_mf_ds_not_with_plain_from_pretrained(plan, tmp_path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from mf_ds.model import build_model
 
     model = build_model(plan)
     model.save_pretrained(str(tmp_path))
     assert json.loads((tmp_path / "config.json").read_text())["mf_shared_expert_intermediate_size"] == SHARED
+    assert AutoConfig.from_pretrained(str(tmp_path)).mf_shared_expert_intermediate_size == SHARED  # @strict keeps it
     with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):  # transformers builds the routed width
         AutoModelForCausalLM.from_pretrained(str(tmp_path))
     loaded = build_model(plan, str(tmp_path))
