@@ -31,13 +31,11 @@ from translators.plan_types import Plan
 
 
 def _meta_model(plan: Plan):
-    from transformers import AutoModelForCausalLM
-
-    from mf_ds.model import hf_config
+    from mf_ds.model import hf_config, new_model
 
     config = hf_config(plan)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return new_model(config)
 
 
 def _family(plan: Plan) -> str:

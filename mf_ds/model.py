@@ -87,20 +87,31 @@ def hf_config(plan: Plan):
     return config
 
 
+def new_model(config, log=None) -> torch.nn.Module:
+    """`AutoModelForCausalLM.from_config` (fp32), then what transformers' class cannot express, before any weight is
+    loaded: a DeepSeek-V4 shared expert of its own width (mf_ds/shared_expert.py). Every model mf-ds builds comes
+    from here (under torch.device("meta") or zero.construction as the caller sets up)."""
+    from mf_ds import shared_expert
+
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _report(shared_expert.apply(model), log)
+    return model
+
+
 def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
                 full_reason: str | None = None) -> torch.nn.Module:
     """fp32 parameters (DeepSpeed casts to bf16/fp16 and keeps fp32 masters in its optimizer).
 
     Under ZeRO-3 the model is built partitioned (mf_ds/zero.py) unless something needs whole weights, or the caller
     gives `full_reason`; `log` gets one line either way (what each rank holds, or why the whole model is built)."""
-    from mf_ds import zero
+    from mf_ds import shared_expert, zero
 
     config = hf_config(plan)
     if plan.parallel.context_parallel > 1:
         config._attn_implementation = "sdpa"  # Ulysses wraps SDPA; eager's 4-D masks do not shard
     if zero.partitioned(plan) and full_reason is None:
         with zero.construction(plan.deepspeed, config):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model = new_model(config, log)
         if load_checkpoint:
             _load_partitioned(model, plan, Path(load_checkpoint))
         else:
@@ -114,7 +125,7 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
         why = full_reason or zero.full_build_reason(plan)
         log(f"mf-ds: zero: ZeRO-3 builds the whole model on every rank first: {why}")
     if not load_checkpoint:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = new_model(config, log)
         _report(as_mindformers(model), log)
         return model
     path = Path(load_checkpoint)
@@ -122,8 +133,12 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
         from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
 
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = new_model(config, log)
         load_into(model, path, plan.weights_family, layout=layout_of(plan))
+        return model
+    if shared_expert.width(config) is not None:  # from_pretrained would build transformers' widths: load ourselves
+        model = new_model(config, log)
+        _load_hf(model, path, plan.weights_family)
         return model
     files = weight_files(path)
     try:
@@ -150,9 +165,6 @@ def _report(lines: list[str], log) -> None:
 def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:
     """Weights into a partitioned model, one tensor at a time (mf_ds.zero.Writer); the same checks as the whole
     build's loaders. Every rank reads every tensor (memory: one tensor), rank 0's values are kept."""
-    from mf_ds import zero
-    from mf_ds.weights import attach_router_bias, model_slot
-
     if is_mindformers_checkpoint(path):
         from mf_ds.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
@@ -160,14 +172,26 @@ def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:
         # load_into sees the partitioned model and writes through zero.Writer
         load_into(model, path, plan.weights_family, layout=layout_of(plan))
         return
+    _load_hf(model, path, plan.weights_family)
+
+
+def _load_hf(model: torch.nn.Module, path: Path, family: str | None) -> None:
+    """An HF-layout safetensors directory into a built model (partitioned or whole), one tensor at a time through
+    mf_ds.zero.Writer, with from_pretrained's checks (shapes, nothing missing, finite). Names as saved (DeepSeek-V4's
+    save_pretrained writes DeepSeek's own) are read as transformers' modules hold them (names.hf_module_name)."""
+    from mf_ds import zero
+    from mf_ds.weights import attach_router_bias, model_slot
+    from translators import names
+
     files = weight_files(path)
     writer = zero.Writer(model)
     filled: dict[str, int] = {}
     for shard in sorted(set(files.values())):
         try:
             with safe_open(str(shard), framework="pt") as f:
-                for name in f.keys():
-                    tensor = f.get_tensor(name)
+                for saved in f.keys():
+                    tensor = f.get_tensor(saved)
+                    name = names.hf_module_name(saved, family) if family else saved
                     if tensor.is_floating_point() and not torch.isfinite(tensor).all():
                         raise RunError(f"{shard}: weight {name} holds inf/NaN (a damaged file?)")
                     slot = model_slot(name, writer.shapes)

@@ -204,7 +204,8 @@ def _deepseek_v4(hf: dict) -> list[Weights]:
         Weights("moe.hyper_connections", 2 * (mix * n * h + mix + 3), L, "whole", "moe"),
         Weights("moe.router", E * h, L, "whole", "moe"),
         Weights("moe.experts", 3 * h * width, E * L, "expert", "moe"),
-        Weights("moe.shared_experts.proj", h * width, 3 * L, "whole", "moe"),
+        Weights("moe.shared_experts.proj", h * hf.get("mf_shared_expert_intermediate_size", width), 3 * L, "whole",
+                "moe"),  # mf-ds builds a shared expert of its own width (translators/families/deepseek4.py)
     ]
     csa = types.count("compressed_sparse_attention")
     hca = types.count("heavily_compressed_attention")

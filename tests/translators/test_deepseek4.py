@@ -23,7 +23,7 @@ GOLDEN = FIXTURES / "deepseek4"
 WHEEL = FIXTURES / "mindformers_wheels" / "2.1.0" / "deepseek4"
 YAMLS = ("pretrain_deepseek4_flash", "pretrain_deepseek4_flash_reduction")
 # Pro's shared expert is 2048 wide beside 3072-wide routed experts (MindFormers builds it so: params.pro5.json); HF's
-# DeepSeek-V4 has no other shared width than the routed one.
+# DeepSeek-V4 has no other shared width than the routed one: mf-ds builds it (mf_shared_expert_intermediate_size).
 PRO = ("pretrain_deepseek4_pro", "pretrain_deepseek4_pro_reduction")
 LAYER_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 
@@ -91,7 +91,7 @@ def test_effective_config_of_mindformers_is_carried(name):
     ({"norm_topk_prob": False}, "norm_topk_prob"),
     ({"n_group": 4, "moe_router_group_topk": 2}, "n_group"),
     ({"n_shared_experts": 2}, "n_shared_experts"),
-    ({"moe_shared_expert_intermediate_size": 4096}, "moe_shared_expert_intermediate_size"),
+    ({"moe_shared_expert_intermediate_size": 0}, "moe_shared_expert_intermediate_size"),
     ({"compress_ratios": [0, 8, 128, 4]}, "compress_ratios"),
     ({"compress_ratios": [0, 4]}, "compress_ratios"),
     ({"csa_window_size": 64}, "csa_window_size"),
@@ -112,13 +112,32 @@ def test_what_would_change_the_model_is_refused(change, key):
 
 
 @pytest.mark.parametrize("name", PRO)
-def test_pro_is_refused_for_its_narrower_shared_expert(name):
+def test_pro_carries_its_narrower_shared_expert(name):
+    """Pro translates: the shared width goes to the HF config as mf_shared_expert_intermediate_size (mf-ds builds the
+    shared expert that wide), noted `runtime`; the rest as Flash's."""
     golden = json.loads((GOLDEN / f"{name}.config.json").read_text())["model"]
     assert (golden["moe_shared_expert_intermediate_size"], golden["moe_intermediate_size"]) == (2048, 3072)
     built = json.loads((GOLDEN / "params.pro5.json").read_text())["params"]
     assert built["model.decoder.layers.0.mlp.shared_experts.linear_fc2.weight"][0] == [7168, 2048]
-    with pytest.raises(ConfigError, match="moe_shared_expert_intermediate_size: 2048 is not moe_intermediate_size"):
-        _translate(_model(name))
+    hf, ledger = _translate(_model(name))
+    assert (hf["mf_shared_expert_intermediate_size"], hf["moe_intermediate_size"]) == (2048, 3072)
+    for ours, theirs in (("hidden_size", "hidden_size"), ("num_hidden_layers", "num_hidden_layers"),
+                         ("n_routed_experts", "n_routed_experts"), ("num_experts_per_tok", "num_experts_per_tok")):
+        assert hf[ours] == golden[theirs], ours
+    notes = {n.key.rsplit(".", 1)[-1]: n for n in ledger.finish() if n.key.startswith("model.model_config.")}
+    note = notes["moe_shared_expert_intermediate_size"]
+    assert note.kind == "runtime" and "hf_config.mf_shared_expert_intermediate_size = 2048" in note.message
+    assert "unknown" not in {n.kind for n in notes.values()}
+
+
+def test_a_shared_expert_as_wide_as_a_routed_one_adds_nothing():
+    """Flash (2048 and 2048): no extra attribute, the key noted with what it fed, as before."""
+    hf, ledger = _translate(_model("pretrain_deepseek4_flash"))
+    assert "mf_shared_expert_intermediate_size" not in hf
+    note = next(n for n in ledger.finish() if n.key.endswith(".moe_shared_expert_intermediate_size"))
+    assert note.kind == "mapped"
+    wider = {**_model("pretrain_deepseek4_flash_reduction"), "moe_shared_expert_intermediate_size": 4096}
+    assert _translate(wider)[0]["mf_shared_expert_intermediate_size"] == 4096
 
 
 def test_two_spellings_of_one_setting_are_refused():
@@ -150,18 +169,13 @@ COUNTS = json.loads((GOLDEN / "counts.json").read_text())
 @pytest.mark.parametrize("name, key", [("pretrain_deepseek4_flash", "flash"), ("pretrain_deepseek4_pro", "pro")])
 def test_parameter_count_equals_mindformers_model(name, key):
     """MindFormers' own model, built on CPU at the real widths and scaled (counts.json): its trainable parameters
-    less the MTP layer (which HF does not build) are the planner's count; the activated count too. Pro is counted
-    with its shared expert as wide as a routed one (the only width HF has), less that difference per layer."""
-    model = _model(name)
-    narrower = 0
-    if key == "pro":
-        shared = model.pop("moe_shared_expert_intermediate_size")
-        narrower = model["num_hidden_layers"] * 3 * model["hidden_size"] * (model["moe_intermediate_size"] - shared)
-    hf, _ = _translate(model)
+    less the MTP layer (which HF does not build) are the planner's count; the activated count too. Pro's shared
+    expert is counted at its own width (2048), as mf-ds builds it."""
+    hf, _ = _translate(_model(name))
     golden = COUNTS[key]
     total = sum(w.numel * w.count for w in memory.inventory(hf))
-    assert total - narrower == golden["parameters"] - golden["mtp"]
-    assert memory.activated(hf) - narrower == golden["activated"]
+    assert total == golden["parameters"] - golden["mtp"]
+    assert memory.activated(hf) == golden["activated"]
 
 
 def test_flash_and_pro_sizes():
@@ -182,14 +196,10 @@ def test_built_slices_per_layer_equal_the_formula():
     for built, name in (("flash4", "pretrain_deepseek4_flash"), ("pro5", "pretrain_deepseek4_pro")):
         data = json.loads((GOLDEN / f"params.{built}.json").read_text())
         model = {**_model(name), **data["changes"]}
-        narrower = 0
-        if "pro" in name:
-            shared = model.pop("moe_shared_expert_intermediate_size")
-            narrower = model["num_hidden_layers"] * 3 * model["hidden_size"] * (model["moe_intermediate_size"] - shared)
         hf, _ = _translate(model)
         mf = sum(math.prod(shape) for n, (shape, trainable, _) in data["params"].items()
                  if trainable and ".mtp." not in n)
-        assert sum(w.numel * w.count for w in memory.inventory(hf)) - narrower == mf
+        assert sum(w.numel * w.count for w in memory.inventory(hf)) == mf
 
 
 def test_moe_plan_for_the_top_k_layers():

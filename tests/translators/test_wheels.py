@@ -36,11 +36,12 @@ class Refused:
     line: str  # the start of the one error line, after "mf-translate: error: "
 
 
-# DeepSeek-V4 (the PyNative YAMLs' flagship; translators/families/deepseek4.py): Flash translates, its Muon under
-# FSDP (data_parallel_shard -1: ZeRO-3, mf_ds/muon_zero.py; QK-clip on, which dsv4_hybrid attention gives nothing
-# to clip); Pro's shared expert (2048 beside 3072-wide routed experts) has no HF DeepSeek-V4 equivalent
-DEEPSEEK_V4_FLASH = Model("deepseek_v4")
-DEEPSEEK_V4_PRO = Refused("model.moe_shared_expert_intermediate_size: 2048 is not moe_intermediate_size 3072")
+# DeepSeek-V4 (the PyNative YAMLs' flagship; translators/families/deepseek4.py): Flash and Pro translate, their Muon
+# under FSDP (data_parallel_shard -1: ZeRO-3, mf_ds/muon_zero.py; QK-clip on, which dsv4_hybrid attention gives nothing
+# to clip); Pro's shared expert (2048 beside 3072-wide routed experts) is built that wide by mf-ds
+# (mf_shared_expert_intermediate_size, mf_ds/shared_expert.py)
+DEEPSEEK_V4 = Model("deepseek_v4")
+DEEPSEEK_V4_PRO = Model("deepseek_v4", None, 49 * B, "DeepSeek-V4-Pro: 1.6T, 49B activated (DeepSeek's figures)")
 NO_TEMPLATE_DIR = Refused("pretrained_model_dir: path/to/model_dir/config.json does not exist: MindFormers builds "
                           "the model from it")
 TELECHAT3_MOE = Refused("model.model_config.model_type: telechat3_moe: TeleChat3-MoE has no transformers architecture")
@@ -54,10 +55,10 @@ EXPECT = {
     "deepseek3/finetune_deepseek3_12b_16p_pp16.yaml": Refused(
         "pretrained_model_dir: /path/to/DeepSeek-V3/config.json does not exist"),
     "deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml": Model("deepseek_v3"),  # the PyNative schema
-    "deepseek4/pretrain_deepseek4_flash.yaml": DEEPSEEK_V4_FLASH,
-    "deepseek4/pretrain_deepseek4_flash_reduction.yaml": DEEPSEEK_V4_FLASH,
+    "deepseek4/pretrain_deepseek4_flash.yaml": DEEPSEEK_V4,
+    "deepseek4/pretrain_deepseek4_flash_reduction.yaml": DEEPSEEK_V4,
     "deepseek4/pretrain_deepseek4_pro.yaml": DEEPSEEK_V4_PRO,
-    "deepseek4/pretrain_deepseek4_pro_reduction.yaml": DEEPSEEK_V4_PRO,
+    "deepseek4/pretrain_deepseek4_pro_reduction.yaml": DEEPSEEK_V4,  # fewer layers: no published size
     "general/llm_pretrain_dense_template.yaml": NO_TEMPLATE_DIR,
     "general/llm_finetune_dense_template.yaml": NO_TEMPLATE_DIR,
     "general/llm_pretrain_moe_template.yaml": NO_TEMPLATE_DIR,

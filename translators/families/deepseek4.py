@@ -19,7 +19,7 @@ experts.py). Compared from source, piece by piece, with transformers' modeling_d
   mHC        hc_mult streams; RMSNorm without weight (MindFormers' `rms_weight` is frozen ones) over the flattened
              streams in float32, one projection to pre / post / comb, sigmoid + 1e-6, 2 sigmoid, softmax + 1e-6 then
              Sinkhorn (one column step, then iterations - 1 row/column steps, eps 1e-6): HF's hc_eps is that eps.
-  MoE        every layer is MoE (a shared expert of moe_intermediate_size plus routed experts); scores
+  MoE        every layer is MoE (one shared expert plus routed experts of moe_intermediate_size); scores
              sqrt(softplus(logits)) in float32, top-k of scores + expert bias, gates renormalised and times
              routed_scaling_factor; the first num_hash_layers layers select their experts from the frozen tid2eid
              table (hash_moe). SwiGLU clamped only when hidden_act is `fusedswiglu` (get_activation ignores
@@ -32,6 +32,11 @@ MindFormers' router, its expert-bias update); the hash-routed ones stay transfor
 hash table and mHC as MindFormers does (mf_ds/init.py: transformers' _init_weights leaves tid2eid at zeros, one
 expert for every token); its other initial values are transformers' (normal(initializer_range) weights, zero sinks
 and position biases).
+A shared expert narrower (or wider) than the routed ones (Pro: moe_shared_expert_intermediate_size 2048 beside 3072;
+MindFormers builds it so, moe/shared_experts.py) is one HF config attribute more, SHARED_WIDTH, written only when the
+widths differ: transformers' DeepseekV4MLP reads one width for both (`intermediate_size`, which its attribute_map sends
+to moe_intermediate_size), so mf-ds builds each layer's shared expert that wide before any weight is loaded
+(mf_ds/shared_expert.py); the state-dict names stay transformers'.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ import math
 from translators import names
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets, Weights
+from translators.families.rules import Feeds
+
+# The HF config attribute for a shared expert whose width is not moe_intermediate_size (mf_ds/shared_expert.py).
+SHARED_WIDTH = "mf_shared_expert_intermediate_size"
 
 _CSA, _HCA, _SLIDING = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 LAYER_TYPES = {0: _SLIDING, 4: _CSA, 128: _HCA}  # HF's _COMPRESS_RATIO_TO_LAYER_TYPE (its default compress_rates)
@@ -113,6 +122,7 @@ def specs() -> dict[str, tuple]:
         _each,
         _flag,
         _int,
+        _optional,
         _positive,
     )
 
@@ -122,7 +132,8 @@ def specs() -> dict[str, tuple]:
         ("num_hash_layers", nonneg), ("compress_rope_theta", _positive), ("norm_topk_prob", _flag),
         ("enable_hyper_connections", _flag), ("csa_dense_mode", _flag), ("v_head_dim", pos), ("head_dim", pos),
         ("qk_nope_head_dim", pos), ("qk_rope_head_dim", pos), ("n_group", None), ("topk_group", None),
-        ("shared_expert_num", None), ("moe_shared_expert_intermediate_size", None))}
+        ("shared_expert_num", None))}
+    feeds["moe_shared_expert_intermediate_size"] = SharedWidth(conv=_optional(pos))
     untyped = {key: Feeds(conv=lambda value, path: value) for key in (
         "compress_ratios", "hidden_act", "use_gating_sigmoid", "experimental_attention_variant")}
     untyped["swiglu_limit"] = Feeds(unused="ignored: MindFormers' get_activation clamps only a `fusedswiglu` "
@@ -246,6 +257,24 @@ def plan_moe(hf: dict, model_config: dict) -> dict | None:
             "drop_policy": "kdrop", "safe_tokens": False, "expert_parallel": 1, "drop_rate_callback": False}
 
 
+class SharedWidth(Feeds):
+    """moe_shared_expert_intermediate_size: a Feeds key, noted `runtime` when it sets SHARED_WIDTH (mf-ds, not
+    transformers, builds the shared expert that wide)."""
+
+    def account(self, s, key: str, name: str, ctx) -> None:
+        fed = ctx.fed.get((s.base, name)) or {}
+        if SHARED_WIDTH not in fed:
+            super().account(s, key, name, ctx)
+            return
+        ctx.note(s, key, "runtime", (
+            f"hf_config.{SHARED_WIDTH} = {fed[SHARED_WIDTH]}: MindFormers builds the shared expert this wide beside "
+            "routed experts of moe_intermediate_size; transformers' DeepSeek-V4 reads one width for both, so mf-ds "
+            "builds each layer's shared expert (DeepseekV4MLP) this wide before loading weights "
+            "(mf_ds/shared_expert.py: mf-train, deepspeed mf_ds/train.py, mf_ds.hf, mf-convert, any ZeRO stage); "
+            "its checkpoints load with mf-ds, not with plain AutoModelForCausalLM.from_pretrained, which builds "
+            "the routed width and stops on the shapes"))
+
+
 def _refuse(m, name: str, message: str):
     from translators.errors import ConfigError
 
@@ -316,7 +345,7 @@ def _rope(m, moe) -> dict:
 
 def _moe(m, moe) -> dict:
     """sqrtsoftplus (or sigmoid) scores, gates renormalised (HF always: norm_topk_prob must be True), no group
-    limit, one shared expert as wide as a routed one."""
+    limit, one shared expert: SHARED_WIDTH when it is not as wide as a routed one."""
     score = m.get("use_gating_sigmoid")
     if score not in ("sqrtsoftplus", "sigmoid", True):
         _refuse(m, "use_gating_sigmoid", f"{score!r}: HF's DeepSeek-V4 renormalises the gates, as MindFormers does "
@@ -329,14 +358,13 @@ def _moe(m, moe) -> dict:
     shared, width = m.get("shared_expert_num"), m.get("moe_intermediate_size")
     if shared != 1:
         _refuse(m, "shared_expert_num", f"{shared}: HF's DeepSeek-V4 builds exactly one shared expert")
+    out = {"scoring_func": "sigmoid" if score in ("sigmoid", True) else "sqrtsoftplus", "n_shared_experts": 1,
+           "norm_topk_prob": True}
     given = m.get("moe_shared_expert_intermediate_size")
     if given is not None and given != width:
         # MindFormers builds the shared expert this wide (moe/shared_experts.py; TransformerConfig only warns)
-        _refuse(m, "moe_shared_expert_intermediate_size", f"{given} is not moe_intermediate_size {width}: "
-                                                          "MindFormers builds its shared expert this wide, HF's "
-                                                          "DeepSeek-V4 as wide as a routed expert; not supported")
-    return {"scoring_func": "sigmoid" if score in ("sigmoid", True) else "sqrtsoftplus", "n_shared_experts": 1,
-            "norm_topk_prob": True}
+        out[SHARED_WIDTH] = given
+    return out
 
 
 def _swiglu(m, moe) -> dict:
