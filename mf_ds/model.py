@@ -292,5 +292,6 @@ def pending_features(plan: Plan) -> list[str]:
     """Plan features this runtime does not apply, each as a report line (a note, not a silent no-op)."""
     lines = []
     if any(layer.mtp for layer in plan.layers):
-        lines.append("mtp: transformers' DeepSeek-V3 builds no MTP layers; the MTP loss is not trained")
+        model_type = (plan.hf_config or {}).get("model_type", "model")
+        lines.append(f"mtp: transformers' {model_type} builds no MTP layers; the MTP loss is not trained")
     return lines

@@ -268,3 +268,14 @@ def test_routers_equal_mindformers_own(tmp_path):
     ids = g["hash.input_ids"].T.reshape(1, -1)  # MindFormers flattens input_ids.T: s-major, as its tokens
     _, gates, experts = router(g["hash.x"].reshape(1, -1, config.hidden_size), ids)
     _same_routing(_by_expert(gates, experts), _by_expert(g["hash.gates"], g["hash.experts"]))
+
+
+def test_the_mtp_report_line_names_deepseek_v4():
+    """The YAML's MTP layer is reported as not built, naming the architecture that does not build it."""
+    from mf_ds.model import pending_features
+    from translators.plan import translate_file
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "pynative" / "tiny_deepseek4_flash.yaml"
+    plan = translate_file(str(root), world_size=1).plan
+    assert pending_features(plan) == ["mtp: transformers' deepseek_v4 builds no MTP layers; the MTP loss is not "
+                                      "trained"]
