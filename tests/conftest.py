@@ -63,3 +63,16 @@ def corpus_params(*more: Path) -> list:
     ../shared one skipped entry, "corpus", stands for the corpus, so the run says what it did not check and why."""
     corpus = corpus_files() or [pytest.param(CORPUS, id="corpus", marks=pytest.mark.skip(reason=SHARED_MISSING))]
     return [*corpus, *more]
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_linear():
+    """A ZeRO-3 engine built in the test process replaces torch.nn.functional.linear with DeepSpeed's
+    zero3_linear_wrap for the rest of the process (partition_parameters.py _enable_mem_efficient_linear: "This will
+    persist unless manually reset"); a later test then counts another autograd graph (test_recompute's FLOP counts
+    failed after test_optim_state's or test_zero's ZeRO-3 engines). Each test gets the function it started with."""
+    functional = sys.modules.get("torch.nn.functional")  # translator tests never import torch
+    linear = functional.linear if functional else None
+    yield
+    if linear is not None:
+        functional.linear = linear
