@@ -236,15 +236,26 @@ def test_ulysses_maps_and_colossal_differs():
     assert [n.kind for n in plan.notes if n.key == "parallelism.context_parallel_method"] == ["differs"]
 
 
-def test_every_key_is_accounted():
-    """--explain: every key of the DeepSeek-V3 PyNative YAMLs has a note that is not `unknown`."""
-    for version in VERSIONS:
-        tree = load_yaml(str(WHEELS / version / DS3))
-        result = translate(tree, world_size=8, mindformers_version=version)
-        assert not [n for n in result.plan.notes if n.kind == "unknown"]
-        assert len(result.plan.notes) == len(set(result.plan.notes))  # each account once
-        explained = {line.split(" = ", 1)[0] for line in result.ledger.explain() if " = " in line}
-        assert set(result.ledger.values) <= explained
+PYNATIVE_WHEEL_YAMLS = sorted((str(p.relative_to(WHEELS)), version) for version in VERSIONS
+                              for p in (WHEELS / version).rglob("*.yaml") if is_pynative(load_yaml(str(p))))
+
+
+def test_the_wheels_pynative_yamls_are_all_here():
+    """The issue's five PyNative YAMLs of the 2.1.0 wheel (and 2.0.0's one) are the ones the next test translates."""
+    assert [rel for rel, version in PYNATIVE_WHEEL_YAMLS if version == "2.1.0"] == [
+        "2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml", "2.1.0/deepseek4/pretrain_deepseek4_flash.yaml",
+        "2.1.0/deepseek4/pretrain_deepseek4_flash_reduction.yaml", "2.1.0/deepseek4/pretrain_deepseek4_pro.yaml",
+        "2.1.0/deepseek4/pretrain_deepseek4_pro_reduction.yaml"]
+
+
+@pytest.mark.parametrize("rel, version", PYNATIVE_WHEEL_YAMLS)
+def test_every_key_is_accounted(rel, version):
+    """Every PyNative YAML of the wheels translates, and --explain gives every key a note that is not `unknown`."""
+    result = translate(load_yaml(str(WHEELS / rel)), world_size=8, mindformers_version=version)
+    assert not [n for n in result.plan.notes if n.kind == "unknown"]
+    assert len(result.plan.notes) == len(set(result.plan.notes))  # each account once
+    explained = {line.split(" = ", 1)[0] for line in result.ledger.explain() if " = " in line}
+    assert set(result.ledger.values) <= explained
 
 
 def test_graph_mode_tree_with_runner_config_is_not_pynative():
