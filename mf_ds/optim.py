@@ -37,7 +37,9 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (decay if param.ndim > 1 and not name.endswith(".bias") else no_decay).append(param)
+        # a ZeRO-3 partitioned build (deepspeed.zero.Init) leaves each parameter a 1-D shard: its shape is ds_shape
+        matrix = len(getattr(param, "ds_shape", param.shape)) > 1
+        (decay if matrix and not name.endswith(".bias") else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
               {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
     if any(getattr(p, "allreduce", True) is False for g in groups for p in g["params"]):

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from mf_ds import patch, zero
 from mf_ds.model import build_model, hf_config
+from mf_ds.optim import param_groups
 from tests.conftest import CPU_ENV, ROOT, free_port
 from tests.mf_ds.test_parallel import LLAMA, QWEN3_MOE, saved, train
 from translators.plan import translate_file
@@ -88,6 +89,10 @@ def test_partitioned_build_is_the_whole_build_bit_for_bit(one_rank, monkeypatch,
     got, want = whole(part), full.state_dict()
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
+    # weight decay on the same parameters (the shards are 1-D: the grouping reads their whole shapes)
+    names = {id(p): n for n, p in [*part.named_parameters(), *full.named_parameters()]}
+    groups = [[[names[id(p)] for p in g["params"]] for g in param_groups(m, 0.1)] for m in (part, full)]
+    assert groups[0] == groups[1] and len(groups[0][0]) > 1
     if plan.moe is not None:  # the MoE patch reads the shards' whole shapes
         report = patch.apply(part, plan)
         assert report == patch.apply(full, plan)
