@@ -133,16 +133,11 @@ def test_every_wheel_yaml_has_mindformers_effective_config(version):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_wheel_yamls_translate_to_the_golden_numbers(version):
-    """Every PyNative YAML of the wheel translates, but DeepSeek-V4 Pro: its shared expert is narrower than its routed
-    ones (no HF DeepSeek-V4 has that; translators/families/deepseek4.py). Flash's Muon runs under FSDP: ZeRO-3,
-    without reduce_scatter (translators/muon.py)."""
+    """Every PyNative YAML of the wheel translates to MindFormers' numbers (DeepSeek-V4 Pro's narrower shared expert
+    too: mf_ds/shared_expert.py). Flash's and Pro's Muon run under FSDP: ZeRO-3, without reduce_scatter
+    (translators/muon.py)."""
     for rel, golden in GOLDEN[version]["yamls"].items():
         tree = load_yaml(str(WHEELS / version / rel))
-        if tree["model"]["model_type"] == "deepseek_v4" and "_pro" in rel:
-            with pytest.raises(ConfigError) as caught:
-                translate(tree, world_size=GOLDEN[version]["world_size"], mindformers_version=version)
-            assert caught.value.path.startswith("model.moe_shared_expert_intermediate_size"), (rel, caught.value)
-            continue
         result = translate(tree, world_size=GOLDEN[version]["world_size"], mindformers_version=version)
         check_plan(result.plan, golden, tree)
         assert [n.line() for n in result.plan.notes if n.kind == "unknown"] == [], rel
