@@ -20,6 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import CPU_ENV, ROOT, free_port
+from tests.mf_ds.test_deepseek4_train import counting_corpus, metrics
+from tests.mf_ds.test_deepseek4_train import run as train_run
 from translators import memory
 from translators.plan import translate_file
 
@@ -115,31 +117,12 @@ def test_mf_moe_layer_keeps_the_shared_expert_as_built(plan):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> str:
-    from mf_ds.data import write_indexed
-
-    prefix = tmp_path_factory.mktemp("megatron") / "corpus_text_document"
-    rng = torch.Generator().manual_seed(0)
-    starts, lengths = torch.randint(3, 300, (80,), generator=rng), torch.randint(30, 200, (80,), generator=rng)
-    write_indexed(str(prefix), [[3 + (int(s) + i) % 297 for i in range(int(n))]
-                                for s, n in zip(starts, lengths, strict=True)])
-    return str(prefix)
+    return counting_corpus(tmp_path_factory.mktemp("megatron") / "corpus_text_document")
 
 
-def run(out: Path, corpus: str, *args: str, launcher: list[str] | None = None, env: dict | None = None,
-        check: bool = True) -> subprocess.CompletedProcess:
-    data = f"train_dataset.dataloader.config.data_path=['1', '{corpus}']"
-    save = ("--set", "checkpoint.enable_save=True", "--set", "checkpoint.save_interleaved_steps=4", "--set",
-            f"checkpoint.save_path={out / 'checkpoint'}")
-    cmd = (launcher + ["--mf-config", str(TINY)] if launcher else [sys.executable, "-m", "mf_ds.cli", str(TINY)])
-    proc = subprocess.run([*cmd, "--output_dir", str(out), "--set", data, *save, *args], cwd=ROOT,
-                          env={**CPU_ENV, **(env or {})}, capture_output=True, text=True, timeout=600)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+def run(out: Path, corpus: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """test_deepseek4_train's run on the Pro fixture, saving every 4 steps."""
+    return train_run(out, corpus, *args, config=TINY, save_every=4, **kwargs)
 
 
 @pytest.fixture(scope="module")

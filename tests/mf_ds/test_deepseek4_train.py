@@ -26,9 +26,13 @@ ADAMW = ("--set", "optimizer.type=AdamW")
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> str:
+    return counting_corpus(tmp_path_factory.mktemp("megatron") / "corpus_text_document")
+
+
+def counting_corpus(prefix: Path) -> str:
+    """A Megatron .bin / .idx corpus at `prefix` (its path returned)."""
     from mf_ds.data import write_indexed
 
-    prefix = tmp_path_factory.mktemp("megatron") / "corpus_text_document"
     rng = torch.Generator().manual_seed(0)
     # counting documents (each token the previous + 1): learnable, so the loss has somewhere to fall
     starts, lengths = torch.randint(3, 300, (80,), generator=rng), torch.randint(30, 200, (80,), generator=rng)
@@ -38,11 +42,12 @@ def corpus(tmp_path_factory) -> str:
 
 
 def run(out: Path, corpus: str, *args: str, launcher: list[str] | None = None, env: dict | None = None,
-        check: bool = True) -> subprocess.CompletedProcess:
+        check: bool = True, config: Path = TINY, save_every: int = 10) -> subprocess.CompletedProcess:
+    """mf-train (or `launcher`) on `config` over the corpus, saving every `save_every` steps under out/checkpoint."""
     data = f"train_dataset.dataloader.config.data_path=['1', '{corpus}']"
-    save = ("--set", "checkpoint.enable_save=True", "--set", "checkpoint.save_interleaved_steps=10", "--set",
-            f"checkpoint.save_path={out / 'checkpoint'}")
-    cmd = (launcher + ["--mf-config", str(TINY)] if launcher else [sys.executable, "-m", "mf_ds.cli", str(TINY)])
+    save = ("--set", "checkpoint.enable_save=True", "--set", f"checkpoint.save_interleaved_steps={save_every}",
+            "--set", f"checkpoint.save_path={out / 'checkpoint'}")
+    cmd = (launcher + ["--mf-config", str(config)] if launcher else [sys.executable, "-m", "mf_ds.cli", str(config)])
     proc = subprocess.run([*cmd, "--output_dir", str(out), "--set", data, *save, *args], cwd=ROOT,
                           env={**CPU_ENV, **(env or {})}, capture_output=True, text=True, timeout=600)
     if check:
