@@ -58,16 +58,11 @@ def _covers(prefix: str, path: str) -> bool:
     return path == prefix or path.startswith(prefix + ".") or path.startswith(prefix + "[")
 
 
-class Ledger:
-    """Collects notes while a YAML is translated; `finish()` adds `unknown` notes for keys nobody accounted for."""
-
-    def __init__(self, tree: dict):
-        self.values = leaves(tree)
-        self._notes: list[Note] = []
+class _Kinds:
+    """One method per note kind, each `add(key, kind, message)`."""
 
     def add(self, key: str, kind: str, message: str) -> None:
-        assert kind in KINDS, kind
-        self._notes.append(Note(key, kind, message))
+        raise NotImplementedError
 
     def mapped(self, key: str, message: str) -> None:
         self.add(key, "mapped", message)
@@ -83,6 +78,18 @@ class Ledger:
 
     def unknown(self, key: str, message: str) -> None:
         self.add(key, "unknown", message)
+
+
+class Ledger(_Kinds):
+    """Collects notes while a YAML is translated; `finish()` adds `unknown` notes for keys nobody accounted for."""
+
+    def __init__(self, tree: dict):
+        self.values = leaves(tree)
+        self._notes: list[Note] = []
+
+    def add(self, key: str, kind: str, message: str) -> None:
+        assert kind in KINDS, kind
+        self._notes.append(Note(key, kind, message))
 
     def present(self, key: str) -> bool:
         """True when the YAML holds this key (or keys below it)."""
@@ -127,7 +134,7 @@ class Ledger:
         return LedgerView(self, paths, words or {})
 
 
-class LedgerView:
+class LedgerView(_Kinds):
     """A Ledger whose keys are renamed on the way in: the longest matching prefix of `paths` is replaced (and each
     of `words` in the message)."""
 
@@ -150,21 +157,6 @@ class LedgerView:
         for old, new in self.words.items():
             message = message.replace(old, new)
         self.ledger.add(self.path(key), kind, message)
-
-    def mapped(self, key: str, message: str) -> None:
-        self.add(key, "mapped", message)
-
-    def runtime(self, key: str, message: str) -> None:
-        self.add(key, "runtime", message)
-
-    def dropped(self, key: str, message: str) -> None:
-        self.add(key, "dropped", message)
-
-    def differs(self, key: str, message: str) -> None:
-        self.add(key, "differs", message)
-
-    def unknown(self, key: str, message: str) -> None:
-        self.add(key, "unknown", message)
 
     def present(self, key: str) -> bool:
         return self.ledger.present(self.path(key))
