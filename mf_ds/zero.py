@@ -191,7 +191,3 @@ class Writer:
                         target.data.copy_(value)
             elif value is not None:  # a buffer: whole on every rank, and every rank read it
                 target.copy_(value)
-
-    def incomplete(self) -> list[str]:
-        """Parameters some of whose pieces never came."""
-        return sorted(self.pending)

@@ -14,7 +14,7 @@ Kinds:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from translators.errors import join
@@ -122,10 +122,6 @@ class Ledger(_Kinds):
             if not note.key or not self.present(note.key):
                 lines.append(note.line())
         return lines
-
-    @staticmethod
-    def as_json(notes: list[Note]) -> list[dict]:
-        return [asdict(note) for note in notes]
 
     def view(self, paths: dict[str, str], words: dict[str, str] | None = None) -> LedgerView:
         """This ledger seen through a path map (`{"model.model_config": "model"}`): code written for one schema's

@@ -36,7 +36,7 @@ from translators.moe import moe_plan
 from translators.notes import Ledger, LedgerView
 from translators.parallel import Dims, resolve
 from translators.plan_types import Kernels, Plan
-from translators.pynative_schema import effective, schema
+from translators.pynative_schema import NEWEST, effective, schema
 from translators.pynative_trainer import (
     check_context_parallel,
     check_pipeline,
@@ -47,7 +47,6 @@ from translators.pynative_trainer import (
 from translators.sections import LrSchedule, MfDs, Optimizer, ParallelConfig
 
 PYNATIVE_SECTIONS = ("training", "parallelism")
-NEWEST = "2.1.0"  # the PyNative schema's newest MindFormers (translators/pynative_schema)
 # graph-mode paths the shared builders note -> this schema's
 _PATHS = {
     "model.model_config": "model",
@@ -98,8 +97,6 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     if not isinstance(model_section, dict) or not model_section:
         raise ConfigError("model", f"expected the model's settings (model_type, num_hidden_layers, ...), got "
                           f"{show(model_section)}")
-    if model_section.get("model_type") == "deepseek_v4" and "deepseek_v4" not in families.mcore_model_types():
-        raise ConfigError("model.model_type", "deepseek_v4: DeepSeek-V4 has no family record in mf-ds yet")
     mtree = families.mcore_tree(model_section)
     with _renamed(view):
         model = families.parse_model(mtree, view, version)

@@ -89,7 +89,8 @@ class FamilyRecord:
     """The HF config's default for tie_word_embeddings."""
     runtime: PatchTargets | None = None
     moe_plan: bool = True
-    """False: HF's MoE block runs as it is (no Plan `moe`); the family's config rules account for the MoE keys."""
+    """False: HF's MoE block runs as it is, not built from graph mode's `moe_plan`; the family's config rules account
+    for the MoE keys and build the Plan `moe` the runtime reads, if any (DeepSeek-V4's: its router and expert bias)."""
 
     @property
     def weights_key(self) -> str:

@@ -56,6 +56,3 @@ def class_defaults(version: str, config_class: str) -> dict[str, Any]:
                           "set mindformers_version (or --mindformers-version) to the version the YAML comes from")
     return dict(classes[config_class]["defaults"])
 
-
-def has_class(version: str, config_class: str) -> bool:
-    return config_class in _load(version)

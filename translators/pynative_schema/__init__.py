@@ -26,7 +26,9 @@ from typing import Any
 from translators.errors import ConfigError, join, show
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-VERSIONS: tuple[str, ...] = tuple(sorted(name[:-5] for name in os.listdir(_HERE) if name.endswith(".json")))
+VERSIONS: tuple[str, ...] = tuple(sorted((name[:-5] for name in os.listdir(_HERE) if name.endswith(".json")),
+                                         key=lambda v: tuple(int(part) for part in v.split("."))))  # 2.10 after 2.2
+NEWEST = VERSIONS[-1]
 
 
 @functools.cache
