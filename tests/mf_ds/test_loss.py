@@ -172,3 +172,19 @@ def test_liger_equals_chunked(dtype):
     want.backward()
     torch.testing.assert_close(h.grad, h2.grad, atol=atol, rtol=rtol)
     torch.testing.assert_close(w.grad.float(), w2.grad.float(), atol=atol * 10, rtol=rtol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="liger-kernel's fused linear cross-entropy needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_on_cuda_equals_unfused(dtype):
+    """The CUDA path through the model (Liger where installed): loss and gradients as HF's own forward."""
+    input_ids, labels = _batch()
+    inputs = {"input_ids": input_ids.cuda(), "labels": labels.cuda(), "shift_labels": labels.cuda()}
+    plain, model = tiny("qwen3", tied=True).to("cuda", dtype), tiny("qwen3", tied=True).to("cuda", dtype)
+    assert loss_model.install(model, True).startswith("fused loss: on")
+    want, want_grads = _loss_and_grads(plain, **inputs)
+    got, grads = _loss_and_grads(model, **inputs)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    for name in grads:
+        torch.testing.assert_close(grads[name].float(), want_grads[name].float(), atol=atol, rtol=rtol, msg=name)
