@@ -3,8 +3,9 @@
     python bench/gpu_suite.py [--out DIR] [--skip tests,train,bench] [--quick]
 
 Run on a CUDA machine in one go (about 10 minutes on an H100). Steps, each logged to DIR/<step>.log:
-1. tests: `pytest tests/ops tests/mf_ds/test_loss.py` on CUDA: every Triton kernel at production tiles (bf16 and fp16, > 128 rows per expert,
-   N > 128, skewed and empty experts, rows past 2^31 elements, every autotune config) against the references.
+1. tests: `pytest tests/ops` on CUDA: every Triton kernel at production tiles (bf16 and fp16, > 128 rows per expert,
+   N > 128, skewed and empty experts, rows past 2^31 elements, every autotune config) against the references; and
+   tests/mf_ds/test_loss.py, the fused loss' Liger path against HF's loss.
 2. train: for each MoE family (Qwen3-MoE, DeepSeek-V3, Mixtral, Qwen2-MoE), a tiny model trained for STEPS steps by
    `deepspeed mf_ds/train.py` with every fused op on (use_gmm, fused RoPE, fused SwiGLU where the family has a
    dense SwiGLU MLP), bf16, ZeRO-2, dropless, aux losses off; and the same run with the HF model unpatched

@@ -35,8 +35,8 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from mf_ds import checkpoint, checkpoint2, optim_state, resume2
-from mf_ds import moe as moe_layer
 from mf_ds import loss_model as fused_loss
+from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
 from mf_ds.monitor import Monitor
