@@ -333,6 +333,7 @@ class Trainer:
                 # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
                 # MindFormers' attention mask and positions (pad keys, per-document attention): mf_ds/attention.py
                 # Under Ulysses the batch carries this rank's shard of the positions.
+                # With mf_ds.fused_loss the forward's loss never holds the whole logits (mf_ds/loss_model.py).
                 attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation)
                 if self.cp > 1:
                     attention = {**attention, "position_ids": batch["position_ids"]}
