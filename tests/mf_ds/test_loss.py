@@ -131,6 +131,28 @@ def test_num_items_in_batch_and_eval():
     torch.testing.assert_close(out.loss, ref.loss)
 
 
+@pytest.mark.parametrize("model_type", sorted(loss_model.FAMILIES))
+def test_families_pass_the_head_output_to_the_loss_unchanged(model_type):
+    """What FAMILIES claims, read from the installed transformers' source: the causal LM's forward hands
+    `self.lm_head(...)` to `self.loss_function` with no scaling or soft-capping between."""
+    import inspect
+    import re
+
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    src = inspect.getsource(getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]).forward)
+    assert len(re.findall(r"logits = self\.lm_head\(hidden_states\)", src)) == 1, src
+    assert re.search(r"self\.loss_function\(\s*(logits=)?logits,", src), src
+    assert not re.search(r"softcap|logit_scale|logits_scaling|logits = logits|logits [*/]", src), src
+
+
+def test_every_family_mf_ds_runs_takes_the_fused_loss():
+    from translators.families import registry
+
+    assert {r.hf_model_type for r in registry.records() if r.hf_model_type} <= loss_model.FAMILIES
+
+
 def test_refusals():
     """Auto: off with the reason; `mf_ds.fused_loss: true` where it would not be exact: one line."""
     gemma = tiny("gemma2", head_dim=8, final_logit_softcapping=30.0)
