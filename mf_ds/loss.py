@@ -14,9 +14,13 @@ run.loss_mask_pad_id). `linear_cross_entropy_sum` returns that fp32 sum; the div
 Two paths, the same function:
 - CUDA with liger-kernel installed (`pip install mf-ds[cuda]`): Liger's LigerFusedLinearCrossEntropyFunction, Triton,
   chunked over tokens, the gradients computed in the forward. reduction="sum", accum_dtype fp32 (the W gradient
-  summed over chunks in fp32), no softcap: its CE kernel reads bf16 logits into fp32 as HF's upcast does. Chosen over
-  cut-cross-entropy (25.1.1, Jan 2025): its default `filter_eps="high"` skips gradient blocks below a threshold,
-  so its gradients are not today's unless filtering is turned off, and Liger is the one kept up (0.8.5, 2026).
+  summed over chunks in fp32), no softcap: its CE kernel reads bf16 logits into fp32 as HF's upcast does. Compared
+  with cut-cross-entropy (`linear_cross_entropy(e, c, targets, ignore_index=-100, softcap, reduction="mean",
+  shift, filter_eps="high")`, 25.1.1 of Jan 2025): both take ignore_index -100 and a sum / mean reduction and
+  compute `(e @ c.T).float()`'s softmax in fp32 without storing the logits; CCE's default `filter_eps` skips
+  gradient blocks below a dtype-dependent threshold, so its gradients are today's only with filtering off, it has
+  no fp32 accumulation switch for W's gradient, and its `torch_compile` fallback holds the logits. Liger: exact as
+  configured here, and the one kept up (0.8.5, 2026).
 - otherwise (CPU, or no Liger): `ChunkedLinearCE`, plain torch, CHUNK_ELEMENTS logits at a time in the forward and
   again in the backward (recomputed, not stored): memory O(chunk x V + N + V x H).
 
