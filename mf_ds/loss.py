@@ -103,8 +103,12 @@ def liger_available() -> bool:
 
 
 def backend(device: torch.device) -> str:
-    """'liger' on CUDA with liger-kernel installed, else 'chunked'."""
-    return "liger" if device.type == "cuda" and liger_available() else "chunked"
+    """'liger' on CUDA with liger-kernel installed, else 'chunked'. `MF_DS_FORCE_TRITON=1` (mf_ds/ops/dispatch.py)
+    takes Liger on CPU tensors too, for its kernels under Triton's interpreter (TRITON_INTERPRET=1 before Liger is
+    imported): how the tests check the CUDA path on a CPU."""
+    from mf_ds.ops.dispatch import force_triton
+
+    return "liger" if liger_available() and (device.type == "cuda" or force_triton()) else "chunked"
 
 
 def linear_cross_entropy_sum(h_NH: torch.Tensor, w_VH: torch.Tensor, t_N: torch.Tensor,

@@ -210,3 +210,50 @@ def test_model_on_cuda_equals_unfused(dtype):
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
     for name in grads:
         torch.testing.assert_close(grads[name].float(), want_grads[name].float(), atol=atol, rtol=rtol, msg=name)
+
+
+LIGER_ON_CPU = """
+import torch
+from mf_ds import loss as fused, loss_model
+from tests.mf_ds.test_loss import TOL, _batch, _loss_and_grads, _reference, _targets, tiny
+
+assert fused.backend(torch.device("cpu")) == "liger"
+gen = torch.Generator().manual_seed(0)
+for dtype in (torch.float32, torch.bfloat16):  # the function: Liger's kernels against HF's loss
+    h = torch.randn(37, 16, generator=gen).to(dtype).requires_grad_()
+    w = (torch.randn(97, 16, generator=gen) * 0.3).to(dtype).requires_grad_()
+    t = _targets(37, 97, gen)
+    h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    got, want = fused.linear_cross_entropy_sum(h, w, t), _reference(h2, w2, t)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(got, want, atol=atol * 37, rtol=rtol)
+    (got * 0.37).backward()
+    (want * 0.37).backward()
+    torch.testing.assert_close(h.grad, h2.grad, atol=atol, rtol=rtol)
+    torch.testing.assert_close(w.grad, w2.grad, atol=atol, rtol=rtol)
+input_ids, labels = _batch()  # the model: tied head, pads, loss_mask
+inputs = {"input_ids": input_ids, "labels": labels, "shift_labels": labels}
+plain, model = tiny("qwen3", tied=True), tiny("qwen3", tied=True)
+loss_model.install(model, True)
+want, want_grads = _loss_and_grads(plain, **inputs)
+got, grads = _loss_and_grads(model, **inputs)
+torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+for name in want_grads:
+    torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-5, msg=name)
+print("liger path ok")
+"""
+
+
+def test_liger_path_under_the_triton_interpreter():
+    """The CUDA path's code (Liger's kernels, the arguments mf-ds passes them) on CPU, under Triton's interpreter: the
+    same loss and gradients as HF's, through the function and through a model."""
+    import subprocess
+    import sys
+
+    from tests.conftest import CPU_ENV, ROOT
+
+    pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install -e .[test])")
+    env = {**CPU_ENV, "TRITON_INTERPRET": "1", "MF_DS_FORCE_TRITON": "1"}
+    proc = subprocess.run([sys.executable, "-c", LIGER_ON_CPU], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "liger path ok" in proc.stdout, proc.stderr[-3000:]
