@@ -4,7 +4,8 @@
 
 Run on a CUDA machine in one go (about 10 minutes on an H100). Steps, each logged to DIR/<step>.log:
 1. tests: `pytest tests/ops` on CUDA: every Triton kernel at production tiles (bf16 and fp16, > 128 rows per expert,
-   N > 128, skewed and empty experts, rows past 2^31 elements, every autotune config) against the references.
+   N > 128, skewed and empty experts, rows past 2^31 elements, every autotune config) against the references; and
+   tests/mf_ds/test_loss.py, the fused loss' Liger path against HF's loss.
 2. train: for each MoE family (Qwen3-MoE, DeepSeek-V3, Mixtral, Qwen2-MoE), a tiny model trained for STEPS steps by
    `deepspeed mf_ds/train.py` with every fused op on (use_gmm, fused RoPE, fused SwiGLU where the family has a
    dense SwiGLU MLP), bf16, ZeRO-2, dropless, aux losses off; and the same run with the HF model unpatched
@@ -191,7 +192,8 @@ def main() -> int:
     started = time.time()
     py = sys.executable
     if "tests" not in skip:
-        tests = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "8", "tests/ops"]  # 8 compiling in parallel
+        tests = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "8", "tests/ops",
+                 "tests/mf_ds/test_loss.py"]  # 8 compiling in parallel; the fused loss' Liger path
         # MF_DS_COMPILE_ALL: tests/ops/test_compile.py compiles every launch at every config here (16 cores)
         record["steps"].append(finish_step(start_step("tests", tests, out, env={"MF_DS_COMPILE_ALL": "1"}), out,
                                            timeout=500))

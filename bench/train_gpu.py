@@ -17,9 +17,10 @@ two runs would not train the same function), the attention MindFormers' use_flas
 
 Peers, the same loop (mf_ds/train.py's, on the same Plan, data, optimizer and seed):
   mf_ds           mf_ds/train.py as a user runs it: every fused op the YAML asks for (GMM experts, fused permute,
-                  RoPE, SwiGLU)
+                  RoPE, SwiGLU), and the fused loss (mf_ds/loss.py: Liger's fused linear cross-entropy on CUDA)
+  mf_ds_unfused   the same with `--fused_loss off`: the loss over the whole [tokens, vocab] logits (the lever's row)
   hf_grouped_mm   the HF model unpatched, its experts on `grouped_mm` (transformers' default experts
-                  implementation, set explicitly): bench/gpu_train_reference.py's run
+                  implementation, set explicitly), HF's own loss: bench/gpu_train_reference.py's run
   hf_liger        the same plus Liger's kernels applied to the model instance (RoPE, SwiGLU, RMSNorm, fused linear
                   cross entropy where Liger has the family); skipped, with the reason, where Liger is absent
 Each run is a child process of this script (`--child IMPL`, then mf_ds/train.py's own arguments), so that the peers
@@ -54,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 WARMUP = 3  # steps left out of the tokens/s median (autotuning, the first allocations)
 PROFILE_STEP = 5
-IMPLS = ("mf_ds", "hf_grouped_mm", "hf_liger")
+IMPLS = ("mf_ds", "mf_ds_unfused", "hf_grouped_mm", "hf_liger")
 COMMON = ["model.model_config.compute_dtype=bfloat16", "mf_ds.zero_stage=1", "parallel_config.data_parallel=1",
           "runner_config.batch_size=4", "runner_config.gradient_accumulation_steps=4",
           "recompute_config.recompute=False", "recompute_config.select_recompute=False",
@@ -187,7 +188,7 @@ def child(impl: str, result_path: Path, profile_step: int, train_args: list[str]
 
     def apply(model, plan, checkpoint_fn=None):
         captured["model"], captured["seq"] = model, plan.run.seq_length
-        if impl == "mf_ds":
+        if impl.startswith("mf_ds"):
             return real_apply(model, plan, checkpoint_fn=checkpoint_fn)
         import dataclasses
 
@@ -249,6 +250,23 @@ def child(impl: str, result_path: Path, profile_step: int, train_args: list[str]
 
 # --- the parent: every model, every peer ----------------------------------------------------------------------------
 
+def loss_args(impl: str) -> list[str]:
+    """mf_ds/train.py's loss flag per row: mf_ds keeps its default (the fused loss, on where exact); the unfused
+    row and the HF peers take the whole logits (hf_liger's own forward fuses them with Liger's kernel)."""
+    return [] if impl == "mf_ds" else ["--fused_loss", "off"]
+
+
+def fused_loss_effect(runs: dict) -> dict:
+    """The fused loss lever: mf_ds against mf_ds_unfused, tokens/s and peak memory ratios."""
+    on, off = runs.get("mf_ds", {}), runs.get("mf_ds_unfused", {})
+    out = {}
+    if on.get("tokens_per_s") and off.get("tokens_per_s"):
+        out["fused_loss_speedup"] = on["tokens_per_s"] / off["tokens_per_s"]
+        if on.get("peak_MiB") and off.get("peak_MiB"):
+            out["fused_loss_peak_ratio"] = on["peak_MiB"] / off["peak_MiB"]
+    return out
+
+
 def skip_reason(impl: str, device_kind: str) -> str | None:
     """Why a peer cannot run here, or None."""
     if impl != "hf_liger":
@@ -295,7 +313,7 @@ def run_model(name: str, out: Path, steps: int, smoke: bool, device: dict) -> di
         run_dir = out / f"train_gpu-{name}-{impl}"
         result_path = out / f"train_gpu-{name}-{impl}.result.json"
         args = ["--mf-config", yaml_path, *[a for s in sets for a in ("--set", s)], "--max_steps", str(steps),
-                "--output_dir", str(run_dir)]
+                "--output_dir", str(run_dir), *loss_args(impl)]
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", impl, str(result_path), str(profile_step),
                "--", *args]
         log = out / f"train_gpu-{name}-{impl}.log"
@@ -316,7 +334,7 @@ def run_model(name: str, out: Path, steps: int, smoke: bool, device: dict) -> di
         mem = "--" if result["peak_MiB"] is None else f"{result['peak_MiB']:.0f} MiB"
         print(f"{name:14} {impl:14} {result['tokens_per_s']:10.0f} tokens/s  MFU {mfu}  peak {mem}  "
               f"profile -> {profile.name}", flush=True)
-    record = {"overrides": sets, "steps": steps, "runs": runs}
+    record = {"overrides": sets, "steps": steps, "runs": runs, **fused_loss_effect(runs)}
     ours, hf = runs.get("mf_ds", {}), runs.get("hf_grouped_mm", {})
     if ours.get("tokens_per_s") and hf.get("tokens_per_s"):
         record["speedup_vs_hf_grouped_mm"] = ours["tokens_per_s"] / hf["tokens_per_s"]

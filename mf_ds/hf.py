@@ -306,6 +306,7 @@ def _checkpoint2_notes(run) -> list[str]:
 
 def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     """Translate `path` (dotted YAML overrides as keyword names; also output_dir= and max_steps=) for the Trainer."""
+    from mf_ds.loss_model import install as install_fused_loss
     from mf_ds.model import prepare
     from translators.lr import schedule_for
     from translators.plan import translate_file
@@ -331,6 +332,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
                                    "torch.distributed, which partitioned construction needs")
     model, steps = prepared.model, prepared.total_steps
     report = [line.removeprefix("mf-ds: ") for line in notes] + prepared.notes + prepared.report
+    report.append(install_fused_loss(model, plan.run.fused_loss, plan.parallel.tensor_parallel))
     ds_config = copy.deepcopy(dict(plan.deepspeed))
     ds_config.pop("optimizer", None)  # MFTrainer.create_optimizer builds it
     ds_config.pop("scheduler", None)  # MFTrainer.create_scheduler builds it

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from mf_ds import checkpoint, checkpoint2, optim_state, resume2
+from mf_ds import loss_model as fused_loss
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
@@ -182,6 +183,7 @@ class Trainer:
         self.moe = plan.moe is not None
         self.moe_logs = plan.logs_drop_rate
         model.train()
+        _log(f"mf-ds: {fused_loss.install(model, run.fused_loss, plan.parallel.tensor_parallel)}")
         self.attn_implementation = model.config._attn_implementation
         self.mpu = None
         if self.cp > 1:
@@ -270,6 +272,8 @@ class Trainer:
         sets = list(args.set)
         if args.output_dir:
             sets.append(f"output_dir={args.output_dir}")
+        if getattr(args, "fused_loss", None):
+            sets.append(f"mf_ds.fused_loss={args.fused_loss == 'on'}")
         result = translate_file(args.mf_config, sets, world_size=dist.get_world_size(),
                                 gradient_accumulation_steps=args.gradient_accumulation_steps)
         if dist.get_rank() == 0:
@@ -329,6 +333,7 @@ class Trainer:
                 # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
                 # MindFormers' attention mask and positions (pad keys, per-document attention): mf_ds/attention.py
                 # Under Ulysses the batch carries this rank's shard of the positions.
+                # With mf_ds.fused_loss the forward's loss never holds the whole logits (mf_ds/loss_model.py).
                 attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation)
                 if self.cp > 1:
                     attention = {**attention, "position_ids": batch["position_ids"]}

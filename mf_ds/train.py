@@ -45,6 +45,8 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
                    help="resume from a checkpoint that has no checksums.json (one copied without it, or from an "
                         "older mf-ds); its files still load as data only, never as code")
     p.add_argument("--train_dataset_dir", help="Megatron .bin/.idx prefix or directory, or JSON-lines data")
+    p.add_argument("--fused_loss", choices=("on", "off"),
+                   help="the loss without the whole [tokens, vocab] logits (mf_ds.fused_loss; default: on where exact)")
     p.add_argument("--gradient_accumulation_steps", type=int, help="override the gradient accumulation")
     p.add_argument("--dist_timeout", type=float, metavar="SECONDS",
                    default=float(os.environ.get("MF_DS_DIST_TIMEOUT", 600)),

@@ -369,6 +369,8 @@ class Run:
     layer_style: str = ""
     tokenizer_dir: str | None = None
     max_nan_steps: int = 0
+    fused_loss: bool | None = None
+    """mf_ds.fused_loss: the loss without the whole logits (mf_ds/loss_model.py); None: on where it is exact."""
     loss_mask_pad_id: int | None = None
     pad_attention_mask: bool = False
     pad_token_id: int | None = None

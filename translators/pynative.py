@@ -91,6 +91,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     account.refusals(cfg, tree)
     deg = degrees(cfg, version, world_size, ledger)
     extra = MfDs.parse(tree.get("mf_ds"), ledger)
+    if extra.fused_loss is not None:
+        ledger.runtime("mf_ds.fused_loss", f"run.fused_loss = {extra.fused_loss} (mf_ds/loss_model.py)")
 
     # The model: the same family tables as graph mode's model.model_config.
     model_section = tree.get("model")
@@ -246,6 +248,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "family": family.name,
         "layer_style": family.layer_style,
         "tokenizer_dir": extra.tokenizer_dir,
+        "fused_loss": extra.fused_loss,
         "max_nan_steps": account.max_nan_steps(cfg, tree, extra),
         "loss_mask_pad_id": None,
         **attention,

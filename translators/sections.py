@@ -300,5 +300,7 @@ class MfDs(Section):
     tokenizer_dir: str | None = key(None, "local HF tokenizer directory for JSON-lines data")
     zero_stage: int | None = key(None, "ZeRO stage instead of the one the YAML implies (3 shards the weights too, "
                                        "as MindSpore's optimizer parallel does)", check=one_of(0, 1, 2, 3))
+    fused_loss: bool | None = key(None, "the LM loss from the last hidden state and the LM head without the whole "
+                                        "[tokens, vocab] logits (mf_ds/loss_model.py); unset: on where exact")
     max_nan_steps: int = key(5, "stop the run when the loss has been inf/NaN this many steps in a row (those steps' "
                                 "updates are skipped)", check=_positive_int)

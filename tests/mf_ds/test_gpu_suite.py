@@ -92,7 +92,7 @@ def test_train_gpu_smoke_and_its_verdicts(tmp_path):
     for model in ("qwen3_30b_a3b", "deepseek_v3"):
         runs = record["models"][model]["runs"]
         assert runs["hf_liger"]["skipped"]
-        for impl in ("mf_ds", "hf_grouped_mm"):
+        for impl in ("mf_ds", "mf_ds_unfused", "hf_grouped_mm"):
             run = runs[impl]
             assert run["rc"] == 0 and run["steps"] == 3 and run["tokens_per_s"] > 0, (model, impl)
             assert run["flops_per_token"] > 6 * run["params"]["active"] > 0, (model, impl)
@@ -101,6 +101,9 @@ def test_train_gpu_smoke_and_its_verdicts(tmp_path):
             profile = json.loads((tmp_path / f"train_gpu-{model}-{impl}.profile.json").read_text())
             assert profile["ms"]["gemm"] > 0 and profile["step_wall_ms"] > 0, profile
         assert runs["mf_ds"]["losses"] == pytest.approx(runs["hf_grouped_mm"]["losses"], abs=1e-4), model
+        # the fused loss lever: the same losses (fp32), the row's ratios in the record
+        assert runs["mf_ds"]["losses"] == pytest.approx(runs["mf_ds_unfused"]["losses"], rel=1e-5), model
+        assert record["models"][model]["fused_loss_speedup"] > 0
     verdicts = {(t["target"], t["case"]): t for t in train_verdicts(record)}
     runs = record["models"]["qwen3_30b_a3b"]["runs"]
     speed = verdicts["e2e tokens/s vs hf_grouped_mm", "qwen3_30b_a3b"]

@@ -136,7 +136,8 @@ def reads(tmp_path_factory) -> set[str]:
 
 def test_the_recorder_sees_reads(reads):
     """The recorder itself: entries the loop surely reads are there, entries nothing reads are not."""
-    assert {"run.data.shuffle", "run.pad_attention_mask", "run.data.reset_attention_mask", "layers"} <= reads
+    assert {"run.data.shuffle", "run.pad_attention_mask", "run.data.reset_attention_mask", "layers",
+            "run.fused_loss"} <= reads
     assert not _read("run.mindformers_global_batch_size", reads)
 
 
