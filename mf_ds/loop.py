@@ -329,7 +329,8 @@ class Trainer:
                 # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
                 # MindFormers' attention mask and positions (pad keys, per-document attention): mf_ds/attention.py
                 # Under Ulysses the batch carries this rank's shard of the positions.
-                attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation)
+                attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation,
+                                         batch.get("doc_ids"), batch.get("position_ids") if self.cp == 1 else None)
                 if self.cp > 1:
                     attention = {**attention, "position_ids": batch["position_ids"]}
                 out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels, **attention)

@@ -6,7 +6,9 @@ Where the tokens come from, in order:
   2. `kind` "megatron": `paths` and blend `weights` from `data_loader.config.data_path`;
      "json": JSON lines with a "text" field and the local tokenizer in `tokenizer_dir`;
      "builtin": the built-in corpus (text.py); "mindrecord": MindRecord rows (mindrecord.py, rows.py), one
-     sample each, from `dataset_dir` (a directory or one file with its shards) or the `dataset_files` as given.
+     sample each, from `dataset_dir` (a directory or one file with its shards) or the `dataset_files` as given;
+     "hf": MindFormers' HFDataLoader (hfloader.py: datasets.load_dataset and the handlers);
+     `refused` (a loader mf-ds does not read): a DataError, unless `override_dir` names other data.
 Every token id is checked against the model's vocab_size: before training starts, or, for MindRecord (one row at
 a time, decoded on demand), as each row is read.
 """
@@ -33,6 +35,13 @@ def build_train_dataset(data: Data, seq_length: int, seed: int, vocab_size: int,
         kind, paths = discover(override_dir)
         weights = None
         files_as_given = False
+    elif data.refused:
+        raise DataError(data.refused.split(":")[0], f"{data.refused.split(': ', 1)[-1]}; give --train_dataset_dir, "
+                        "or --set mf_ds.builtin_corpus=true to train on the built-in corpus")
+    elif kind == "hf":
+        from mf_ds.data.hfloader import HFSamples
+
+        return HFSamples(data.hf, seq_length, vocab_size, data.seed if data.seed is not None else seed)
     eos = None
     if kind == "builtin":
         if vocab_size < ByteTokenizer.vocab_size:
