@@ -61,6 +61,7 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
     run = plan.run
     seed_everything(run.seed)
     # The data first: data the YAML names but mf-ds cannot read stops the run before the model is built.
+    hf_config(plan)  # (a family with no HF architecture is named first)
     dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
                                   tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
     model = build_model(plan, weights, log=log, full_reason=full_reason)

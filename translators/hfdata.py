@@ -107,6 +107,18 @@ def _check_handler(spec: dict, path: str, ledger: Ledger) -> None:
         for key in spec:
             if key not in HANDLER_KEYS[kind]:
                 ledger.unknown(join(path, key), f"not a {kind} argument; ignored")
+            elif key == "tokenizer" and isinstance(spec[key], dict):
+                for name, value in spec[key].items():
+                    where = join(join(path, key), name)
+                    if name == "pretrained_model_dir":
+                        ledger.runtime(where, "the tokenizer's directory (run.data.hf.tokenizer_dir)")
+                    elif name == "trust_remote_code" and value:
+                        ledger.differs(where, "True: mf-ds loads the tokenizer's files only and runs no code "
+                                       "from its directory (a tokenizer.json loads without it)")
+                    else:
+                        ledger.dropped(where, "AutoTokenizer setting with no effect on the handler's ids")
+            elif key != "type":
+                ledger.runtime(join(path, key), f"{kind} argument (mf_ds/data/handlers.py)")
         spec["seq_length"] = coerce(spec.get("seq_length"), int, join(path, "seq_length")).value
         if kind == "PackingHandler" and spec.get("pack_strategy") not in ("pack", "truncate"):
             raise ConfigError(join(path, "pack_strategy"), f"expected 'pack' or 'truncate', got "
@@ -114,6 +126,9 @@ def _check_handler(spec: dict, path: str, ledger: Ledger) -> None:
         ledger.runtime(join(path, "type"), f"{kind} (mf_ds/data/handlers.py)")
     elif kind in SOURCE_METHODS:
         ledger.runtime(join(path, "type"), f"datasets.Dataset.{kind}({', '.join(k for k in spec if k != 'type')})")
+        for key in spec:
+            if key != "type":
+                ledger.runtime(join(path, key), f"datasets.Dataset.{kind} argument")
     else:
         raise ConfigError(join(path, "type"), f"{show(kind)}: not a MindFormers handler ({', '.join(HANDLERS)}) "
                           f"nor a datasets.Dataset method mf-ds applies ({', '.join(SOURCE_METHODS)})")
@@ -129,7 +144,6 @@ def _ledger(loader: dict, load: dict, packed: bool, compressed: bool, ledger: Le
             ledger.dropped(path, "MindSpore pipeline / broadcast setting; mf-ds builds the data on every rank")
         elif how:
             ledger.runtime(path, how)
-    ledger.runtime(join(BASE, "handler"), "applied in order by mf_ds/data/hfloader.py")
     if "load_func" in loader:
         ledger.runtime(join(BASE, "load_func"), f"datasets.{loader['load_func']}")
     for name in ("packing", "adaptor_config"):
@@ -137,6 +151,12 @@ def _ledger(loader: dict, load: dict, packed: bool, compressed: bool, ledger: Le
             ledger.runtime(join(BASE, name), "MindFormers' legacy argument, converted as process_legacy_args does")
     if "create_attention_mask" in loader:
         ledger.runtime(join(BASE, "create_attention_mask"), f"packed samples: {packed}")
+    for name in ("create_compressed_eod_mask", "compressed_eod_mask_length"):
+        if name in loader and not packed:
+            ledger.dropped(join(BASE, name), "the samples are not packed (no PackingHandler)")
+        elif name in loader and name == "compressed_eod_mask_length":
+            ledger.runtime(join(BASE, name), "at most this many documents per packed sample with "
+                           "create_compressed_eod_mask (HFDataset raises past it; so does mf-ds)")
 
 
 def finish(data: dict, tree: dict, extra: Any, ledger: Ledger) -> None:
@@ -162,8 +182,10 @@ def finish(data: dict, tree: dict, extra: Any, ledger: Ledger) -> None:
         ledger.runtime(join(BASE, "create_compressed_eod_mask"), f"{hf['compressed']}: the model sees {seen}; "
                        "position ids " + ("restart per document" if hf["positions"] else
                                           "0..S-1 (GPTModel reads position_ids only with use_eod_reset)"))
+        where = join(join(BASE, "handler"), next(i for i, h in enumerate(hf["handlers"])
+                                                 if h["type"] == "PackingHandler"))
         if not hf["mf_labels"]:
-            ledger.differs(join(BASE, "handler"), "PackingHandler: each packed document trains on the next token, "
+            ledger.differs(join(where, "type"), "PackingHandler: each packed document trains on the next token, "
                            "as the instruct handler's labels say; MindFormers shifts them once more (labels[1:] + "
                            "[0]: the token two ahead, each document's last position on id 0); "
                            "mf_ds.mindformers_packing_labels: true reproduces that")

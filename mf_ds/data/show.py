@@ -9,7 +9,9 @@ infinite float as null, since JSON has no such numbers and a strict reader refus
   JSON lines  a .jsonl / .json file: one sample per line, the objects as written
 With --mf-config, PATH defaults to the YAML's train_dataset and each sample line also carries "train": the
 {"input_ids", "labels"} the model trains on, under the YAML's column roles, slicing and seq_length (-100: no
-loss). The logic is in `describe` and `samples`, which the tests call; `cli` only parses and prints.
+loss). An HFDataLoader YAML (without PATH): a line naming the load arguments, handlers and tokenizer, then each
+sample's HFDataLoader columns (input_ids, labels, loss_mask, position_ids, actual_seq_len, doc_ids when packed) with
+"train" (plus position_ids / doc_ids where they reach the model). The logic is in `describe` and `samples`, which the tests call; `cli` only parses and prints.
 """
 
 from __future__ import annotations
@@ -119,12 +121,12 @@ class _JsonLines:
         return record
 
 
-def training_samples(config: str, path: str | None, head: int) -> tuple[str, list[dict]]:
+def training_samples(config: str, path: str | None, head: int, sets: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
     """(the data path, the first `head` samples as the model trains on them) under the YAML's settings."""
     from mf_ds.data.build import build_train_dataset
     from translators.plan import translate_file
 
-    plan = translate_file(config).plan
+    plan = translate_file(config, list(sets)).plan
     run, data = plan.run, plan.run.data
     if path is None and (data.kind == "builtin" or not data.paths):
         raise DataError(config, "names no data set (train_dataset.data_loader); give PATH")
@@ -133,9 +135,30 @@ def training_samples(config: str, path: str | None, head: int) -> tuple[str, lis
     path = path or data.paths[0]
     out = []
     for i in range(min(head, len(dataset))):
-        item = dataset[i]
-        out.append({"input_ids": item["input_ids"].tolist(), "labels": item["labels"].tolist()})
+        item = dataset[i]  # position_ids / doc_ids: packed HFDataLoader samples, as they reach the model
+        out.append({name: value.tolist() for name, value in item.items()})
     return path, out
+
+
+def hf_lines(config: str, sets: list[str], head: int) -> list[dict] | None:
+    """For an HFDataLoader YAML: the description line and each sample's HFDataLoader columns with "train" (the
+    sample as the model trains on it); None for other data."""
+    from mf_ds.data.build import build_train_dataset
+    from translators.plan import translate_file
+
+    plan = translate_file(config, list(sets)).plan
+    run, data = plan.run, plan.run.data
+    if data.kind != "hf":
+        return None
+    vocab = plan.hf_config["vocab_size"] if plan.hf_config else 2**31 - 1
+    dataset = build_train_dataset(data, run.seq_length, run.seed, vocab)
+    lines = [{"format": "HFDataLoader", "load": {"load_func": data.hf["load_func"], **data.hf["load"]},
+              "handler": [h["type"] for h in data.hf["handlers"]], "tokenizer": data.hf["tokenizer_dir"],
+              "samples": len(dataset), "packed": data.hf["packed"]}]
+    for i in range(min(head, len(dataset))):
+        columns = {name: value.tolist() for name, value in dataset.columns(i).items()}
+        lines.append({**columns, "train": {name: value.tolist() for name, value in dataset[i].items()}})
+    return lines
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -144,6 +167,8 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("path", nargs="?", help="data file, shard, directory or Megatron prefix")
     parser.add_argument("--mf-config", help="MindFormers YAML: its data path and the samples as trained")
     parser.add_argument("--head", type=int, default=3, help="samples to print (default 3)")
+    parser.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
+                        help="override a YAML key (with --mf-config), as mf-train --set")
     args = parser.parse_args(argv)
     if args.path is None and args.mf_config is None:
         parser.error("give PATH or --mf-config")
@@ -152,8 +177,13 @@ def cli(argv: list[str] | None = None) -> int:
     try:
         trained = None
         path = args.path
+        hf = hf_lines(args.mf_config, args.set, args.head) if args.mf_config and not args.path else None
+        if hf is not None:
+            for line in hf:
+                print(json.dumps(line, ensure_ascii=False, allow_nan=False))
+            return 0
         if args.mf_config:
-            path, trained = training_samples(args.mf_config, args.path, args.head)
+            path, trained = training_samples(args.mf_config, args.path, args.head, tuple(args.set))
         summary, source = describe(path)
         print(json.dumps(summary, allow_nan=False))
         for i, sample in enumerate(samples(source, args.head)):
