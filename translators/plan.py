@@ -282,7 +282,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "model_name": (tree.get("trainer") or {}).get("model_name") or family.name,
         "family": family.name,
         "layer_style": family.layer_style,
-        "tokenizer_dir": extra.tokenizer_dir,
+        # JSON-lines data: mf_ds.tokenizer_dir, else the tokenizer beside the weights (pretrained_model_dir)
+        "tokenizer_dir": extra.tokenizer_dir or general.pretrained_model_dir or None,
         "max_nan_steps": extra.max_nan_steps,
         "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, data, ledger),
         **attention,  # pad_attention_mask, pad_token_id

@@ -1,7 +1,8 @@
 """`build_train_dataset`: the Plan's `run.data` (translators/data.py) -> a `TrainDataset`.
 
 Where the tokens come from, in order:
-  1. `override_dir` (the CLI's `--train_dataset_dir`): a directory, a `.jsonl` file or a Megatron path prefix;
+  1. `override_dir` (the CLI's `--train_dataset_dir`): a directory, a `.jsonl` file or a Megatron path prefix
+     (an HFDataLoader YAML: the files its handlers read, through datasets.load_dataset);
      a directory holds either `.bin`/`.idx` pairs or `.jsonl` files, each read once per pass (weights by size);
   2. `kind` "megatron": `paths` and blend `weights` from `data_loader.config.data_path`;
      "json": JSON lines with a "text" field and the local tokenizer in `tokenizer_dir`;
@@ -31,6 +32,11 @@ def build_train_dataset(data: Data, seq_length: int, seed: int, vocab_size: int,
     """The training samples for `run.data`; `seed` (run.seed) is used when the data set names none."""
     kind, paths, weights = data.kind, list(data.paths), list(data.weights) or None
     files_as_given = data.files_as_given
+    if override_dir and kind == "hf":  # the YAML's handlers on other files: datasets reads them
+        from mf_ds.data.hfloader import HFSamples, override
+
+        return HFSamples(override(data.hf, override_dir), seq_length, vocab_size,
+                         data.seed if data.seed is not None else seed)
     if override_dir:
         kind, paths = discover(override_dir)
         weights = None

@@ -53,6 +53,16 @@ def load(hf: Mapping[str, Any]):
     return ds
 
 
+def override(hf: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """`hf` reading `path` instead (--train_dataset_dir): a .json / .jsonl file or a directory datasets can load."""
+    import os
+
+    if not os.path.exists(path):
+        raise DataError(path, "not found (--train_dataset_dir)")
+    load = {"path": "json", "data_files": path} if os.path.isfile(path) else {"path": path}
+    return {**hf, "load_func": "load_dataset", "load": {**load, "split": "train"}}
+
+
 def _show(kwargs: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 

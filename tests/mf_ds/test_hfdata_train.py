@@ -108,3 +108,19 @@ def test_hf_trainer_path_reads_the_same_samples(tmp_path):
                 "--output_dir", str(tmp_path / "trained")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len((tmp_path / "trained" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_train_dataset_dir_feeds_the_yamls_handlers(tmp_path):
+    """--train_dataset_dir with an HFDataLoader YAML: the alpaca JSON-lines file goes through the YAML's handlers,
+    with the tokenizer of pretrained_model_dir."""
+    from mf_ds.data.build import build_train_dataset
+    from translators.plan import translate_file
+
+    config = shrunk("qwen3/finetune_qwen3.yaml", tmp_path)
+    lines = tmp_path / "mine.jsonl"
+    records = json.loads((FIX / "alpaca.json").read_text())[:7]
+    lines.write_text("".join(json.dumps(r) + "\n" for r in records))
+    plan = translate_file(str(config)).plan
+    ds = build_train_dataset(plan.run.data, SEQ, 0, 704, plan.run.tokenizer_dir, str(lines))
+    assert len(ds) == 4 and ds.name.endswith("mine.jsonl")  # 7 documents of 89-112 tokens, two to a sample
+    assert plan.run.tokenizer_dir == str(tmp_path / "model")
