@@ -1,4 +1,5 @@
 """`mf-data PATH [--mf-config x.yaml] [--head N]`: what is in a data set, as JSON lines on stdout.
+`mf-data TEXT.jsonl --to megatron|mindrecord --out OUT --tokenizer DIR [--row-length N]`: convert (writers.py).
 
 The first line describes the data set: {"format", "files", "samples", "columns": {name: {"dtype", "shape"}}};
 then come its first N samples, each column as a list (bytes as a list of byte values, strings as strings; a NaN or
@@ -169,7 +170,15 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--head", type=int, default=3, help="samples to print (default 3)")
     parser.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
                         help="override a YAML key (with --mf-config), as mf-train --set")
+    parser.add_argument("--to", choices=("megatron", "mindrecord"),
+                        help="convert PATH (JSON lines with a \"text\" field) to this format at --out")
+    parser.add_argument("--out", help="--to megatron: the .bin/.idx path prefix; --to mindrecord: the file")
+    parser.add_argument("--tokenizer", help="--to: local HF tokenizer directory (e.g. the pretrained_model_dir)")
+    parser.add_argument("--row-length", type=int, help="--to mindrecord: tokens per row (seq_length, or "
+                        "seq_length + 1 for a legacy model)")
     args = parser.parse_args(argv)
+    if args.to:
+        return _convert(parser, args)
     if args.path is None and args.mf_config is None:
         parser.error("give PATH or --mf-config")
     from translators.errors import ConfigError
@@ -191,6 +200,19 @@ def cli(argv: list[str] | None = None) -> int:
                 sample = {**sample, "train": trained[i]}
             print(json.dumps(sample, ensure_ascii=False, allow_nan=False))
     except (DataError, ConfigError, OSError) as exc:
+        print(f"mf-data: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _convert(parser: argparse.ArgumentParser, args) -> int:
+    from mf_ds.data.writers import convert
+
+    if not args.path or not args.out:
+        parser.error("--to needs PATH (JSON lines) and --out")
+    try:
+        print(json.dumps(convert(args.path, args.to, args.out, args.tokenizer, args.row_length)))
+    except (DataError, OSError) as exc:
         print(f"mf-data: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     return 0
