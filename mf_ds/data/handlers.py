@@ -54,7 +54,8 @@ class Instruct:
         return [list(ids) for ids in self.tokenizer(texts)["input_ids"]] if texts else []
 
     def __call__(self, batch: dict) -> dict:
-        rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+        names = list(batch)
+        rows = [dict(zip(names, values, strict=True)) for values in zip(*(batch[k] for k in names), strict=True)]
         if self.code:  # codealpaca_handler.py: prompt.format_map(example), output as it is
             users = self._ids([CODE.format_map(r) for r in rows])
             answers = self._ids([r.get("output") for r in rows])
@@ -81,35 +82,56 @@ def _pad(values: list[int], length: int, fill: int) -> list[int]:
 
 
 class Pack:
-    """PackingHandler's `pack` over the whole data set as one batch: {"input_ids", "labels", "actual_seq_len"}."""
+    """PackingHandler's `pack` over the whole data set as one arrow batch (`ds.with_format("arrow").map(...,
+    batched=True, batch_size=None)`): {"input_ids", "labels", "actual_seq_len"} as arrow list columns."""
 
     def __init__(self, seq_length: int, mf_labels: bool, pad: int = 0, ignore: int = IGNORE) -> None:
         self.seq_length, self.mf_labels, self.pad, self.ignore = seq_length, mf_labels, pad, ignore
 
-    def __call__(self, batch: dict) -> dict:
-        out = {"input_ids": [], "labels": [], "actual_seq_len": []}
-        ids, labels, ends = [], [], []
-
-        def flush():
-            out["input_ids"].append(_pad(ids, self.seq_length, self.pad))
-            out["labels"].append(_pad(labels, self.seq_length, self.ignore))
-            out["actual_seq_len"].append(list(ends))
-
-        for doc_ids, doc_labels in zip(batch["input_ids"], batch["labels"], strict=True):
-            n = len(doc_ids)
-            if n > self.seq_length:  # _process_sample: skipped
+    def groups(self, lengths: np.ndarray) -> list[list[int]]:
+        """_process_sample's greedy order: documents in order, a new sample when the next one does not fit; a
+        document longer than seq_length is skipped."""
+        out, current, used = [], [], 0
+        for d, n in enumerate(lengths.tolist()):
+            if n > self.seq_length:
                 continue
-            if len(ids) + n > self.seq_length:
-                flush()
-                ids, labels, ends = [], [], []
-            ids = ids + list(doc_ids)
-            labels = labels + (list(doc_labels[1:]) + [self.pad] if self.mf_labels else list(doc_labels))
-            ends.append(len(ids))
-        if not out["input_ids"]:  # pack_examples' check, made before it adds the last sample
+            if used + n > self.seq_length:
+                out.append(current)
+                current, used = [], 0
+            current.append(d)
+            used += n
+        if not out:  # pack_examples' check, made before it adds the last sample
             raise ValueError(f"fewer than one full packed sample of seq_length {self.seq_length} (MindFormers' "
                              "PackingHandler refuses it: 'dataset is empty after packing')")
-        flush()
-        return out
+        return out + [current]
+
+    def __call__(self, table):
+        import pyarrow as pa
+
+        ids_col, labels_col = table.column("input_ids").combine_chunks(), table.column("labels").combine_chunks()
+        offsets = ids_col.offsets.to_numpy().astype(np.int64)
+        lengths = np.diff(offsets)
+        ids = ids_col.flatten().to_numpy().astype(np.int64)
+        labels = labels_col.flatten().to_numpy().astype(np.int64)
+        if self.mf_labels:  # labels[1:] + [pad] per document (packing_handler.py _process_sample)
+            shifted = np.empty_like(labels)
+            shifted[:-1] = labels[1:]
+            shifted[offsets[1:] - 1] = self.pad
+            labels = shifted
+        S, groups = self.seq_length, self.groups(lengths)
+        index = [np.concatenate([np.arange(offsets[d], offsets[d + 1]) for d in g]) if g else
+                 np.zeros(0, np.int64) for g in groups]
+        fill = [S - len(i) for i in index]
+        flat_ids = np.concatenate([np.concatenate([ids[i], np.full(f, self.pad)]) for i, f in zip(index, fill)])
+        flat_labels = np.concatenate([np.concatenate([labels[i], np.full(f, self.ignore)])
+                                      for i, f in zip(index, fill)])
+        ends = [np.cumsum(lengths[g]) if g else np.zeros(0, np.int64) for g in groups]
+        row_offsets = pa.array(np.arange(len(groups) + 1, dtype=np.int32) * S)
+        end_offsets = pa.array(np.concatenate([[0], np.cumsum([len(e) for e in ends])]).astype(np.int32))
+        return pa.table({
+            "input_ids": pa.ListArray.from_arrays(row_offsets, pa.array(flat_ids.astype(np.int32))),
+            "labels": pa.ListArray.from_arrays(row_offsets, pa.array(flat_labels.astype(np.int32))),
+            "actual_seq_len": pa.ListArray.from_arrays(end_offsets, pa.array(np.concatenate(ends).astype(np.int64)))})
 
 
 class Truncate:

@@ -109,8 +109,9 @@ def _pack(ds, spec: dict, mf_labels: bool, where: str):
     if spec.get("pack_strategy", "pack") == "truncate":
         return ds.map(handlers.Truncate(seq), batched=True, batch_size=handlers.TRUNCATE_BATCH,
                       remove_columns=ds.column_names, desc="Packing (truncate)")
-    return ds.map(handlers.Pack(seq, mf_labels), batched=True, batch_size=None, remove_columns=ds.column_names,
-                  desc="Packing")
+    packed = ds.with_format("arrow").map(handlers.Pack(seq, mf_labels), batched=True, batch_size=None,
+                                         remove_columns=ds.column_names, desc="Packing")
+    return packed.with_format(None)
 
 
 class HFSamples(Dataset):
