@@ -61,6 +61,9 @@ def test_mf_train_trains_the_files_packed_samples(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == len(samples) == 6  # one epoch over the file's 6 packed samples, batch 1
     assert "[differs] PackingHandler" in proc.stderr and "built-in corpus" not in proc.stderr
+    # the loop does not wait on the data: the packed samples are ready before step 1 (data_s: the step's wait)
+    assert all(0 <= r["data_s"] < 0.1 for r in rows), [r["data_s"] for r in rows]
+    assert ", data: " in proc.stderr
 
     # mf-data prints the same samples, as trained (packed columns, then what reaches the model)
     shown = run([sys.executable, "-m", "mf_ds.data.show", "--mf-config", str(config), "--head", "2"])
