@@ -132,6 +132,12 @@ class HFSamples(Dataset):
             raise DataError(self.name, "no samples after the handlers")
         self.rows = ds.with_format("numpy", columns=need)
         self._check(vocab_size)
+        if self.packed and hf.get("compressed"):  # HFDataset raises per sample; here before training starts
+            ends = ds.data.column("actual_seq_len").combine_chunks()
+            most = int(np.diff(ends.offsets.to_numpy()).max())
+            if most > int(hf["compressed_length"]):
+                raise DataError(f"{WHERE}.compressed_eod_mask_length", f"{hf['compressed_length']}: a packed sample "
+                                f"holds {most} documents (MindFormers' HFDataset raises the same)")
 
     def _check(self, vocab_size: int) -> None:
         ids = self.rows[:]["input_ids"]

@@ -140,3 +140,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         hfloader.HFSamples(short, SEQ * 2, 700, seed=0)
     with pytest.raises(DataError, match="vocabulary"):
         hfloader.HFSamples(short, SEQ, 10, seed=0)
+
+
+def test_too_many_documents_for_the_compressed_mask_is_refused_up_front():
+    case = GOLDEN["cases"]["code_alpaca_packed"]  # 4 documents in its first packed sample
+    hf = hf_of(case, mf_labels=False, compressed_length=3)
+    with pytest.raises(DataError, match="compressed_eod_mask_length.*holds 4 documents"):
+        hfloader.HFSamples(hf, SEQ, 700, seed=0)
