@@ -176,6 +176,12 @@ def finish(data: dict, tree: dict, extra: Any, ledger: Ledger) -> None:
     hf["documents"] = hf["packed"] and ("actual_seq_len" if hf["compressed"] else "attention_mask") in fed
     model = ((tree.get("model") or {}).get("model_config") or {}) if isinstance(tree.get("model"), dict) else {}
     hf["positions"] = hf["packed"] and "position_ids" in fed and bool(model.get("use_eod_reset", False))
+    cp = (tree.get("parallel_config") or {}).get("context_parallel", 1) if isinstance(tree.get("parallel_config"),
+                                                                                      dict) else 1
+    if (hf["documents"] or hf["positions"]) and isinstance(cp, int) and cp > 1:
+        raise ConfigError("parallel_config.context_parallel", f"{cp} (DeepSpeed Ulysses) cannot run the packed "
+                          "samples' per-document attention or positions: its attention is plain causal",
+                          "drop the attention_mask / actual_seq_len column from input_columns, or context_parallel")
     if hf["packed"]:
         seen = "attention within each document" if hf["documents"] else \
             "causal attention across the packed documents (no attention_mask / actual_seq_len column feeds it)"

@@ -113,3 +113,12 @@ def test_bad_handler_lists_are_refused(tmp_path, change, message):
     tree["train_dataset"]["data_loader"].update(change)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         translate(tree)
+
+
+def test_packed_documents_under_ulysses_are_refused(tmp_path):
+    tree = load_yaml(str(WHEELS / "2.1.0/general/llm_finetune_dense_template.yaml"))
+    tree["pretrained_model_dir"] = str(model_dir(tmp_path / "m", QWEN3_32B_JSON))
+    tree["train_dataset"]["data_loader"].update(path="json", data_files=str(FIX / "alpaca.json"))
+    tree["parallel_config"]["context_parallel"] = 2
+    with pytest.raises(ConfigError, match="context_parallel: 2 .DeepSpeed Ulysses. cannot run the packed"):
+        translate(tree)
