@@ -10,6 +10,8 @@ causal_language_model_dataset.py r1.5.0). Here only the data itself matters:
     zipped with construct_args_key when given, else with the model's construct parameters in order (`columns`);
     `shifted` says whether the model cuts rows of seq_length + 1 tokens into inputs and next-token labels
     (legacy models unless input_sliced_sig; mcore models take rows as they are);
+  * HFDataLoader: `datasets.load_dataset` and MindFormers' handlers (translators/hfdata.py, mf_ds/data/hfloader.py);
+  * another loader: `refused` (the run stops before the model unless --train_dataset_dir / mf_ds.builtin_corpus);
   * no path at all: the runtime's built-in corpus (documented in the README), with a note.
 The pipeline knobs (workers, prefetch, NUMA) have no meaning for a PyTorch DataLoader and are dropped.
 """
