@@ -75,16 +75,23 @@ def allowed_keys(input_ids_BS: torch.Tensor, pad: int | None, doc_BS: torch.Tens
     return ok_BSS
 
 
-def model_inputs(input_ids_BS: torch.Tensor, run: Run, attn_implementation: str | None) -> dict[str, torch.Tensor]:
-    """The extra keyword arguments of the HF model's forward for this micro batch (empty: plain causal)."""
+def model_inputs(input_ids_BS: torch.Tensor, run: Run, attn_implementation: str | None,
+                 doc_ids_BS: torch.Tensor | None = None, position_ids_BS: torch.Tensor | None = None,
+                 ) -> dict[str, torch.Tensor]:
+    """The extra keyword arguments of the HF model's forward for this micro batch (empty: plain causal).
+    `doc_ids_BS` / `position_ids_BS`: the data's own document numbers and positions (packed HFDataLoader samples,
+    mf_ds/data/hfloader.py), used instead of those found from eod tokens."""
     data = run.data
     pad = run.pad_token_id if run.pad_attention_mask else None
-    documents, positions = data.reset_attention_mask, data.reset_position_ids
-    doc_BS = None
-    if documents or positions:
+    documents = data.reset_attention_mask or doc_ids_BS is not None
+    positions = data.reset_position_ids or position_ids_BS is not None
+    doc_BS = doc_ids_BS
+    if (documents or positions) and doc_BS is None:
         doc_BS = document_ids(input_ids_BS, data.eod, data.eod_pad_length if documents else None)
     kwargs: dict[str, torch.Tensor] = {}
-    if positions:
+    if position_ids_BS is not None:
+        kwargs["position_ids"] = position_ids_BS
+    elif positions:
         kwargs["position_ids"] = restarted_positions(document_ids(input_ids_BS, data.eod))
     if pad is not None and not documents and run.trailing_pads_inert and not _pad_before_a_token(input_ids_BS, pad):
         pad = None  # only trailing pads, seen by nothing but themselves: the plain causal path is faster

@@ -56,7 +56,8 @@ class _OrderedSamples(torch.utils.data.IterableDataset):
             labels = batch["labels"]
             if self.pad_id is not None:
                 labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
-            attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation)
+            attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation, batch.get("doc_ids"),
+                                     batch.get("position_ids"))
             if any(name.startswith("cu_seq_lens") for name in attention):
                 raise RunError("per-document attention under flash attention needs the whole micro batch in one "
                                "forward (FlashAttention's varlen lengths): train with mf-train, or use sdpa")

@@ -323,9 +323,13 @@ class Trainer:
             lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (the scheduler moves in step())
             skipped_before = self.engine.skipped_steps
             poison = self.step + 1 in self.inject_nan
+            self.data_s = 0.0  # seconds this step waited for its micro batches (metrics.jsonl data_s, the log line)
             for _ in range(self.ga):
                 self._beat()
-                batch = {name: t.to(self.engine.device, non_blocking=True) for name, t in next(data).items()}
+                fetched = time.perf_counter()
+                batch = next(data)
+                self.data_s += time.perf_counter() - fetched
+                batch = {name: t.to(self.engine.device, non_blocking=True) for name, t in batch.items()}
                 labels = batch["labels"]
                 if self.pad_id is not None:
                     labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
@@ -334,7 +338,8 @@ class Trainer:
                 # MindFormers' attention mask and positions (pad keys, per-document attention): mf_ds/attention.py
                 # Under Ulysses the batch carries this rank's shard of the positions.
                 # With mf_ds.fused_loss the forward's loss never holds the whole logits (mf_ds/loss_model.py).
-                attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation)
+                attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation,
+                                         batch.get("doc_ids"), batch.get("position_ids") if self.cp == 1 else None)
                 if self.cp > 1:
                     attention = {**attention, "position_ids": batch["position_ids"]}
                 out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels, **attention)
@@ -437,7 +442,7 @@ class Trainer:
         epoch = (self.step - 1) // self.steps_per_epoch + 1
         row = {"step": self.step, "epoch": epoch, "loss": _finite_or_none(loss), "lr": lr,
                "grad_norm": _finite_or_none(grad_norm), "tokens_per_s": tokens_per_s,
-               "skipped_steps": self.engine.skipped_steps}
+               "skipped_steps": self.engine.skipped_steps, "data_s": getattr(self, "data_s", 0.0)}
         if moe:
             row["moe"] = {str(layer): stats for layer, stats in moe.items()}
         self.bar.update(1)
@@ -448,7 +453,7 @@ class Trainer:
             # MindFormers' MFLossMonitor line, shortened to what PyTorch knows.
             _log(f"{{ Epoch:[{epoch:3d}/{self.run.epochs:3d}], step:[{self.step:5d}/{self.total_steps:5d}], "
                  f"loss: {loss:.6f}, lr: {lr:.6e}, global_norm: [{grad_norm:.6f}], "
-                 f"tokens/s: {tokens_per_s:.1f} }}")
+                 f"tokens/s: {tokens_per_s:.1f}, data: {row['data_s']:.4f} s }}")
 
     def save(self) -> Path | None:
         if not self.ckpt:

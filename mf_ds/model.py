@@ -60,11 +60,13 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
 
     run = plan.run
     seed_everything(run.seed)
+    # The data first: data the YAML names but mf-ds cannot read stops the run before the model is built.
+    hf_config(plan)  # (a family with no HF architecture is named first)
+    dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
+                                  tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
     model = build_model(plan, weights, log=log, full_reason=full_reason)
     notes = pending_features(plan)
     report = patch.apply(model, plan, checkpoint_fn=checkpoint_fn)
-    dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
-                                  tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
     steps_per_epoch = len(dataset) // run.global_batch_size
     if steps_per_epoch == 0:
         raise RunError(f"the data set holds {len(dataset)} samples, fewer than one global batch of "

@@ -10,6 +10,8 @@ causal_language_model_dataset.py r1.5.0). Here only the data itself matters:
     zipped with construct_args_key when given, else with the model's construct parameters in order (`columns`);
     `shifted` says whether the model cuts rows of seq_length + 1 tokens into inputs and next-token labels
     (legacy models unless input_sliced_sig; mcore models take rows as they are);
+  * HFDataLoader: `datasets.load_dataset` and MindFormers' handlers (translators/hfdata.py, mf_ds/data/hfloader.py);
+  * another loader: `refused` (the run stops before the model unless --train_dataset_dir / mf_ds.builtin_corpus);
   * no path at all: the runtime's built-in corpus (documented in the README), with a note.
 The pipeline knobs (workers, prefetch, NUMA) have no meaning for a PyTorch DataLoader and are dropped.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from translators.errors import ConfigError, join, show
+from translators.hfdata import parse_hf
 from translators.notes import Ledger
 from translators.schema import coerce
 
@@ -132,6 +135,9 @@ def parse_data(tree: dict, ledger: Ledger, seq_length: int | None, mcore: bool =
         data["columns"] = _megatron_columns(raw, loader.get("config") or {})
     elif kind == "MindDataset":
         _mindrecord(loader, raw, data, mcore, ledger)
+    elif kind == "HFDataLoader":  # translators/hfdata.py, built by mf_ds/data/hfloader.py
+        parse_hf(loader, data, mcore, ledger)
+        data["columns"] = hf_columns(raw, data["hf"])
     else:
         for name in loader:
             if name not in ("type", "shuffle"):
@@ -142,9 +148,23 @@ def parse_data(tree: dict, ledger: Ledger, seq_length: int | None, mcore: bool =
             ledger.differs("train_dataset.data_loader.type", f"{kind}: read as JSON lines with a 'text' field "
                            "and a local tokenizer directory (--set mf_ds.tokenizer_dir=...)")
         else:
-            ledger.differs("train_dataset.data_loader.type", f"{kind} is not supported: the built-in corpus is "
-                           "used unless --train_dataset_dir is given")
+            data["refused"] = f"train_dataset.data_loader.type: {kind} is not read by mf-ds"
+            ledger.differs("train_dataset.data_loader.type", f"{kind} is not supported: the run is refused "
+                           "unless --train_dataset_dir or --set mf_ds.builtin_corpus=true names other data")
     return data
+
+
+def hf_columns(raw: dict, hf: dict) -> dict[str, str]:
+    """{column: model argument} of HFDataLoader data: HFDataset's columns (packed: input_ids, labels, loss_mask,
+    position_ids, then actual_seq_len or attention_mask), narrowed by input_columns and zipped with
+    construct_args_key when the YAML gives them (base_trainer.py `_get_columns_with_strategy`)."""
+    columns = ["input_ids", "labels"]
+    if hf["packed"]:
+        columns += ["loss_mask", "position_ids", "actual_seq_len" if hf["compressed"] else "attention_mask"]
+    if "input_columns" in raw:
+        columns = coerce(raw["input_columns"], list[str], "train_dataset.input_columns").value
+    keys = coerce(raw.get("construct_args_key", columns), list[str], "train_dataset.construct_args_key").value
+    return dict(zip(columns, keys, strict=False))
 
 
 def _mindrecord(loader: dict, raw: dict, data: dict, mcore: bool, ledger: Ledger) -> None:

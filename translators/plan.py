@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, layout, mf_defaults, names, pynative, recompute, recompute_ops
+from translators import families, hfdata, layout, mf_defaults, names, pynative, recompute, recompute_ops
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
@@ -193,6 +193,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     pad_token_id = hf_config.get("pad_token_id") if hf_config else None
     attention = attention_plan(tree, family.mcore, pad_token_id, data, ledger, modelled=modelled,
                                context_parallel=lay.context_parallel)
+    hfdata.finish(data, tree, extra, ledger)  # HFDataLoader: tokenizer, packed labels, columns fed; builtin flag
     steps_per_epoch = None
     if data["train_samples"]:
         steps_per_epoch = data["train_samples"] // batch.global_batch or None
@@ -283,7 +284,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "model_name": (tree.get("trainer") or {}).get("model_name") or family.name,
         "family": family.name,
         "layer_style": family.layer_style,
-        "tokenizer_dir": extra.tokenizer_dir,
+        # JSON-lines data: mf_ds.tokenizer_dir, else the tokenizer beside the weights (pretrained_model_dir)
+        "tokenizer_dir": extra.tokenizer_dir or general.pretrained_model_dir or None,
         "max_nan_steps": extra.max_nan_steps,
         "fused_loss": extra.fused_loss,
         "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, data, ledger),

@@ -272,6 +272,10 @@ class Data:
     reset_attention_mask: bool = False
     reset_position_ids: bool = False
     eod_pad_length: int | None = None
+    hf: Mapping[str, Any] | None = field(default=None, metadata=_OMIT_NONE)
+    """HFDataLoader: load arguments, handlers, packing, tokenizer directory (translators/hfdata.py)."""
+    refused: str | None = field(default=None, metadata=_OMIT_NONE)
+    """Why the data the YAML names cannot be read (the run stops unless other data is given)."""
 
 
 @dataclass(frozen=True)

@@ -298,6 +298,9 @@ class MfDs(Section):
     keep_moe_losses: bool = key(False, "add the MoE aux / z losses the YAML configures where MindFormers' code path "
                                        "discards them (legacy Llama MoE, MoEV3's device/comm/z, mcore's z)")
     tokenizer_dir: str | None = key(None, "local HF tokenizer directory for JSON-lines data")
+    mindformers_packing_labels: bool = key(False, "packed HFDataLoader samples with MindFormers' PackingHandler "
+                                                  "labels (shifted twice; docs/data.md), for parity runs")
+    builtin_corpus: bool = key(False, "train on the built-in corpus instead of the data the YAML names")
     zero_stage: int | None = key(None, "ZeRO stage instead of the one the YAML implies (3 shards the weights too, "
                                        "as MindSpore's optimizer parallel does)", check=one_of(0, 1, 2, 3))
     fused_loss: bool | None = key(None, "the LM loss from the last hidden state and the LM head without the whole "

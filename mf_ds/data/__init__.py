@@ -6,6 +6,8 @@
   rows.py     MindRecord rows as samples, with MindFormers' column roles (labels, loss_mask) and slicing
   gpt.py      Megatron GPTDataset-style samples, weighted blending, and the deterministic batch stream
   build.py    `build_train_dataset`: which source the Plan (or --train_dataset_dir) asks for, vocab checks
+  hfloader.py MindFormers' HFDataLoader: datasets.load_dataset, the handler list (handlers.py), packed columns
+  writers.py  JSON lines -> Megatron .bin/.idx and MindRecord (`mf-data --to`)
 
 Typical use by the training loop:
     dataset = build_train_dataset(plan.run.data, run.seq_length, run.seed, vocab_size, run.tokenizer_dir,

@@ -1,12 +1,15 @@
 """`build_train_dataset`: the Plan's `run.data` (translators/data.py) -> a `TrainDataset`.
 
 Where the tokens come from, in order:
-  1. `override_dir` (the CLI's `--train_dataset_dir`): a directory, a `.jsonl` file or a Megatron path prefix;
+  1. `override_dir` (the CLI's `--train_dataset_dir`): a directory, a `.jsonl` file or a Megatron path prefix
+     (an HFDataLoader YAML: the files its handlers read, through datasets.load_dataset);
      a directory holds either `.bin`/`.idx` pairs or `.jsonl` files, each read once per pass (weights by size);
   2. `kind` "megatron": `paths` and blend `weights` from `data_loader.config.data_path`;
      "json": JSON lines with a "text" field and the local tokenizer in `tokenizer_dir`;
      "builtin": the built-in corpus (text.py); "mindrecord": MindRecord rows (mindrecord.py, rows.py), one
-     sample each, from `dataset_dir` (a directory or one file with its shards) or the `dataset_files` as given.
+     sample each, from `dataset_dir` (a directory or one file with its shards) or the `dataset_files` as given;
+     "hf": MindFormers' HFDataLoader (hfloader.py: datasets.load_dataset and the handlers);
+     `refused` (a loader mf-ds does not read): a DataError, unless `override_dir` names other data.
 Every token id is checked against the model's vocab_size: before training starts, or, for MindRecord (one row at
 a time, decoded on demand), as each row is read.
 """
@@ -29,10 +32,22 @@ def build_train_dataset(data: Data, seq_length: int, seed: int, vocab_size: int,
     """The training samples for `run.data`; `seed` (run.seed) is used when the data set names none."""
     kind, paths, weights = data.kind, list(data.paths), list(data.weights) or None
     files_as_given = data.files_as_given
+    if override_dir and kind == "hf":  # the YAML's handlers on other files: datasets reads them
+        from mf_ds.data.hfloader import HFSamples, override
+
+        return HFSamples(override(data.hf, override_dir), seq_length, vocab_size,
+                         data.seed if data.seed is not None else seed)
     if override_dir:
         kind, paths = discover(override_dir)
         weights = None
         files_as_given = False
+    elif data.refused:
+        raise DataError(data.refused.split(":")[0], f"{data.refused.split(': ', 1)[-1]}; give --train_dataset_dir, "
+                        "or --set mf_ds.builtin_corpus=true to train on the built-in corpus")
+    elif kind == "hf":
+        from mf_ds.data.hfloader import HFSamples
+
+        return HFSamples(data.hf, seq_length, vocab_size, data.seed if data.seed is not None else seed)
     eos = None
     if kind == "builtin":
         if vocab_size < ByteTokenizer.vocab_size:

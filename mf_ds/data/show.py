@@ -1,4 +1,5 @@
 """`mf-data PATH [--mf-config x.yaml] [--head N]`: what is in a data set, as JSON lines on stdout.
+`mf-data TEXT.jsonl --to megatron|mindrecord --out OUT --tokenizer DIR [--row-length N]`: convert (writers.py).
 
 The first line describes the data set: {"format", "files", "samples", "columns": {name: {"dtype", "shape"}}};
 then come its first N samples, each column as a list (bytes as a list of byte values, strings as strings; a NaN or
@@ -9,7 +10,9 @@ infinite float as null, since JSON has no such numbers and a strict reader refus
   JSON lines  a .jsonl / .json file: one sample per line, the objects as written
 With --mf-config, PATH defaults to the YAML's train_dataset and each sample line also carries "train": the
 {"input_ids", "labels"} the model trains on, under the YAML's column roles, slicing and seq_length (-100: no
-loss). The logic is in `describe` and `samples`, which the tests call; `cli` only parses and prints.
+loss). An HFDataLoader YAML (without PATH): a line naming the load arguments, handlers and tokenizer, then each
+sample's HFDataLoader columns (input_ids, labels, loss_mask, position_ids, actual_seq_len, doc_ids when packed) with
+"train" (plus position_ids / doc_ids where they reach the model). The logic is in `describe` and `samples`, which the tests call; `cli` only parses and prints.
 """
 
 from __future__ import annotations
@@ -119,12 +122,12 @@ class _JsonLines:
         return record
 
 
-def training_samples(config: str, path: str | None, head: int) -> tuple[str, list[dict]]:
+def training_samples(config: str, path: str | None, head: int, sets: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
     """(the data path, the first `head` samples as the model trains on them) under the YAML's settings."""
     from mf_ds.data.build import build_train_dataset
     from translators.plan import translate_file
 
-    plan = translate_file(config).plan
+    plan = translate_file(config, list(sets)).plan
     run, data = plan.run, plan.run.data
     if path is None and (data.kind == "builtin" or not data.paths):
         raise DataError(config, "names no data set (train_dataset.data_loader); give PATH")
@@ -133,9 +136,30 @@ def training_samples(config: str, path: str | None, head: int) -> tuple[str, lis
     path = path or data.paths[0]
     out = []
     for i in range(min(head, len(dataset))):
-        item = dataset[i]
-        out.append({"input_ids": item["input_ids"].tolist(), "labels": item["labels"].tolist()})
+        item = dataset[i]  # position_ids / doc_ids: packed HFDataLoader samples, as they reach the model
+        out.append({name: value.tolist() for name, value in item.items()})
     return path, out
+
+
+def hf_lines(config: str, sets: list[str], head: int) -> list[dict] | None:
+    """For an HFDataLoader YAML: the description line and each sample's HFDataLoader columns with "train" (the
+    sample as the model trains on it); None for other data."""
+    from mf_ds.data.build import build_train_dataset
+    from translators.plan import translate_file
+
+    plan = translate_file(config, list(sets)).plan
+    run, data = plan.run, plan.run.data
+    if data.kind != "hf":
+        return None
+    vocab = plan.hf_config["vocab_size"] if plan.hf_config else 2**31 - 1
+    dataset = build_train_dataset(data, run.seq_length, run.seed, vocab)
+    lines = [{"format": "HFDataLoader", "load": {"load_func": data.hf["load_func"], **data.hf["load"]},
+              "handler": [h["type"] for h in data.hf["handlers"]], "tokenizer": data.hf["tokenizer_dir"],
+              "samples": len(dataset), "packed": data.hf["packed"]}]
+    for i in range(min(head, len(dataset))):
+        columns = {name: value.tolist() for name, value in dataset.columns(i).items()}
+        lines.append({**columns, "train": {name: value.tolist() for name, value in dataset[i].items()}})
+    return lines
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -144,7 +168,17 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("path", nargs="?", help="data file, shard, directory or Megatron prefix")
     parser.add_argument("--mf-config", help="MindFormers YAML: its data path and the samples as trained")
     parser.add_argument("--head", type=int, default=3, help="samples to print (default 3)")
+    parser.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
+                        help="override a YAML key (with --mf-config), as mf-train --set")
+    parser.add_argument("--to", choices=("megatron", "mindrecord"),
+                        help="convert PATH (JSON lines with a \"text\" field) to this format at --out")
+    parser.add_argument("--out", help="--to megatron: the .bin/.idx path prefix; --to mindrecord: the file")
+    parser.add_argument("--tokenizer", help="--to: local HF tokenizer directory (e.g. the pretrained_model_dir)")
+    parser.add_argument("--row-length", type=int, help="--to mindrecord: tokens per row (seq_length, or "
+                        "seq_length + 1 for a legacy model)")
     args = parser.parse_args(argv)
+    if args.to:
+        return _convert(parser, args)
     if args.path is None and args.mf_config is None:
         parser.error("give PATH or --mf-config")
     from translators.errors import ConfigError
@@ -152,8 +186,13 @@ def cli(argv: list[str] | None = None) -> int:
     try:
         trained = None
         path = args.path
+        hf = hf_lines(args.mf_config, args.set, args.head) if args.mf_config and not args.path else None
+        if hf is not None:
+            for line in hf:
+                print(json.dumps(line, ensure_ascii=False, allow_nan=False))
+            return 0
         if args.mf_config:
-            path, trained = training_samples(args.mf_config, args.path, args.head)
+            path, trained = training_samples(args.mf_config, args.path, args.head, tuple(args.set))
         summary, source = describe(path)
         print(json.dumps(summary, allow_nan=False))
         for i, sample in enumerate(samples(source, args.head)):
@@ -161,6 +200,19 @@ def cli(argv: list[str] | None = None) -> int:
                 sample = {**sample, "train": trained[i]}
             print(json.dumps(sample, ensure_ascii=False, allow_nan=False))
     except (DataError, ConfigError, OSError) as exc:
+        print(f"mf-data: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _convert(parser: argparse.ArgumentParser, args) -> int:
+    from mf_ds.data.writers import convert
+
+    if not args.path or not args.out:
+        parser.error("--to needs PATH (JSON lines) and --out")
+    try:
+        print(json.dumps(convert(args.path, args.to, args.out, args.tokenizer, args.row_length)))
+    except (DataError, OSError) as exc:
         print(f"mf-data: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     return 0

@@ -63,8 +63,8 @@ def builtin_corpus() -> TokenArray:
 def load_tokenizer(tokenizer_dir: str | None):
     """The HF tokenizer saved in `tokenizer_dir`, loaded offline."""
     if not tokenizer_dir:
-        raise DataError("mf_ds.tokenizer_dir", "JSON-lines data needs a local tokenizer directory "
-                        "(--set mf_ds.tokenizer_dir=/path/to/tokenizer)")
+        raise DataError("mf_ds.tokenizer_dir", "JSON-lines data needs a local tokenizer directory (the YAML's "
+                        "pretrained_model_dir, or --set mf_ds.tokenizer_dir=/path/to/tokenizer)")
     if not os.path.isdir(tokenizer_dir):
         raise DataError(tokenizer_dir, "tokenizer directory does not exist")
     if not any(os.path.isfile(os.path.join(tokenizer_dir, name))
