@@ -382,6 +382,10 @@ class Trainer:
             # the last step, unless just saved; save_checkpoint_steps 0 saves nothing by steps, nor at the end
             if self._save_every() and self.step % self._save_every():
                 self.save()
+            if self.plan.run.lora is not None:  # the adapters (PEFT) and the merged model (mf_ds/lora.py)
+                from mf_ds import lora
+
+                lora.export(self.engine, self.output_dir, self.plan, _log)
         return losses
 
     def _beat(self) -> None:
