@@ -68,6 +68,17 @@ def mf_module(hf_module: str, family: str, plan: Plan | None = None) -> str:
     return name[: -len(".weight")] if name.endswith(".weight") else name
 
 
+def hf_modules(module: str, family: str, plan: Plan | None = None) -> list[str]:
+    """The HF modules that MindFormers module `module` holds (q, k, v of a fused linear_qkv); [] for none."""
+    stem = names.mf_to_hf(f"{module}.weight", family)
+    if stem is None:
+        return []
+    for part, (_, hf_parts) in _fused(family, plan).items():
+        if part in stem:
+            return [stem.replace(part, hf)[: -len(".weight")] for hf in hf_parts]
+    return [stem[: -len(".weight")]]
+
+
 def _graph_match(path: str, target: str, excludes: tuple[str, ...]) -> bool:
     """recursive_replace_dense_cell for a Linear at `path`: the first child name (from the root) that re.match-es
     target_modules must be the Linear itself; no name on the way may re.match an exclude_layers entry."""
@@ -283,3 +294,72 @@ def to_mindformers(adapters: dict[str, torch.Tensor], plan: Plan, config) -> Ite
                         family, config, layout_of(plan))
         yield f"{mf}{suffix_a}", first
         yield f"{mf}{suffix_b}", b
+
+
+def peft_config(plan: Plan, target_modules: list[str]):
+    from peft import LoraConfig
+
+    lora = plan.run.lora
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
+                      target_modules=target_modules, init_lora_weights=True, task_type="CAUSAL_LM")
+
+
+def mindformers_to_peft(plan: Plan, src: str, dst: str, config) -> int:
+    """mf-convert: the adapters of MindFormers checkpoint `src` as a PEFT adapter directory `dst` (a fused
+    MindFormers adapter: its A to each part, B's rows split as the fused weight's); returns the tensors written."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from mf_ds.mindspore_ckpt import mindformers_weights
+    from mf_ds.weights import layout_of, to_hf
+
+    family = plan.weights_family
+    out: dict[str, torch.Tensor] = {}
+    for mf_name, file, load in mindformers_weights(src):
+        if not is_adapter(mf_name):
+            continue
+        suffix = next(s for s in _ANY_SUFFIX if mf_name.endswith(s))
+        module, is_a = names.strip(mf_name[: -len(suffix)], family), suffix in {a for a, _ in SUFFIXES.values()}
+        tensor, modules = load(), hf_modules(module, family, plan)
+        if not modules:
+            raise RunError(f"{file}: {mf_name}: {module} is no module of the YAML's {family} model")
+        if is_a or len(modules) == 1:
+            pieces = {hf: tensor for hf in modules}
+        else:  # B's rows split as the fused weight's rows
+            pieces = {p.name[: -len(".weight")]: p.tensor
+                      for p in to_hf(f"{module}.weight", tensor, family, config, layout_of(plan))}
+        for hf, value in pieces.items():
+            out[f"base_model.model.{hf}.lora_{'A' if is_a else 'B'}.weight"] = value.contiguous()
+    if not out:
+        raise RunError(f"{src}: holds no LoRA adapter (mindpet_delta_lora_a / lora_A / lora_a)")
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    modules = sorted({k.split(".lora_")[0].removeprefix("base_model.model.") for k in out})
+    peft_config(plan, sorted({m.rsplit(".", 1)[-1] for m in modules})).save_pretrained(dst)
+    save_file(out, str(Path(dst) / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return len(out)
+
+
+def peft_to_mindformers(plan: Plan, src: str, dst: str, config) -> int:
+    """mf-convert: PEFT adapter directory `src` -> MindFormers' adapter names in a .ckpt or .safetensors `dst`."""
+    from pathlib import Path
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save_file
+
+    from mf_ds.mindspore_ckpt import write_ckpt
+
+    if plan.run.lora is None:
+        raise RunError(f"{src}: a PEFT adapter directory; the YAML names no pet_config / lora_config to say "
+                       "MindFormers' adapter names")
+    try:
+        adapters = load_file(str(Path(src) / "adapter_model.safetensors"))
+    except (OSError, SafetensorError) as exc:
+        raise RunError(f"{Path(src) / 'adapter_model.safetensors'}: not readable ({exc})") from None
+    tensors = list(to_mindformers(adapters, plan, config))
+    if dst.endswith(".ckpt"):
+        return write_ckpt(dst, iter(tensors))
+    if dst.endswith(".safetensors"):
+        save_file({k: v.contiguous() for k, v in tensors}, dst, metadata={"format": "ms"})
+        return len(tensors)
+    raise RunError(f"{dst}: MindFormers' adapters are written as a .ckpt or .safetensors file")
