@@ -15,6 +15,8 @@ loss), with the same pad masking and attention as training.
 from __future__ import annotations
 
 import math
+import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -85,3 +87,30 @@ class Evaluator:
         loss = (total[0] / total[1]).item()
         return {"eval_loss": loss, "eval_ppl": math.exp(loss) if loss < 700 else math.inf,
                 "eval_batches": int(total[1].item())}
+
+
+def trainer_callback(evaluator: Evaluator):
+    """EvalCallBack for the HF Trainer path: at the steps `evaluator.due` names, the evaluation runs at the step's
+    end (before the Trainer logs the step) and `take()` hands the numbers to the step's metrics row
+    (mf_ds/hf.py MFLossMonitor). The Trainer's own eval_strategy stays off: it knows neither epoch_interval nor
+    PerplexityMetric's mean over batches (it weights each sample)."""
+    from transformers import TrainerCallback
+
+    class EvalCallBack(TrainerCallback):
+        def __init__(self):
+            self.result: dict = {}
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if evaluator.due(state.global_step):
+                start = time.perf_counter()
+                self.result = evaluator.evaluate(model, args.device)
+                if state.is_world_process_zero:
+                    print(f"mf-ds: eval: step {state.global_step}: Eval result: {{'loss': "
+                          f"{self.result['eval_loss']:.6f}, 'PPL': {self.result['eval_ppl']:.6f}}}, eval time is "
+                          f"{time.perf_counter() - start:.3f} s.", file=sys.stderr, flush=True)
+
+        def take(self) -> dict:
+            result, self.result = self.result, {}
+            return result
+
+    return EvalCallBack()
