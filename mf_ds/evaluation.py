@@ -6,7 +6,7 @@ multiple of step_interval, and at the end of every epoch whose number is a multi
 when > 0). Where both fall on one step MindFormers evaluates twice on the same weights; mf-ds once (same numbers).
 What: PerplexityMetric (core/metric/metric.py): per eval batch the mean token loss, then the mean over the batches
 (`total_loss / num_data`) and PPL = exp of it. The eval data are read in order, in batches of the run's micro batch
-size, the last one partial (drop_remainder False). Data-parallel ranks take the batches round-robin and the sums are
+size, the last one partial unless eval_dataset.drop_remainder, all of it `repeat` times. Data-parallel ranks take the batches round-robin and the sums are
 all-reduced, so the result does not depend on the world size; a rank left without a batch in the last round runs
 a forward it does not count (ZeRO-3's forward is collective). The loss is the language-model loss only (no MoE aux
 loss), with the same pad masking and attention as training.
@@ -58,8 +58,12 @@ class Evaluator:
         from mf_ds.attention import model_inputs
         from mf_ds.parallel import data_shard
 
-        size = self.run.micro_batch_size
-        count = -(-len(self.dataset) // size)
+        size, data = self.run.micro_batch_size, self.spec.data
+        whole = len(self.dataset) // size if data.drop_remainder else -(-len(self.dataset) // size)
+        if whole == 0:
+            raise RunError(f"eval_dataset: {len(self.dataset)} samples make no eval batch of {size} "
+                           "(drop_remainder: True)")
+        count = whole * data.repeat  # dataset.repeat after batching: the same batches again
         rank, world = data_shard(self.rank, self.world, self.plan.parallel)
         rounds = -(-count // world)
         implementation = model.config._attn_implementation
@@ -69,7 +73,7 @@ class Evaluator:
         try:
             for r in range(rounds):
                 index = r * world + rank
-                batch = {k: t.to(device) for k, t in self._batch(index if index < count else 0, size).items()}
+                batch = {k: t.to(device) for k, t in self._batch(index % whole if index < count else 0, size).items()}
                 labels = batch["labels"]
                 if self.run.loss_mask_pad_id is not None:
                     labels = labels.masked_fill(batch["input_ids"] == self.run.loss_mask_pad_id, -100)

@@ -44,8 +44,10 @@ def parse_evaluation(tree: dict, general: Any, ledger: Ledger, seq_length: int |
     if data["kind"] == "builtin":
         raise ConfigError("eval_dataset.data_loader", "do_eval: True needs data to evaluate on: the data_loader "
                           "names no data set mf-ds can read (MindRecord, Megatron .bin/.idx, JSON lines)")
-    data["shuffle"] = False  # every evaluation reads the same batches in order, as MindFormers' eval pipelines
-    data["drop_remainder"] = False
+    if data["shuffle"]:
+        view.differs("train_dataset.data_loader.shuffle", "True: mf-ds evaluates the batches in the data set's order "
+                     "(the mean over batches changes only with how the samples fall into them)")
+        data["shuffle"] = False
     step = general.eval_step_interval or 100
     epoch = general.eval_epoch_interval or -1
     if step <= 0 and epoch <= 0:
