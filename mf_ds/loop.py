@@ -484,6 +484,9 @@ class Trainer:
 
     def _check_checkpoint2(self) -> None:
         """Before the first step: a Checkpoint 2.0 with the optimizer state can be saved."""
+        if self.checkpoint2 and self.plan.run.lora is not None:
+            raise RunError("CheckpointMonitor.use_legacy_format False with LoRA: mf-ds saves a LoRA run in its own "
+                           "checkpoints (the adapters in PEFT's layout, mf_ds/lora.py); set use_legacy_format: True")
         if not (self.checkpoint2 and self.ckpt.save_optimizer):
             return
         if self.state_keys is None:

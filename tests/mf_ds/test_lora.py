@@ -53,6 +53,27 @@ def test_lora_equals_mindformers_own_lora_step_by_step(tmp_path):
     assert (config["r"], config["lora_alpha"]) == (4, 8)
 
 
+def test_lora_under_zero3_and_resumed(tmp_path):
+    """ZeRO-3 (the whole model built, then partitioned with its adapters by DeepSpeed): MindFormers' first 5 steps;
+    stopped there and resumed from the checkpoint (PEFT adapters, DeepSpeed state): its last 5."""
+    steps = golden("lora_llama2_tiny")
+    mf_train(str(LORA), "--output_dir", str(tmp_path), "--max_steps", "5", "--set", "mf_ds.zero_stage=3")
+    check_run(tmp_path / "metrics.jsonl", steps[:5])
+    assert (tmp_path / "checkpoint" / "llama2_7b-step5" / "adapter_model.safetensors").is_file()
+    mf_train(str(LORA), "--output_dir", str(tmp_path), "--resume_training", "--set", "mf_ds.zero_stage=3")
+    check_run(tmp_path / "metrics.jsonl", steps)
+
+
+def test_lora_under_the_hf_trainer(tmp_path):
+    """examples/hf_trainer.py (the HF Trainer, ZeRO-2): MindFormers' first 3 steps; the Trainer saves PEFT's
+    layout."""
+    proc = subprocess.run([sys.executable, "examples/hf_trainer.py", str(LORA), "--max_steps", "3", "--output_dir",
+                           str(tmp_path)], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_run(tmp_path / "metrics.jsonl", golden("lora_llama2_tiny")[:3])
+    assert (tmp_path / "final" / "adapter_config.json").is_file()
+
+
 @pytest.fixture(scope="module")
 def qwen3_run(tmp_path_factory):
     """The shrunk Qwen3 with lora_config, from a saved random base, 3 steps."""
