@@ -169,7 +169,7 @@ def cli(argv: list[str] | None = None) -> int:
             plan = translate_file(args.mf_config).plan
             src = Path(args.src)
             if src.is_dir() and (src / "adapter_config.json").is_file():  # PEFT adapters (mf_ds/lora.py)
-                from mf_ds.lora import peft_to_mindformers
+                from mf_ds.lora_export import peft_to_mindformers
 
                 result = {"direction": "peft->mindformers",
                           "tensors": peft_to_mindformers(plan, args.src, args.dst, _meta_model(plan).config)}
@@ -178,7 +178,7 @@ def cli(argv: list[str] | None = None) -> int:
             else:
                 result = {"direction": "mindformers->hf", **to_hf(plan, args.src, args.dst)}
                 if plan.run.lora is not None:  # its adapters beside, in PEFT's layout
-                    from mf_ds.lora import mindformers_to_peft
+                    from mf_ds.lora_export import mindformers_to_peft
 
                     result["adapters"] = mindformers_to_peft(plan, args.src, str(Path(args.dst) / "adapter"),
                                                              _meta_model(plan).config)

@@ -6,10 +6,10 @@ multiple of step_interval, and at the end of every epoch whose number is a multi
 when > 0). Where both fall on one step MindFormers evaluates twice on the same weights; mf-ds once (same numbers).
 What: PerplexityMetric (core/metric/metric.py): per eval batch the mean token loss, then the mean over the batches
 (`total_loss / num_data`) and PPL = exp of it. The eval data are read in order, in batches of the run's micro batch
-size, the last one partial unless eval_dataset.drop_remainder, all of it `repeat` times. Data-parallel ranks take the batches round-robin and the sums are
-all-reduced, so the result does not depend on the world size; a rank left without a batch in the last round runs
-a forward it does not count (ZeRO-3's forward is collective). The loss is the language-model loss only (no MoE aux
-loss), with the same pad masking and attention as training.
+size, the last one partial unless eval_dataset.drop_remainder, all of it `repeat` times. Data-parallel ranks take
+the batches round-robin and the sums are all-reduced, so the result does not depend on the world size; a rank left
+without a batch in the last round runs a forward it does not count (ZeRO-3's forward is collective). The loss is
+the language-model loss only (no MoE aux loss), with the same pad masking and attention as training.
 """
 
 from __future__ import annotations

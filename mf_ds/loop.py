@@ -389,9 +389,9 @@ class Trainer:
             if self._save_every() and self.step % self._save_every():
                 self.save()
             if self.plan.run.lora is not None:  # the adapters (PEFT) and the merged model (mf_ds/lora.py)
-                from mf_ds import lora
+                from mf_ds import lora_export
 
-                lora.export(self.engine, self.output_dir, self.plan, _log)
+                lora_export.export(self.engine, self.output_dir, self.plan, _log)
         return losses
 
     def _beat(self) -> None:

@@ -21,11 +21,11 @@ from translators import families, layout, mf_defaults, names, pynative, recomput
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
-from translators.evaluation import parse_evaluation
 from translators.errors import ConfigError, show
+from translators.evaluation import parse_evaluation
 from translators.general import check_section_types, parse_general, parse_trainer, weights_path
-from translators.lora import parse_pet_config, split_pet_config
 from translators.loader import apply_overrides, load_yaml
+from translators.lora import parse_pet_config, split_pet_config
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
 from translators.notes import Ledger, Note

@@ -29,9 +29,9 @@ from translators import deepspeed as ds
 from translators import families, mf_defaults
 from translators import pynative_account as account
 from translators.attention import attention_plan, trailing_pads_inert
-from translators.lora import parse_lora_config
 from translators.data import parse_data
 from translators.errors import ConfigError, show
+from translators.lora import parse_lora_config
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
 from translators.notes import Ledger, LedgerView

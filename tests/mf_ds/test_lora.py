@@ -178,12 +178,12 @@ def _llama_lora():
 
 def test_mindpet_adapters_read_and_written_back_bit_for_bit():
     """init_lora.ckpt's adapters (mindpet's names) into the PEFT model, then out under mindpet's names again."""
-    from mf_ds import lora
+    from mf_ds import lora, lora_export
     from mf_ds.mindspore_ckpt import mindformers_weights
 
     plan, model = _llama_lora()
     state = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
-    written = dict(lora.to_mindformers(state, plan, model.config))
+    written = dict(lora_export.to_mindformers(state, plan, model.config))
     given = {n: load() for n, _, load in mindformers_weights(str(RUN / "init_lora.ckpt")) if lora.is_adapter(n)}
     assert sorted(written) == sorted(given) and len(given) == 16
     for name, tensor in given.items():
@@ -195,7 +195,7 @@ def test_mindpet_adapters_read_and_written_back_bit_for_bit():
 def test_fused_linear_qkv_adapter_round_trip():
     """mcore's linear_qkv adapter: its A to q, k and v, B's rows split as the fused weight's (per KV group); back to
     one adapter when the three A agree, refused in one line when they differ."""
-    from mf_ds import lora
+    from mf_ds import lora_export
     from mf_ds.errors import RunError
     from mf_ds.model import hf_config
     from translators.plan import translate_file
@@ -207,12 +207,12 @@ def test_fused_linear_qkv_adapter_round_trip():
     peft = {f"base_model.model.model.layers.0.self_attn.{p}_proj.lora_A.weight": a for p in "qkv"}
     peft |= {f"base_model.model.model.layers.0.self_attn.{p}_proj.lora_B.weight": part
              for p, part in zip("qkv", _split_rows(b, config), strict=True)}
-    back = dict(lora.to_mindformers(peft, plan, config))
+    back = dict(lora_export.to_mindformers(peft, plan, config))
     assert torch.equal(back["decoder.layers.0.self_attention.linear_qkv.lora_a"], a)
     assert torch.equal(back["decoder.layers.0.self_attention.linear_qkv.lora_b"], b)
     peft["base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"] = a + 1
     with pytest.raises(RunError, match="parts' A differ"):
-        dict(lora.to_mindformers(peft, plan, config))
+        dict(lora_export.to_mindformers(peft, plan, config))
 
 
 def _split_rows(b, config):
