@@ -103,12 +103,23 @@ def targets(model: torch.nn.Module, lora: Lora, family: str, plan: Plan | None =
     """{HF module name: MindFormers module name} of the Linear layers that take an adapter."""
     match: Callable[[str, str, tuple[str, ...]], bool] = \
         _pynative_match if lora.style == "pynative" else _graph_match
+    try:
+        names.name_map(family)
+    except KeyError:
+        raise RunError(f"{lora.source}: LoRA on {family}: mf-ds has no MindFormers weight-name table for it, so "
+                       "target_modules cannot be matched against MindFormers' module names") from None
     chosen = {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
             mf = mf_module(name, family, plan)
             if match(mf, lora.target_modules, tuple(lora.exclude_layers)):
                 chosen[name] = mf
+        elif lora.style == "pynative" and name.endswith(".experts") and \
+                match(mf_module(name, family, plan), lora.target_modules, tuple(lora.exclude_layers)):
+            # 2.1.0 _replace_modules wraps the routed experts (GroupedMLPWithLoRA); HF's are fused parameters
+            raise RunError(f"{lora.source}.target_modules {lora.target_modules!r} matches the routed experts "
+                           f"({mf_module(name, family, plan)}): LoRA on experts is not supported by mf-ds; narrow "
+                           "it, or name them in exclude_layers")
     if not chosen:
         linears = sorted({mf_module(n, family, plan).rsplit(".", 1)[-1] for n, m in model.named_modules()
                           if isinstance(m, torch.nn.Linear)})

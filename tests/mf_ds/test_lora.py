@@ -247,3 +247,25 @@ def test_mf_convert_lora_both_ways(tmp_path):
     x = torch.randint(3, 64, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(peft_model(x).logits, ours(x).logits, rtol=0, atol=1e-6)
+
+
+def test_what_lora_cannot_place_is_one_line():
+    """PyNative's regex reaching the routed experts (GroupedMLPWithLoRA in MindFormers; fused parameters in HF), a
+    regex matching no Linear, and a family without MindFormers' weight names: RunError, before any training."""
+    from mf_ds.errors import RunError
+    from mf_ds.lora import targets
+    from mf_ds.model import hf_config, new_model
+    from translators.plan import translate_file
+    from translators.plan_types import Lora
+
+    plan = translate_file(str(ROOT / "configs" / "tiny_qwen3_moe.yaml")).plan
+    model = new_model(hf_config(plan))
+    with pytest.raises(RunError, match="matches the routed experts"):
+        targets(model, Lora(style="pynative", target_modules="mlp"), plan.weights_family, plan)
+    kept = targets(model, Lora(style="pynative", target_modules="mlp|linear_proj", exclude_layers=("experts",)),
+                   plan.weights_family, plan)
+    assert sorted(kept) == [f"model.layers.{i}.self_attn.o_proj" for i in range(plan.hf_config["num_hidden_layers"])]
+    with pytest.raises(RunError, match="matches no Linear layer"):
+        targets(model, Lora(style="mcore", target_modules="wq"), plan.weights_family, plan)
+    with pytest.raises(RunError, match="no MindFormers weight-name table"):
+        targets(model, Lora(style="pynative", target_modules="x"), "deepseek_v3/mcore")
