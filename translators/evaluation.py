@@ -55,6 +55,11 @@ def parse_evaluation(tree: dict, general: Any, ledger: Ledger, seq_length: int |
                        "evaluates, nor does mf-ds")
     ledger.runtime("do_eval", "run.evaluation: the eval loss (mean of the batches' mean losses) and perplexity in "
                    "the log, metrics.jsonl (eval_loss, eval_ppl), TensorBoard and the report")
+    # 1.7.0 LlamaForCausalLM.construct, not training: it returns (logits, input_ids, input_ids != pad) and
+    # PerplexityCell takes CE(logits[:, :-1], input_ids[:, 1:]) under that mask (core/metric/utils.py)
+    ledger.differs("do_eval", "each eval token's loss is the training loss on the eval data (its labels or loss "
+                   "mask, samples of seq_length + 1); MindFormers' PerplexityMetric on a legacy model counts every "
+                   "next token of input_ids but pads (labels unused), on samples of seq_length")
     if "eval_step_interval" in tree:
         ledger.runtime("eval_step_interval", f"run.evaluation.step_interval {step}: after every step that is a "
                        "multiple of it (MindFormers: `or 100`, <= 0 off)")
