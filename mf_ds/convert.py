@@ -8,6 +8,9 @@
                       {"format": "ms"}, as MindSpore writes); MindFormers' load_checkpoint reads either. A DST
                       without a suffix is written as a one-card MindFormers 2.x Checkpoint 2.0 directory
                       (mf_ds/checkpoint2.py), which SRC may also be (any number of ranks: merged on reading).
+  LoRA (the YAML's pet_config / lora_config, mf_ds/lora.py): a MindFormers SRC's adapters (`mindpet_delta_lora_a`,
+                      ...) go to DST/adapter in PEFT's layout; SRC a PEFT adapter directory (adapter_config.json):
+                      DST a .ckpt / .safetensors of the adapters under MindFormers' names.
 Every tensor is checked against the model the YAML describes (built on the meta device: shapes only), and the
 conversion is exact: the same bits, the dtype kept. The logic is in `to_hf` / `to_mindformers`; `cli` parses and
 prints.
@@ -68,7 +71,7 @@ def to_hf(plan: Plan, src: str, dst: str) -> dict[str, int]:
     total = sum(f.stat().st_size for f in _checkpoint_files(Path(src)))
     with _progress(total, "mf-convert") as bar:
         counts = load_into(model, src, _family(plan), write=lambda name, t: out.__setitem__(name, t.contiguous()),
-                           layout=layout_of(plan), progress=bar.update)
+                           layout=layout_of(plan), progress=bar.update, adapters=plan.run.lora is not None)
     target = Path(dst)
     target.mkdir(parents=True, exist_ok=True)
     save_file(out, str(target / "model.safetensors"), metadata={"format": "pt"})
@@ -165,10 +168,20 @@ def cli(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stdout(sys.stderr):
             plan = translate_file(args.mf_config).plan
             src = Path(args.src)
-            if src.is_dir() and (src / "config.json").is_file():
+            if src.is_dir() and (src / "adapter_config.json").is_file():  # PEFT adapters (mf_ds/lora.py)
+                from mf_ds.lora_export import peft_to_mindformers
+
+                result = {"direction": "peft->mindformers",
+                          "tensors": peft_to_mindformers(plan, args.src, args.dst, _meta_model(plan).config)}
+            elif src.is_dir() and (src / "config.json").is_file():
                 result = {"direction": "hf->mindformers", "tensors": to_mindformers(plan, args.src, args.dst)}
             else:
                 result = {"direction": "mindformers->hf", **to_hf(plan, args.src, args.dst)}
+                if plan.run.lora is not None:  # its adapters beside, in PEFT's layout
+                    from mf_ds.lora_export import mindformers_to_peft
+
+                    result["adapters"] = mindformers_to_peft(plan, args.src, str(Path(args.dst) / "adapter"),
+                                                             _meta_model(plan).config)
     except (RunError, ConfigError, OSError) as exc:
         print(f"mf-convert: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -72,12 +72,13 @@ class MFLossMonitor(TrainerCallback):
     """MindFormers' MFLossMonitor line and metrics.jsonl (+ TensorBoard, plots at the end) under the Trainer."""
 
     def __init__(self, output_dir: Path, per_print_times: int, tokens_per_step: int, epochs: int,
-                 moe: bool = False, drop_rate: TrainerCallback | None = None):
+                 moe: bool = False, drop_rate: TrainerCallback | None = None, evaluation: Any = None):
         self.output_dir, self.every, self.tokens_per_step, self.epochs = output_dir, per_print_times, \
             tokens_per_step, epochs
         # MoE runs: the per-layer drop rate and expert load of each step, from the MoEDropRateCallback when the
         # YAML lists one (it resets the counters), else read here; step_metrics is collective: every rank calls it.
         self.moe, self.drop_rate = moe, drop_rate
+        self.evaluation = evaluation  # do_eval: mf_ds.evaluation.trainer_callback, whose numbers join the row
         self.moe_metrics: dict = {}
         self.monitor = None
         self._start = self._elapsed = float("nan")
@@ -103,13 +104,17 @@ class MFLossMonitor(TrainerCallback):
         elapsed = self._elapsed
         row = {"step": state.global_step, "epoch": 1, "loss": logs["loss"], "lr": logs.get("learning_rate"),
                "grad_norm": logs.get("grad_norm"), "tokens_per_s": self.tokens_per_step / elapsed}
+        evaluated = self.evaluation.take() if self.evaluation is not None else {}
+        row.update(evaluated)
         if self.moe_metrics:
             row["moe"] = {str(layer): stats for layer, stats in self.moe_metrics.items()}
         self.monitor.record(row)
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
             print(f"{{ Epoch:[{1:3d}/{self.epochs:3d}], step:[{state.global_step:5d}/{state.max_steps:5d}], "
                   f"loss: {row['loss']:.6f}, lr: {row['lr']:.6e}, global_norm: [{row['grad_norm'] or 0:.6f}], "
-                  f"tokens/s: {row['tokens_per_s']:.1f} }}", file=sys.stderr, flush=True)
+                  f"tokens/s: {row['tokens_per_s']:.1f}"
+                  + (f", eval_loss: {evaluated['eval_loss']:.6f}, eval_ppl: {evaluated['eval_ppl']:.4f}"
+                     if evaluated else "") + " }", file=sys.stderr, flush=True)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.monitor is not None:
@@ -382,10 +387,16 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     moe_callbacks = _moe_callbacks(plan)
     drop_rate = next((c for c in moe_callbacks if type(c).__name__ == "MoEDropRateCallback"), None)
     # The MoE callbacks run before the monitor at each step end, so it logs the metrics they just measured.
-    callbacks: list[TrainerCallback] = [*moe_callbacks, MFLossMonitor(Path(run.output_dir), per_print,
-                                                                      tokens_per_step, run.epochs,
-                                                                      moe=plan.moe is not None,
-                                                                      drop_rate=drop_rate)]
+    evaluation = None
+    if run.evaluation is not None:  # do_eval (mf_ds/evaluation.py)
+        from mf_ds.evaluation import Evaluator, trainer_callback
+
+        evaluation = trainer_callback(Evaluator(plan, prepared.steps_per_epoch, int(os.environ.get("RANK", "0")),
+                                                world, plan.hf_config["vocab_size"]))
+    callbacks: list[TrainerCallback] = [*moe_callbacks, *([evaluation] if evaluation else []),
+                                        MFLossMonitor(Path(run.output_dir), per_print, tokens_per_step, run.epochs,
+                                                      moe=plan.moe is not None, drop_rate=drop_rate,
+                                                      evaluation=evaluation)]
     if saving:
         callbacks.append(SaveAtEnd())
     if plan.parallel.tensor_parallel > 1:

@@ -257,6 +257,11 @@ class Trainer:
         # metrics.jsonl and TensorBoard (rank 0); on resume the rows after the checkpoint are dropped
         self.monitor = Monitor(self.output_dir, enabled=self.rank == 0, resume_step=self.step)
         self.watchdog = Watchdog(dist_timeout, self.rank) if dist_timeout and self.world > 1 else None
+        self.evaluator = None
+        if run.evaluation is not None:  # do_eval (mf_ds/evaluation.py)
+            from mf_ds.evaluation import Evaluator
+
+            self.evaluator = Evaluator(plan, self.steps_per_epoch, self.rank, self.world, plan.hf_config["vocab_size"])
 
     @classmethod
     def from_args(cls, args: Any) -> Trainer:
@@ -374,7 +379,8 @@ class Trainer:
                 _log(f"mf-ds: step {self.step}: the gradients hold inf/NaN; update skipped "
                      f"({self.engine.skipped_steps} skipped so far)")
             moe_metrics = self._moe_step()
-            self._record(loss, lr, grad_norm, tokens_per_step / elapsed, moe_metrics)
+            evaluated = self._evaluate()
+            self._record(loss, lr, grad_norm, tokens_per_step / elapsed, moe_metrics, evaluated)
             checkpoint.fault_point("step.record", self.step)
             nan_losses = 0 if math.isfinite(loss) else nan_losses + 1
             if nan_losses >= self.max_nan_steps:
@@ -392,6 +398,10 @@ class Trainer:
             # the last step, unless just saved; save_checkpoint_steps 0 saves nothing by steps, nor at the end
             if self._save_every() and self.step % self._save_every():
                 self.save()
+            if self.plan.run.lora is not None:  # the adapters (PEFT) and the merged model (mf_ds/lora.py)
+                from mf_ds import lora_export
+
+                lora_export.export(self.engine, self.output_dir, self.plan, _log)
         return losses
 
     def _beat(self) -> None:
@@ -436,13 +446,27 @@ class Trainer:
                 _log(line)
         return metrics
 
-    def _record(self, loss: float, lr: float, grad_norm: float, tokens_per_s: float, moe: dict) -> None:
+    def _evaluate(self) -> dict:
+        """do_eval at this step when EvalCallBack's intervals say so: MindFormers' log line, and the numbers for the
+        step's metrics row."""
+        if self.evaluator is None or not self.evaluator.due(self.step):
+            return {}
+        start = time.perf_counter()
+        result = self.evaluator.evaluate(self.engine.module, self.engine.device, forward=self.engine)
+        self._beat()
+        _log(f"mf-ds: eval: step {self.step}: Eval result: {{'loss': {result['eval_loss']:.6f}, 'PPL': "
+             f"{result['eval_ppl']:.6f}}}, eval time is {time.perf_counter() - start:.3f} s.")
+        return result
+
+    def _record(self, loss: float, lr: float, grad_norm: float, tokens_per_s: float, moe: dict,
+                evaluated: dict | None = None) -> None:
         if self.rank != 0:
             return
         epoch = (self.step - 1) // self.steps_per_epoch + 1
         row = {"step": self.step, "epoch": epoch, "loss": _finite_or_none(loss), "lr": lr,
                "grad_norm": _finite_or_none(grad_norm), "tokens_per_s": tokens_per_s,
                "skipped_steps": self.engine.skipped_steps, "data_s": getattr(self, "data_s", 0.0)}
+        row.update(evaluated or {})
         if moe:
             row["moe"] = {str(layer): stats for layer, stats in moe.items()}
         self.bar.update(1)
@@ -451,9 +475,11 @@ class Trainer:
         self.monitor.record(row)
         if self.step % self.print_every == 0 or self.step == self.total_steps:
             # MindFormers' MFLossMonitor line, shortened to what PyTorch knows.
+            shown = f", eval_loss: {evaluated['eval_loss']:.6f}, eval_ppl: {evaluated['eval_ppl']:.4f}" \
+                if evaluated else ""
             _log(f"{{ Epoch:[{epoch:3d}/{self.run.epochs:3d}], step:[{self.step:5d}/{self.total_steps:5d}], "
                  f"loss: {loss:.6f}, lr: {lr:.6e}, global_norm: [{grad_norm:.6f}], "
-                 f"tokens/s: {tokens_per_s:.1f}, data: {row['data_s']:.4f} s }}")
+                 f"tokens/s: {tokens_per_s:.1f}, data: {row['data_s']:.4f} s{shown} }}")
 
     def save(self) -> Path | None:
         if not self.ckpt:
@@ -468,6 +494,9 @@ class Trainer:
 
     def _check_checkpoint2(self) -> None:
         """Before the first step: a Checkpoint 2.0 with the optimizer state can be saved."""
+        if self.checkpoint2 and self.plan.run.lora is not None:
+            raise RunError("CheckpointMonitor.use_legacy_format False with LoRA: mf-ds saves a LoRA run in its own "
+                           "checkpoints (the adapters in PEFT's layout, mf_ds/lora.py); set use_legacy_format: True")
         if not (self.checkpoint2 and self.ckpt.save_optimizer):
             return
         if self.state_keys is None:

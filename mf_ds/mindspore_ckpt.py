@@ -279,15 +279,18 @@ def _indexed_files(index: Path) -> list[Path]:
 
 def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
               write: Callable[[str, torch.Tensor], None] | None = None, layout: WeightLayout = DEFAULT_LAYOUT,
-              progress: Callable[[int], None] | None = None) -> dict[str, int]:
+              progress: Callable[[int], None] | None = None, adapters: bool = False) -> dict[str, int]:
     """Copy a MindFormers checkpoint into `model` one tensor at a time; returns counts for the report.
 
     `family` is a key of translators/names.py (names.table_key). Every model parameter must come from the checkpoint
     (tied embeddings aside), every model weight in the checkpoint must find its place, of the same shape; optimizer
     state and counters are skipped. With `write`, each checked tensor goes to write(hf_name, tensor) under its HF
     checkpoint name instead (the layout save_pretrained writes), and `model` may live on the meta device.
-    `progress(nbytes)` is called after each MindFormers tensor.
+    `progress(nbytes)` is called after each MindFormers tensor. LoRA adapters (`...mindpet_delta_lora_a`, mf_ds/lora.py)
+    are skipped with `adapters` (the run loads them into its PEFT model) and refused without.
     """
+    from mf_ds.lora import is_adapter
+
     try:
         names.name_map(family)
     except KeyError as exc:
@@ -307,6 +310,12 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
     loaded, skipped, mtp = 0, 0, 0
     for mf_name, file, load in mindformers_weights(path):
         if not names.is_weight(mf_name, family):  # optimizer state, counters: not read
+            skipped += 1
+            continue
+        if is_adapter(mf_name):
+            if not adapters:
+                raise RunError(f"{file}: {mf_name} is a LoRA adapter; set model.model_config.pet_config (or "
+                               "lora_config) to train with it, or convert the checkpoint with its adapters merged")
             skipped += 1
             continue
         if names.mtp_layer(mf_name, family, model.config.num_hidden_layers):

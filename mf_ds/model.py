@@ -64,9 +64,15 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
     hf_config(plan)  # (a family with no HF architecture is named first)
     dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
                                   tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
-    model = build_model(plan, weights, log=log, full_reason=full_reason)
+    lora = plan.run.lora is not None
+    whole = full_reason or ("LoRA: PEFT wraps whole Linear layers (mf_ds/lora.py)" if lora else None)
+    model = build_model(plan, weights, log=log, full_reason=whole)
     notes = pending_features(plan)
     report = patch.apply(model, plan, checkpoint_fn=checkpoint_fn)
+    if lora:
+        from mf_ds import lora as peft_lora
+
+        model = peft_lora.attach(model, plan, weights, log)
     steps_per_epoch = len(dataset) // run.global_batch_size
     if steps_per_epoch == 0:
         raise RunError(f"the data set holds {len(dataset)} samples, fewer than one global batch of "
@@ -136,7 +142,7 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
         from mf_ds.weights import layout_of
 
         model = new_model(config, log)
-        load_into(model, path, plan.weights_family, layout=layout_of(plan))
+        load_into(model, path, plan.weights_family, layout=layout_of(plan), adapters=plan.run.lora is not None)
         return model
     if shared_expert.width(config) is not None:  # from_pretrained would build transformers' widths: load ourselves
         model = new_model(config, log)
@@ -172,7 +178,7 @@ def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:
         from mf_ds.weights import layout_of
 
         # load_into sees the partitioned model and writes through zero.Writer
-        load_into(model, path, plan.weights_family, layout=layout_of(plan))
+        load_into(model, path, plan.weights_family, layout=layout_of(plan), adapters=plan.run.lora is not None)
         return
     _load_hf(model, path, plan.weights_family)
 

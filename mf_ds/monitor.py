@@ -54,8 +54,9 @@ class Monitor:
             return
         step = row["step"]
         for name, value in row.items():
-            if name != "step" and isinstance(value, (int, float)):
-                self._writer.add_scalar(f"train/{name}", value, step)
+            if name != "step" and isinstance(value, (int, float)):  # do_eval's eval_loss, eval_ppl: eval/loss, ...
+                tag = f"eval/{name[5:]}" if name.startswith("eval_") else f"train/{name}"
+                self._writer.add_scalar(tag, value, step)
         for layer, stats in (row.get("moe") or {}).items():
             for name, value in stats.items():
                 if isinstance(value, (int, float)):

@@ -1,6 +1,6 @@
 """`mf-report OUTPUT_DIR`: PNG plots of a run from its metrics.jsonl (also written at the end of training).
 
-    loss.png        loss over steps, learning rate on a second axis
+    loss.png        loss over steps (and the eval loss where do_eval evaluated), learning rate on a second axis
     throughput.png  tokens/s over steps
     drop_rate.png   MoE runs: measured drop rate per MoE layer over steps (MindFormers' estimate dashed, where
                     MindFormers has one)
@@ -67,6 +67,11 @@ def plot_run(output_dir: str | Path) -> dict[str, Any]:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     loss = [row.get("loss") for row in rows]
     ax.plot(steps, loss, color="tab:blue", label="loss")
+    # do_eval (mf_ds/evaluation.py): the eval loss at the steps evaluated
+    evaluated = [(row["step"], row["eval_loss"]) for row in rows if row.get("eval_loss") is not None]
+    if evaluated:
+        ax.plot(*zip(*evaluated, strict=True), "o--", color="tab:red", label="eval loss")
+        ax.legend(loc="upper right")
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("loss", color="tab:blue")
@@ -78,7 +83,9 @@ def plot_run(output_dir: str | Path) -> dict[str, Any]:
     fig.tight_layout()
     fig.savefig(out / "loss.png", dpi=100)
     plt.close(fig)
-    plotted["loss.png"] = {"step": steps, "loss": loss, "lr": lr}
+    plotted["loss.png"] = {"step": steps, "loss": loss, "lr": lr,
+                           **({"eval_step": [e[0] for e in evaluated], "eval_loss": [e[1] for e in evaluated]}
+                              if evaluated else {})}
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     rate = [row.get("tokens_per_s") for row in rows]

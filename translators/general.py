@@ -101,9 +101,6 @@ GENERAL_BECOMES = {
                                         "build_config.merge_model_config); with load_checkpoint empty and "
                                         "*.safetensors in it, run.load_checkpoint (trainer.py "
                                         "_try_use_pretrained_model_dir_as_ckpt)"),
-    "do_eval": ("dropped", "evaluation during training is not run; use the saved HF checkpoint"),
-    "eval_step_interval": ("dropped", "evaluation during training is not run"),
-    "eval_epoch_interval": ("dropped", "evaluation during training is not run"),
     "layer_scale": ("dropped", "layer-wise LR decay is a ViT-era option"),
     "layer_decay": ("dropped", "only used with layer_scale"),
     "profile": ("dropped", "the MindSpore profiler; use torch.profiler"),
@@ -119,13 +116,11 @@ GENERAL_BECOMES = {
     "filepath_prefix": ("dropped", "MindSpore dataset autotune"),
 }
 
+EVALUATION_KEYS = ("do_eval", "eval_step_interval", "eval_epoch_interval")
+
 # Whole sections with nothing to carry (the ones with meaning have their own modules).
 SECTIONS_DROPPED = {
     "context": "MindSpore context (graph mode, Ascend device and memory settings); PyTorch needs none of it",
-    "eval_dataset": "evaluation during training is not run",
-    "eval_dataset_task": "evaluation during training is not run",
-    "eval_callbacks": "evaluation during training is not run",
-    "metric": "evaluation during training is not run",
     "processor": "the tokenizer of inference pipelines; training reads token ids from the data set",
     "pipeline_config": "input of MindFormers' pipeline-balance tool, not a run setting",
     "memory_usage": "input of MindFormers' pipeline-balance tool, not a run setting",
@@ -137,7 +132,7 @@ SECTIONS_DROPPED = {
 # Sections handled by other modules (schemas there); listed so the did-you-mean knows them.
 SECTIONS = ("runner_config", "runner_wrapper", "recompute_config", "moe_config", "model", "parallel_config",
             "parallel", "optimizer", "lr_schedule", "callbacks", "train_dataset", "train_dataset_task", "trainer",
-            "mf_ds", *SECTIONS_DROPPED)
+            "mf_ds", "eval_dataset", "eval_dataset_task", "eval_callbacks", "metric", *SECTIONS_DROPPED)
 
 
 @dataclass(frozen=True)
@@ -165,6 +160,8 @@ def parse_general(tree: dict, ledger: Ledger) -> General:
     scalars = {k: v for k, v in tree.items() if k in General.fields()}
     general = General.parse(scalars, ledger)
     for name in scalars:
+        if name in EVALUATION_KEYS:
+            continue  # noted by translators/evaluation.py
         kind, message = GENERAL_BECOMES.get(name, ("runtime", f"run.{name}"))
         ledger.add(name, kind, message)
     for name in tree:
@@ -197,8 +194,6 @@ def parse_general(tree: dict, ledger: Ledger) -> General:
                           "resume_training should be a bool value when the use_legacy_format is False)")
     if general.layer_scale:
         ledger.differs("layer_scale", "layer-wise learning-rate decay is not supported; one LR for all layers")
-    if general.do_eval:
-        ledger.differs("do_eval", "evaluation during training is not run")
     if general.train_precision_sync:
         ledger.differs("train_precision_sync", "deterministic kernels in PyTorch can be slower and some ops "
                        "have none (torch.use_deterministic_algorithms(warn_only=True))")

@@ -22,8 +22,10 @@ from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
 from translators.errors import ConfigError, show
+from translators.evaluation import parse_evaluation
 from translators.general import check_section_types, parse_general, parse_trainer, weights_path
 from translators.loader import apply_overrides, load_yaml
+from translators.lora import parse_pet_config, split_pet_config
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
 from translators.notes import Ledger, Note
@@ -112,6 +114,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                else mf_defaults.resolve(general.mindformers_version, "mindformers_version"))
     family, shape, hf_config = families.detect_family(tree), None, None
     built = tree  # the MoE plan and the layout checks read the model_config MindFormers builds (mcore: with defaults)
+    tree, pet_config = split_pet_config(tree)  # LoRA: translators/lora.py notes it, the family rules never see it
     if "model" in tree:
         model = families.parse_model(tree, ledger, version)
         family, shape, hf_config = model.family, model.shape, model.hf_config
@@ -294,6 +297,10 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "mindformers_version": version,
     }
     run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
+    if pet_config is not None:
+        run["lora"] = parse_pet_config(pet_config, family.mcore, ledger)
+    run["evaluation"] = parse_evaluation(tree, general, ledger, data["seq_length"], family.mcore,
+                                         bool(shape and shape.input_sliced_sig))
     notes = ledger.finish()
     plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
                            "kernels": kernels, "run": run, "parallel": lay.as_plan(), "notes": notes})

@@ -335,6 +335,42 @@ class CheckpointLayout:
 
 
 @dataclass(frozen=True)
+class Lora:
+    """LoRA adapters as MindFormers' pet_config / lora_config asks (translators/lora.py; built with PEFT by
+    mf_ds/lora.py): only the adapters train."""
+
+    source: str = "pet_config"
+    """pet_config (graph mode) | lora_config (PyNative 2.x)."""
+    style: str = "legacy"
+    """Which MindFormers code names and matches the modules: legacy (LoRADense, `mindpet_delta_lora_a`), mcore
+    (graph-mode `lora_A.weight`), pynative (`lora_a`)."""
+    rank: int = 8
+    alpha: float = 16.0
+    """Scaling alpha / rank."""
+    dropout: float = 0.0
+    target_modules: str = ""
+    """MindFormers' regular expression over its own module names (re.match on a child's name in graph mode,
+    re.search on the dotted path in PyNative)."""
+    exclude_layers: tuple[str, ...] = ()
+    a_init: str = "he_uniform"
+    """he_uniform (LoRADense's HeUniform(sqrt 5), PEFT's default) | normal (N(0, a_std))."""
+    a_std: float = 0.01
+    b_std: float = 0.0
+    """B's normal init (0: zeros)."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """do_eval: MindFormers' EvalCallBack (core/callback/callback.py 1.7.0), built by base_trainer.py with
+    step_interval `eval_step_interval or 100` and epoch_interval `eval_epoch_interval or -1`; each fires on its own
+    (<= 0: off). The result is PerplexityMetric's: the mean of the batches' mean losses and its exp (PPL)."""
+
+    data: Data = field(default_factory=Data)
+    step_interval: int = 100
+    epoch_interval: int = -1
+
+
+@dataclass(frozen=True)
 class Run:
     """Steps, batch arithmetic, data, optimizer, schedule, callbacks, checkpoints, logging."""
 
@@ -384,6 +420,10 @@ class Run:
     trailing_pads_inert: bool = False
     """Pads after a sample's last real token change nothing the run computes, so no pad mask is needed for them
     (translators/attention.py)."""
+    lora: Lora | None = field(default=None, metadata=_OMIT_NONE)
+    """LoRA adapters (translators/lora.py); None: every weight trains."""
+    evaluation: Evaluation | None = field(default=None, metadata=_OMIT_NONE)
+    """do_eval (translators/evaluation.py); None: no evaluation during training."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from translators import pynative_account as account
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.data import parse_data
 from translators.errors import ConfigError, show
+from translators.lora import parse_lora_config
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
 from translators.notes import Ledger, LedgerView
@@ -258,6 +259,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "mindformers_version": version,
     }
     run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
+    if cfg["lora_config"] is not None:
+        run["lora"] = parse_lora_config(cfg["lora_config"], ledger)
     account.sections(cfg, tree, deg, lay, moe, ga, global_batch, full, n_layers,
                      tuple(schema(version)["classes"]["TrainConfig"]["fields"]), ledger)
     if gradient_accumulation_steps is not None:

@@ -25,8 +25,6 @@ def refusals(cfg: dict, tree: dict) -> None:
     if cfg.get("run_mode", "train") != "train":
         raise ConfigError("run_mode", f"{show(cfg['run_mode'])}: mf-ds trains (MindFormers' 'predict' routes to its "
                           "PyNative inference)")
-    if cfg["lora_config"] is not None:
-        raise ConfigError("lora_config", "LoRA fine-tuning is not supported by mf-ds")
     if cfg["training"].get("rampup_batch_size") is not None:
         raise ConfigError("training.rampup_batch_size", "batch-size ramp-up is not supported: DeepSpeed's batch is "
                           "fixed for the run")
@@ -375,8 +373,10 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         "load_worker_number": ("dropped", "MindFormers' reader threads"),
         "reshard_worker_num": ("dropped", "MindFormers' resharding threads (the merge here needs none)"),
         "save_global_layout_cache": ("dropped", "MindFormers' layout cache for its checkpoint metadata"),
-        "save_trainable_only": ("dropped", "LoRA adapters only (lora_config is not supported)"),
-        "base_load_path": ("dropped", "LoRA adapters only (lora_config is not supported)"),
+        "save_trainable_only": ("dropped", "mf-ds' checkpoints of a LoRA run hold the adapters in PEFT's layout "
+                                "(mf_ds/lora.py), whatever it says"),
+        "base_load_path": ("dropped", "the base weights come from checkpoint.load_path (mf-ds' checkpoints of a LoRA "
+                           "run hold the adapters only)"),
     }
     for name, (kind, message) in table.items():
         if present(join("checkpoint", name)):

@@ -71,6 +71,13 @@ ENTRY = {
     "train_dataset.dataloader.type": "run.data.kind",
     "train_dataset.dataloader.datasets_type": "run.data.kind",
     "train_dataset.dataloader.column_names": "run.data.columns",
+    # do_eval (translators/evaluation.py): eval_dataset read as train_dataset is, into run.evaluation.data
+    "eval_dataset.data_loader.type": "run.evaluation.data.kind",
+    "eval_dataset.data_loader.dataset_dir": "run.evaluation.data.paths",
+    "eval_dataset.input_columns": "run.evaluation.data.columns",
+    "eval_dataset_task": "run.evaluation.data.kind",
+    "eval_dataset_task.dataset_config": "run.evaluation.data.kind",
+    "eval_dataset_task.type": "run.evaluation.data.kind",
 }
 
 
@@ -126,6 +133,8 @@ def reads(tmp_path_factory) -> set[str]:
              f"{CONFIGS / 'tiny_deepseek_v3.yaml'}::moe_config.topk_method=noaux_tc::moe_config.n_group=4"
              "::moe_config.topk_group=2",
              f"{PACKED}::train_dataset.data_loader.config.data_path=['1', '{tmp / 'packed'}']",
+             # LoRA (pet_config) and do_eval every step
+             str(MF / "lora_eval_llama2_tiny.yaml"),
              # the PyNative schema: the shrunk DeepSeek-V3 PyNative YAML of the 2.1.0 wheel
              f"{PYNATIVE}::train_dataset.dataloader.config.data_path=['1', '{tmp / 'packed'}']"]
     proc = subprocess.run([sys.executable, "-m", "tests.mf_ds.plan_reads", str(tmp / "reads.json"), str(tmp / "runs"),

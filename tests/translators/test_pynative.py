@@ -285,7 +285,6 @@ def test_muon_goes_through_the_pynative_muon_path():
     # QK-clip (on by default) under ZeRO-1, which bf16 needs: translators/muon.py refuses it
     ({"optimizer": {"type": "Muon"}, "model": {"compute_dtype": "bfloat16"}}, "optimizer.qk_clip_enabled"),
     ({"optimizer": {"type": "Lion"}}, "optimizer.type"),
-    ({"lora_config": {"target_modules": ".*"}}, "lora_config"),
     ({"run_mode": "predict"}, "run_mode"),
     ({"training": {"rampup_batch_size": [1, 1, 10]}}, "training.rampup_batch_size"),
     ({"model": {"model_type": "deepseek_v9"}}, "model.model_type"),
