@@ -94,6 +94,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     extra = MfDs.parse(tree.get("mf_ds"), ledger)
     if "mf_ds" in tree:
         ledger.runtime("mf_ds", "mf-ds' own settings")
+    MfDs.note_compile(tree, ledger)
 
     # Parallel layout. use_parallel False resets parallel_config to 1s, as MindFormers does (build_parallel_config).
     pc = ParallelConfig.parse(tree.get("parallel_config"), ledger)
@@ -283,6 +284,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "layer_style": family.layer_style,
         "tokenizer_dir": extra.tokenizer_dir,
         "max_nan_steps": extra.max_nan_steps,
+        "compile_layers": extra.compile_layers,
         "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, data, ledger),
         **attention,  # pad_attention_mask, pad_token_id
         "checkpoint_layout": names.checkpoint_layout(tree),

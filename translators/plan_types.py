@@ -369,6 +369,8 @@ class Run:
     layer_style: str = ""
     tokenizer_dir: str | None = None
     max_nan_steps: int = 0
+    compile_layers: bool = False
+    """torch.compile on each decoder layer (mf_ds.compile_layers; mf_ds/patch/compile.py)."""
     loss_mask_pad_id: int | None = None
     pad_attention_mask: bool = False
     pad_token_id: int | None = None

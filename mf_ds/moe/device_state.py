@@ -8,11 +8,13 @@ Both need a decision made when the step runs, not when it is traced:
   place: `mutates_args`, which AOTAutograd keeps in the graph). No host sync: the counters are read by
   callbacks.step_metrics, once per step.
 - the aux losses' gradient is the scale the engine gave the training loss (1/GA, the fp16 loss scale), which only
-  exists in backward. `aux_loss(model)`'s handle records it for each layer (`SCALES`, by layer index) when its
+  exists in backward, and is the same for every layer. `aux_loss(model)`'s handle records it (`SCALE`) when its
   backward runs, before the layers' own backward (the handle hangs off the loss); `mf_ds::attach_aux` is the
   identity on the block output whose backward reads that scale through `mf_ds::aux_scale`, an op run at backward
   time (a traced Python read would bake in the value seen while tracing). A recompute in backward reads the scale of
-  the backward it runs in (Megatron's MoEAuxLossAutoScaler keeps one class-wide scale the same way).
+  the backward it runs in. Megatron's MoEAuxLossAutoScaler keeps one class-wide scale the same way; one value, not
+  one per layer, so that the layers' compiled graphs are alike (nothing per layer to guard on: one compile serves
+  every layer of a shape).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-SCALES: dict[int, Tensor] = {}  # layer index -> d(loss)/d(aux) of the backward in progress
+SCALE: dict[str, Tensor] = {}  # "scale": d(loss)/d(aux) of the backward in progress, while there is one
 
 
 class LayerStats:
@@ -70,55 +72,53 @@ def _(pairs, dropped, load, bias_load, micro, estimate_last, expert_ids, kept, e
 
 
 @torch.library.custom_op("mf_ds::attach_aux", mutates_args=())
-def attach_aux(out: Tensor, aux: Tensor, layer: int) -> Tensor:
+def attach_aux(out: Tensor, aux: Tensor) -> Tensor:
     """out (a copy: an op's output may not alias its input); its backward also feeds the 0-dim `aux` its scale. A
     new forward forgets the scale of the last backward (a recompute inside backward keeps it)."""
     if torch._C._current_graph_task_id() == -1:
-        SCALES.pop(layer, None)
+        SCALE.clear()
     return out.clone()
 
 
 @attach_aux.register_fake
-def _(out, aux, layer):
+def _(out, aux):
     return torch.empty_like(out)
 
 
 @torch.library.custom_op("mf_ds::aux_scale", mutates_args=())
-def aux_scale(grad_out: Tensor, layer: int) -> Tensor:
-    """d(loss)/d(aux) for this layer (0-dim float32 on grad_out's device), as aux_loss's handle recorded it in this
-    backward; zero when it did not run (the aux loss not added to the loss means no aux gradient)."""
-    scale = SCALES.get(layer)
+def aux_scale(grad_out: Tensor) -> Tensor:
+    """d(loss)/d(aux) (0-dim float32 on grad_out's device), as aux_loss's handle recorded it in this backward; zero
+    when it did not run (the aux loss not added to the loss means no aux gradient)."""
+    scale = SCALE.get("scale")
     if scale is None:
         return torch.zeros((), dtype=torch.float32, device=grad_out.device)
     return scale.to(grad_out.device, torch.float32).reshape(()).clone()
 
 
 @aux_scale.register_fake
-def _(grad_out, layer):
+def _(grad_out):
     return grad_out.new_empty((), dtype=torch.float32)
 
 
 def _attach_setup(ctx, inputs, output):
-    ctx.aux_dtype, ctx.layer = inputs[1].dtype, inputs[2]
+    ctx.aux_dtype = inputs[1].dtype
 
 
 def _attach_backward(ctx, grad_out: Tensor):
-    return grad_out, aux_scale(grad_out, ctx.layer).to(ctx.aux_dtype), None
+    return grad_out, aux_scale(grad_out).to(ctx.aux_dtype)
 
 
 attach_aux.register_autograd(_attach_backward, setup_context=_attach_setup)
 
 
 class AuxHandle(torch.autograd.Function):
-    """The value of the summed aux losses; its backward records the incoming gradient for the layers (SCALES)."""
+    """The value of the summed aux losses; its backward records the incoming gradient for the layers (SCALE)."""
 
     @staticmethod
-    def forward(ctx, anchor: Tensor, total: Tensor, layers: list[int]) -> Tensor:
-        ctx.layers = layers
+    def forward(ctx, anchor: Tensor, total: Tensor) -> Tensor:
         return total.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        for layer in ctx.layers:
-            SCALES[layer] = grad.detach()
-        return torch.zeros((), device=grad.device), None, None
+        SCALE["scale"] = grad.detach()
+        return torch.zeros((), device=grad.device), None

@@ -185,7 +185,7 @@ class MFMoE(nn.Module):
             aux = aux_losses(logits_TE, routing.scores_TE, spec, routing.expert_ids_TK, f_E, groups)
             if counted:
                 self._aux_value = aux.detach()
-            out_TH = torch.ops.mf_ds.attach_aux(out_TH, aux, self.layer_index)
+            out_TH = torch.ops.mf_ds.attach_aux(out_TH, aux)
         if self._shared_name:
             shared_TH = getattr(self, self._shared_name)(x_TH)
             if self._shared_gate_name:
@@ -212,11 +212,17 @@ class MFMoE(nn.Module):
         """Step end: gbs_aux_loss's running f starts again (MindFormers' _reset_accu_gbs_fi)."""
         self._gbs_accu = self._gbs_f = None
 
+    def ensure_stats(self, device: torch.device) -> LayerStats:
+        """The step's counters on `device` (made before torch.compile traces the block: a traced first forward
+        that made them would be compiled again once they exist)."""
+        if self.stats is None or self.stats.device != device:
+            self.stats = LayerStats(self.spec.num_experts, device)
+        return self.stats
+
     @torch.no_grad()
     def _count(self, routing: Routing, perm: Permuted, spec: MoE, groups: int) -> None:
         ids = routing.expert_ids_TK
-        if self.stats is None or self.stats.device != ids.device:
-            self.stats = LayerStats(spec.num_experts, ids.device)
+        self.ensure_stats(ids.device)
         cf, estimate = self.estimate_capacity_factor, None
         if cf is not None:  # MoEDropRateCallback: sum_i max(0, f_i - cf/E) of fi_parameter, which each forward
             # overwrites (the last micro-batch's), from the aux top-k, of this rank's (first) token group
@@ -250,4 +256,4 @@ def aux_loss(model: nn.Module) -> torch.Tensor | None:
     for m in layers:
         m._aux_value = None
     anchor = torch.zeros((), device=total.device, requires_grad=True)
-    return AuxHandle.apply(anchor, total, [m.layer_index for m in layers])
+    return AuxHandle.apply(anchor, total)
