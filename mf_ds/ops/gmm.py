@@ -12,7 +12,8 @@ Replaces transformers' `integrations/moe.py::_grouped_mm` (`torch.nn.functional.
 `_grouped_mm_fallback`) under `grouped_mm_experts_forward`.
 
 Files: gmm_triton.py holds the pointer kernels (tile scheme, configs, launchers), gmm_tma.py the TMA kernels; this
-file the reference, the CUDA backend choice per product, the autograd Functions, the CPU path and the public API.
+file the reference, the CUDA backend choice per product, the CPU path and the public API; library.py the custom ops
+(torch.ops.mf_ds.gmm, gmm_dw, gmm_gather, ...) with their fakes and autograd, which torch.compile traces.
 `grouped_mm_gather` folds the permute into the forward's and dW's row loads (x[src_row[r]]), so the MoE block never
 writes or keeps the [T*k, H] permuted copy; its dX (no gather) goes through the same per-product backend choice
 as the other products. (A fused expert MLP with SwiGLU in the GEMM epilogues was tried and removed: on an H200 it
@@ -20,7 +21,8 @@ was slower and held more memory than this split path, bench/results/gpu-notes.md
 
 CUDA backend, per product (fwd, dX, dW), `MF_DS_GMM`: `auto` (default) times the pointer kernels, the TMA
 kernels (gmm_tma.py) and torch's grouped_mm (CUTLASS, bf16 on sm90) once per shape and keeps the fastest (those
-within 5% of the best are timed again, in turn, before one is chosen);
+within 5% of the best are timed again, in turn, before one is chosen), before the first step (gmm_choice.py:
+an on-disk cache, or a timing of the run's shapes from a pre-hook on the model, rank 0's choice for every rank);
 `triton`, `tma`, `torch` force one. H100, bf16, 4K-32K tokens: auto is 1.00-1.17x grouped_mm at Qwen3-30B-A3B and
 DeepSeek-V3 EP8 shapes, 0.95-0.97x at Mixtral, 1.35-2.03x DeepSpeed's Triton group GEMM (bench/results/gpu-notes.md).
 
@@ -36,7 +38,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from mf_ds.ops import gmm_tma
+from mf_ds.ops import gmm_choice, gmm_tma
 from mf_ds.ops.dispatch import use_triton
 from mf_ds.ops.gmm_triton import _gmm_dw_triton, _gmm_triton, _offsets
 
@@ -93,6 +95,10 @@ def _product(name: str, operands: tuple[Tensor, ...], runners: dict) -> Tensor:
     if mode != "auto" or len(usable) == 1:
         return usable.get(mode, usable["triton"])()
     key = (name, *((tuple(t.shape), t.stride()) for t in operands), operands[0].dtype)
+    if key not in CHOICES and (cached := gmm_choice.load(key, operands[0].device)) in usable:
+        CHOICES[key] = (cached, {})
+    if key not in CHOICES and torch.cuda.is_current_stream_capturing():  # no timing inside a capture: the rule
+        return usable[gmm_choice.rule(usable)]()
     if key not in CHOICES:
         from triton.testing import do_bench
 
@@ -107,6 +113,7 @@ def _product(name: str, operands: tuple[Tensor, ...], runners: dict) -> Tensor:
         if not timings:  # nothing ran: the pointer kernels again, to raise their own error
             return usable["triton"]()
         CHOICES[key] = (_fastest(timings, usable, do_bench), timings)
+        gmm_choice.save(key, operands[0].device, *CHOICES[key])
     return usable[CHOICES[key][0]]()
 
 

@@ -25,9 +25,18 @@ CASES = {  # name: (family, Plan moe settings)
 }
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch (dynamo's recompile limit counts per code object, over the whole process)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def _patched(case: str):
     family, settings = CASES[case]
     model = tiny_model(family, router_scale=40.0)
+    model.config.use_cache = False  # training, as mf_ds.model builds it
     mf_ds.patch.apply(model, family_plan(family, **settings))
     return model.train()
 
@@ -87,6 +96,8 @@ def test_compiled_decoder_layers_equal_eager(case, checkpointing):
     for model in (eager, compiled):
         if checkpointing:
             model.gradient_checkpointing_enable({"use_reentrant": False})
+    for block in mf_ds.moe.moe_layers(compiled):
+        block.ensure_stats(torch.device("cpu"))  # else the layers' second step compiles again, once
     for layer in compiled.model.layers:
         layer.compile(fullgraph=True, backend="aot_eager")
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
