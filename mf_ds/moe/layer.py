@@ -29,7 +29,9 @@ Aux losses are attached to the block output (Megatron's MoEAuxLossAutoScaler ide
 whose returned tensor, added to the training loss, carries the scale the engine applies to that loss (1/GA, fp16
 loss scale) back to every layer's aux loss: correct under activation checkpointing, reentrant or not, where a
 returned loss would miss the recomputed graph. Statistics (drops, per-expert load) are counted once per forward in
-training: a recompute inside backward is recognised (`torch._C._current_graph_task_id() != -1`) and not counted.
+training, on the device: a recompute inside backward is recognised (`torch._C._current_graph_task_id() != -1`) and
+not counted. Both run as ops that decide when the step runs (device_state.py), so torch.compile traces the block
+whole (the ops of mf_ds/ops/library.py have static shapes: nothing here reads a count on the host).
 
 Legend: T tokens, H hidden, E experts (E_local on this rank), K top-k, I expert width, M permuted rows.
 """

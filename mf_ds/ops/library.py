@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from mf_ds.ops import gmm, gmm_tma, permute
-from mf_ds.ops.dispatch import on_device, use_triton
+from mf_ds.ops.dispatch import use_triton
 from mf_ds.ops.gmm_triton import _gmm_dw_triton, _gmm_triton
 
 
@@ -209,13 +209,7 @@ def unpermute_op(y: Tensor, row_of_pair: Tensor, gates: Tensor) -> Tensor:
     """out[t] = sum over kept pairs of gates[t, k] * y[row(t, k)], fp32 accumulation, y's dtype."""
     if not use_triton(y, gates):
         return permute._combine(y, row_of_pair, gates)
-    y, gates = y.contiguous(), gates.contiguous()
-    T, K = row_of_pair.shape
-    out = permute._empty((T, y.shape[1]), dtype=y.dtype, device=y.device)
-    if out.numel():
-        on_device(permute._unpermute_fwd_kernel, y)[(T,)](
-            y, row_of_pair, gates, out, y.shape[1], K, y.stride(0), out.stride(0), BLOCK_H=permute._block_h(y.shape[1]))
-    return out
+    return permute._launch_unpermute(y, row_of_pair, gates)
 
 
 @unpermute_op.register_fake

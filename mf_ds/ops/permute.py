@@ -362,6 +362,17 @@ def _launch_sum_pairs(dxm_MH: Tensor, row_of_pair_TK: Tensor) -> Tensor:
     return dx
 
 
+def _launch_unpermute(y_MH: Tensor, row_of_pair_TK: Tensor, gates_TK: Tensor) -> Tensor:
+    y_MH, gates_TK = y_MH.contiguous(), gates_TK.contiguous()
+    T, K = row_of_pair_TK.shape
+    out = _empty((T, y_MH.shape[1]), dtype=y_MH.dtype, device=y_MH.device)
+    if out.numel():
+        on_device(_unpermute_fwd_kernel, y_MH)[(T,)](
+            y_MH, row_of_pair_TK, gates_TK, out, y_MH.shape[1], K, y_MH.stride(0), out.stride(0),
+            BLOCK_H=_block_h(y_MH.shape[1]))
+    return out
+
+
 def _unpermute_bwd_triton(dout_TH: Tensor, y_MH: Tensor, row_of_pair_TK: Tensor, gates_TK: Tensor):
     """-> (dY, dGates): dY = gate * dOut on each kept row (zero on padding rows), dGates = <dOut, y row>."""
     y_MH, gates_TK, dout_TH = y_MH.contiguous(), gates_TK.contiguous(), dout_TH.contiguous()
