@@ -35,7 +35,7 @@ from mf_ds.ops.gmm_triton import _gmm_dw_triton, _gmm_triton
 def _dw_like(w: Tensor, dtype=None) -> Tensor:
     """An empty dW in w's layout: HF stores the experts [E, N, K] and uses the transpose (no copy at AccumulateGrad)."""
     E, K, N = w.shape
-    if w.stride(1) == 1 and K > 1:
+    if w.stride(1) == 1:  # as gmm_triton._gmm_dw_triton, gmm_tma.gmm_dw and gmm._torch_dw decide
         return w.new_empty((E, N, K), dtype=dtype).transpose(1, 2)
     return w.new_empty((E, K, N), dtype=dtype)
 
@@ -227,7 +227,7 @@ def unpermute_bwd_op(dout: Tensor, y: Tensor, row_of_pair: Tensor, gates: Tensor
 
 @unpermute_bwd_op.register_fake
 def _(dout, y, row_of_pair, gates):
-    return torch.empty_like(y, memory_format=torch.contiguous_format), torch.empty_like(gates)
+    return (y.new_empty(y.shape), gates.new_empty(gates.shape))  # both paths return contiguous tensors
 
 
 def _unpermute_setup(ctx, inputs, output):

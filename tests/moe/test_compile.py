@@ -124,3 +124,20 @@ def test_inductor_compiles_the_block():
         assert_close(a, b, atol=1e-4, rtol=1e-4)
     for name, grad in want[2].items():
         assert_close(got[2][name], grad, atol=1e-4, rtol=1e-4, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host syncs only exist with a device (bench/gpu_suite.py "
+                                                          "runs it)")
+@pytest.mark.parametrize("case", ["dropless", "capacity_kdrop"])
+def test_no_host_sync_in_a_cuda_training_step_of_the_block(case):
+    """The MoE block's forward, aux loss and backward on CUDA with torch's sync detector set to error (after one
+    warm-up step: the Triton autotuning and the backend choice sync once, before the run's first step)."""
+    model = _patched(case).cuda()
+    block = mf_ds.moe.moe_layers(model)[-1]
+    x = torch.randn(2, 64, 32, device="cuda", requires_grad=True)
+    for strict in (False, True):
+        torch.cuda.set_sync_debug_mode("error" if strict else 0)
+        try:
+            (block(x).sum() + mf_ds.moe.aux_loss(model)).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
