@@ -10,7 +10,7 @@ Both need a decision made when the step runs, not when it is traced:
 - the aux losses' gradient is the scale the engine gave the training loss (1/GA, the fp16 loss scale), which only
   exists in backward, and is the same for every layer. `aux_loss(model)`'s handle records it (`SCALE`) when its
   backward runs, before the layers' own backward (the handle hangs off the loss); `mf_ds::attach_aux` is the
-  identity on the block output whose backward reads that scale through `mf_ds::aux_scale`, an op run at backward
+  identity on the block's gates whose backward reads that scale through `mf_ds::aux_scale`, an op run at backward
   time (a traced Python read would bake in the value seen while tracing). A recompute in backward reads the scale of
   the backward it runs in. Megatron's MoEAuxLossAutoScaler keeps one class-wide scale the same way; one value, not
   one per layer, so that the layers' compiled graphs are alike (nothing per layer to guard on: one compile serves
@@ -73,7 +73,8 @@ def _(pairs, dropped, load, bias_load, micro, estimate_last, expert_ids, kept, e
 
 @torch.library.custom_op("mf_ds::attach_aux", mutates_args=())
 def attach_aux(out: Tensor, aux: Tensor) -> Tensor:
-    """out (a copy: an op's output may not alias its input); its backward also feeds the 0-dim `aux` its scale. A
+    """out (a copy: an op's output may not alias its input; the block passes its [T, K] gates); its backward also
+    feeds the 0-dim `aux` its scale. A
     new forward forgets the scale of the last backward (a recompute inside backward keeps it)."""
     if torch._C._current_graph_task_id() == -1:
         SCALE.clear()

@@ -177,7 +177,7 @@ class MFMoE(nn.Module):
             y_MH = self.experts(perm.x_MH, perm.tokens_per_expert_E, exact)
         else:
             y_MH = self.expert_parallel.run(perm.x_MH, perm.tokens_per_expert_E, self.experts)
-        out_TH = unpermute(y_MH.to(x_TH.dtype), perm, routing.gates_TK)
+        gates_TK = routing.gates_TK
         # not a recompute inside backward (under torch.compile only the ops in device_state can tell, at run time)
         counted = self.training and (torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1)
         if self.training:
@@ -187,7 +187,9 @@ class MFMoE(nn.Module):
             aux = aux_losses(logits_TE, routing.scores_TE, spec, routing.expert_ids_TK, f_E, groups)
             if counted:
                 self._aux_value = aux.detach()
-            out_TH = torch.ops.mf_ds.attach_aux(out_TH, aux)
+            # on the gates (a [T, K] copy, not [T, H]): their backward runs whenever the output's does
+            gates_TK = torch.ops.mf_ds.attach_aux(gates_TK, aux)
+        out_TH = unpermute(y_MH.to(x_TH.dtype), perm, gates_TK)
         if self._shared_name:
             shared_TH = getattr(self, self._shared_name)(x_TH)
             if self._shared_gate_name:
