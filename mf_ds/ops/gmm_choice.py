@@ -98,9 +98,10 @@ def _run_products(rows: int, gate_up: tuple, down: tuple, dtype: torch.dtype, de
     y.backward(torch.randn_like(y))
 
 
-def prepare(blocks: list, tokens: int) -> int:
+def prepare(blocks: list, tokens: int, collective: bool = True) -> int:
     """Choose every product's backend for these MFMoE blocks at `tokens` tokens a micro-batch (no-op off CUDA or
-    without `auto`). Rank 0 times; every rank ends with rank 0's choices. Returns the number of keys chosen."""
+    without `auto`). `collective`: rank 0 times and every rank ends with its choices (every rank must call it);
+    else each rank chooses for itself. Returns the number of keys chosen."""
     from mf_ds.ops import gmm
 
     cuda = [b for b in blocks if b.experts.gate_up_proj.is_cuda and b.expert_parallel is None]
@@ -108,7 +109,7 @@ def prepare(blocks: list, tokens: int) -> int:
         return 0
     device = cuda[0].experts.gate_up_proj.device
     before = set(gmm.CHOICES)
-    distributed = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    distributed = collective and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
     if not distributed or torch.distributed.get_rank() == 0:
         for shape in sorted({(_rows(b, tokens), *_expert_shapes(b)) for b in cuda}, key=repr):
             with torch.enable_grad():

@@ -149,7 +149,9 @@ def _build(family: PatchTargets, block: nn.Module, moe: MoE, estimate_cf: float 
 
 def _choose_backends(model: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook: the first training forward at a token count not yet seen chooses the grouped matmuls' CUDA
-    backends for it (mf_ds/ops/gmm_choice.py), before any layer (compiled or not) runs."""
+    backends for it (mf_ds/ops/gmm_choice.py), before any layer (compiled or not) runs. Only the run's first training
+    forward, which every rank makes at once, is collective (rank 0's choices for all); a later new count (a rank's
+    odd batch) is chosen on that rank alone, so that no rank waits on a collective the others never call."""
     from mf_ds.moe.layer import moe_layers
     from mf_ds.ops import gmm_choice
 
@@ -157,8 +159,8 @@ def _choose_backends(model: nn.Module, args: tuple, kwargs: dict) -> None:
     seen = model.__dict__.setdefault("_mf_ds_gmm_tokens", set())
     if tokens is None or tokens in seen or not model.training:
         return
+    gmm_choice.prepare(moe_layers(model), tokens, collective=not seen)
     seen.add(tokens)
-    gmm_choice.prepare(moe_layers(model), tokens)
 
 
 def _release_full_experts(experts: nn.Module) -> None:

@@ -53,7 +53,8 @@ def test_rows_are_the_rows_the_block_permutes(settings, monkeypatch):
 
 def test_pre_hook_chooses_once_per_token_count_in_training(monkeypatch):
     calls = []
-    monkeypatch.setattr(gmm_choice, "prepare", lambda blocks, tokens: calls.append((len(blocks), tokens)))
+    monkeypatch.setattr(gmm_choice, "prepare", lambda blocks, tokens, collective: calls.append(
+        (len(blocks), tokens, collective)))
     model = tiny_model("qwen3_moe")
     mf_ds.patch.apply(model, family_plan("qwen3_moe"))
     ids = torch.randint(0, 64, (2, 12))
@@ -63,7 +64,7 @@ def test_pre_hook_chooses_once_per_token_count_in_training(monkeypatch):
     model(input_ids=ids[:, :6])
     model.eval()
     model(ids[:1])
-    assert calls == [(2, 24), (2, 12)]
+    assert calls == [(2, 24, True), (2, 12, False)]  # only the first is collective
     mf_ds.patch.revert(model)
     model.train()
     model(ids[:1])
