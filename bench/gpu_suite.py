@@ -208,10 +208,11 @@ def main() -> int:
         quick = ["--quick"] if args.quick else []
         for cmd in ([py, "bench/gmm_gpu.py", "--out", str(out), *quick],
                     [py, "bench/rope_swiglu_gpu.py", "--out", str(out)],
-                    [py, "bench/train_gpu.py", "--out", str(out), *(["--steps", "8"] if args.quick else [])]):
+                    [py, "bench/train_gpu.py", "--out", str(out),
+                     *(["--steps", "8", "--impls", "mf_ds,hf_grouped_mm,mf_ds_compile"] if args.quick else [])]):
             if Path(cmd[1]).stem in skip:
                 continue
-            # train_gpu: 6 runs, each building a multi-GB model and autotuning its GEMMs once
+            # train_gpu: 16 runs (--quick: 6), each building a multi-GB model and autotuning its GEMMs once
             record["steps"].append(run_step(Path(cmd[1]).stem, cmd, out, timeout=2400 if "train" in cmd[1] else 900))
             print(cmd[1], record["steps"][-1]["rc"], flush=True)
             print((out / f"{Path(cmd[1]).stem}.log").read_text()[-3000:], flush=True)

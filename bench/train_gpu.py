@@ -23,6 +23,8 @@ Peers, the same loop (mf_ds/train.py's, on the same Plan, data, optimizer and se
                   implementation, set explicitly), HF's own loss: bench/gpu_train_reference.py's run
   hf_liger        the same plus Liger's kernels applied to the model instance (RoPE, SwiGLU, RMSNorm, fused linear
                   cross entropy where Liger has the family); skipped, with the reason, where Liger is absent
+  (lever rows, bench/train_gpu_levers.py: mf_ds_compile, mf_ds_gmm_{triton,tma,torch}, hf_sonicmoe; `--impls`
+  picks rows, `--micro-batch N` / `--micro-batch-search` the micro batch of each)
 Each run is a child process of this script (`--child IMPL`, then mf_ds/train.py's own arguments), so that the peers
 share nothing but the GPU. Per run: tokens/s (median over the steps after WARMUP), peak memory
 (torch.cuda.max_memory_allocated), and MFU:
@@ -53,9 +55,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import train_gpu_levers as levers  # noqa: E402 - the lever rows (compile, GMM backends, SonicMoE)
+
 WARMUP = 3  # steps left out of the tokens/s median (autotuning, the first allocations)
 PROFILE_STEP = 5
-IMPLS = ("mf_ds", "mf_ds_unfused", "hf_grouped_mm", "hf_liger")
+IMPLS = ("mf_ds", "mf_ds_unfused", "hf_grouped_mm", "hf_liger", *levers.IMPLS)
 COMMON = ["model.model_config.compute_dtype=bfloat16", "mf_ds.zero_stage=1", "parallel_config.data_parallel=1",
           "runner_config.batch_size=4", "runner_config.gradient_accumulation_steps=4",
           "recompute_config.recompute=False", "recompute_config.select_recompute=False",
@@ -188,7 +192,7 @@ def child(impl: str, result_path: Path, profile_step: int, train_args: list[str]
 
     def apply(model, plan, checkpoint_fn=None):
         captured["model"], captured["seq"] = model, plan.run.seq_length
-        if impl.startswith("mf_ds"):
+        if levers.is_mf_ds(impl):
             return real_apply(model, plan, checkpoint_fn=checkpoint_fn)
         import dataclasses
 
@@ -197,6 +201,7 @@ def child(impl: str, result_path: Path, profile_step: int, train_args: list[str]
         model.config._experts_implementation = "grouped_mm"  # HF's default, stated: the peer the targets name
         lines = [f"reference run: {type(model).__name__} unpatched (transformers' own MoE blocks, RoPE and MLPs)",
                  f"{impl}: experts on grouped_mm"]
+        lines += levers.apply_hf(impl, model)
         if impl == "hf_liger":
             from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
@@ -251,9 +256,9 @@ def child(impl: str, result_path: Path, profile_step: int, train_args: list[str]
 # --- the parent: every model, every peer ----------------------------------------------------------------------------
 
 def loss_args(impl: str) -> list[str]:
-    """mf_ds/train.py's loss flag per row: mf_ds keeps its default (the fused loss, on where exact); the unfused
-    row and the HF peers take the whole logits (hf_liger's own forward fuses them with Liger's kernel)."""
-    return [] if impl == "mf_ds" else ["--fused_loss", "off"]
+    """mf_ds/train.py's loss flag per row: the mf_ds rows keep its default (the fused loss, on where exact); the
+    unfused row and the HF peers take the whole logits (hf_liger's own forward fuses them with Liger's kernel)."""
+    return ["--fused_loss", "off"] if impl == "mf_ds_unfused" or not levers.is_mf_ds(impl) else []
 
 
 def fused_loss_effect(runs: dict) -> dict:
@@ -270,7 +275,7 @@ def fused_loss_effect(runs: dict) -> dict:
 def skip_reason(impl: str, device_kind: str) -> str | None:
     """Why a peer cannot run here, or None."""
     if impl != "hf_liger":
-        return None
+        return levers.skip_reason(impl, device_kind)
     import importlib.util
 
     if importlib.util.find_spec("liger_kernel") is None:
@@ -294,46 +299,64 @@ def overrides(name: str, smoke: bool) -> list[str]:
     return sets
 
 
-def run_model(name: str, out: Path, steps: int, smoke: bool, device: dict) -> dict:
+def run_impl(name: str, impl: str, yaml_path: str, sets: list[str], steps: int, profile_step: int, out: Path,
+             env: dict, device: dict, tag: str = "") -> dict:
+    """One child run of one row: its result (tokens/s, MFU, peak, profile), or {"failed": the log's tail}."""
+    batch = int(next(s.split("=", 1)[1] for s in sets if s.startswith("runner_config.batch_size=")))
+    stem = f"train_gpu-{name}-{impl}{tag}"
+    run_dir = out / stem
+    result_path = out / f"{stem}.result.json"
+    args = ["--mf-config", yaml_path, *[a for s in sets for a in ("--set", s)], "--max_steps", str(steps),
+            "--output_dir", str(run_dir), *levers.train_args(impl), *loss_args(impl)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", impl, str(result_path), str(profile_step),
+           "--", *args]
+    log = out / f"{stem}.log"
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, env={**env, **levers.env(impl)}, stdout=f,
+                            stderr=subprocess.STDOUT).returncode
+    if rc or not result_path.is_file():
+        print(f"{name:14} {impl:14} FAILED (rc {rc}), see {log}", flush=True)
+        return {"impl": impl, "rc": rc, "failed": log.read_text()[-2000:]}
+    result = json.loads(result_path.read_text())
+    result_path.unlink()
+    profile = out / f"{stem}.profile.json"
+    profile.write_text(json.dumps(result["profile"], indent=2) + "\n")
+    peak = peak_tflops(device)
+    result["mfu"] = result["tokens_per_s"] * result["flops_per_token"] / (peak * 1e12) if peak else None
+    result["micro_batch"] = batch
+    mfu = "--" if result["mfu"] is None else f"{result['mfu']:.3f}"
+    mem = "--" if result["peak_MiB"] is None else f"{result['peak_MiB']:.0f} MiB"
+    print(f"{name:14} {impl:14} mb {batch:>3} {result['tokens_per_s']:10.0f} tokens/s  MFU {mfu}  peak {mem}  "
+          f"profile -> {profile.name}", flush=True)
+    return result
+
+
+def run_model(name: str, out: Path, steps: int, smoke: bool, device: dict, impls: tuple[str, ...] = IMPLS,
+              micro_batch: int | None = None, search: bool = False) -> dict:
     yaml_path = MODELS[name][0]
-    sets = overrides(name, smoke)
-    profile_step = min(PROFILE_STEP, steps)
+    sets = levers.with_micro_batch(overrides(name, smoke), micro_batch)
     # each child is a one-process run of its own (mf_ds/train.py gives it a free port): a launcher's or a test
     # process's rendezvous variables would send every child to a port that process already holds (EADDRINUSE)
     rendezvous = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {**{k: v for k, v in os.environ.items() if k not in rendezvous},
            **({"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""} if smoke else {})}
     runs = {}
-    for impl in IMPLS:
+    for impl in impls:
         why = skip_reason(impl, device["kind"])
         if why:
             runs[impl] = {"impl": impl, "skipped": why}
             print(f"{name:14} {impl:14} skipped: {why}", flush=True)
             continue
-        run_dir = out / f"train_gpu-{name}-{impl}"
-        result_path = out / f"train_gpu-{name}-{impl}.result.json"
-        args = ["--mf-config", yaml_path, *[a for s in sets for a in ("--set", s)], "--max_steps", str(steps),
-                "--output_dir", str(run_dir), *loss_args(impl)]
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", impl, str(result_path), str(profile_step),
-               "--", *args]
-        log = out / f"train_gpu-{name}-{impl}.log"
-        with log.open("w") as f:
-            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
-        if rc or not result_path.is_file():
-            runs[impl] = {"impl": impl, "rc": rc, "failed": log.read_text()[-2000:]}
-            print(f"{name:14} {impl:14} FAILED (rc {rc}), see {log}", flush=True)
-            continue
-        result = json.loads(result_path.read_text())
-        result_path.unlink()
-        profile = out / f"train_gpu-{name}-{impl}.profile.json"
-        profile.write_text(json.dumps(result["profile"], indent=2) + "\n")
-        peak = peak_tflops(device)
-        result["mfu"] = result["tokens_per_s"] * result["flops_per_token"] / (peak * 1e12) if peak else None
-        runs[impl] = result
-        mfu = "--" if result["mfu"] is None else f"{result['mfu']:.3f}"
-        mem = "--" if result["peak_MiB"] is None else f"{result['peak_MiB']:.0f} MiB"
-        print(f"{name:14} {impl:14} {result['tokens_per_s']:10.0f} tokens/s  MFU {mfu}  peak {mem}  "
-              f"profile -> {profile.name}", flush=True)
+
+        def run_one(impl, sets, steps, tag=""):
+            return run_impl(name, impl, yaml_path, sets, steps, min(PROFILE_STEP, steps), out, env, device, tag)
+
+        if search:
+            runs[impl] = levers.search(run_one, impl, sets)
+            print(f"{name:14} {impl:14} largest micro batch: {runs[impl].get('micro_batch')} "
+                  f"(tried {runs[impl]['tried']})", flush=True)
+        else:
+            runs[impl] = run_one(impl, sets, steps)
     record = {"overrides": sets, "steps": steps, "runs": runs, **fused_loss_effect(runs)}
     ours, hf = runs.get("mf_ds", {}), runs.get("hf_grouped_mm", {})
     if ours.get("tokens_per_s") and hf.get("tokens_per_s"):
@@ -353,7 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, 3 steps")
+    parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated rows: " + ", ".join(IMPLS))
+    parser.add_argument("--micro-batch", type=int, help="sequences a micro batch, every row (default: 4)")
+    parser.add_argument("--micro-batch-search", action="store_true",
+                        help="each row at 4, 8, 16, ... sequences until one fails; the largest that ran is reported")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.impls.split(",")) - set(IMPLS))
+    if unknown:
+        parser.error(f"--impls: unknown rows {unknown} (known: {', '.join(IMPLS)})")
     import torch
 
     from bench.gpu_env import stamp
@@ -369,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"benchmark": "train_gpu", **stamped, "smoke": args.smoke, "warmup_steps": WARMUP,
               "peak_bf16_TFLOPS": peak_tflops(stamped["device"]), "models": {}}
     for name in args.model.split(","):
-        record["models"][name] = run_model(name, out, steps, args.smoke, stamped["device"])
+        record["models"][name] = run_model(name, out, steps, args.smoke, stamped["device"],
+                                           tuple(args.impls.split(",")), args.micro_batch, args.micro_batch_search)
     device = "cpu" if args.smoke else stamped["device"]["name"].replace(" ", "_")
     path = out / f"train_gpu-{device}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")

@@ -48,6 +48,8 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     p.add_argument("--fused_loss", choices=("on", "off"),
                    help="the loss without the whole [tokens, vocab] logits (mf_ds.fused_loss; default: on where exact)")
     p.add_argument("--gradient_accumulation_steps", type=int, help="override the gradient accumulation")
+    p.add_argument("--compile_layers", action="store_true",
+                   help="torch.compile each decoder layer (the same as --set mf_ds.compile_layers=true)")
     p.add_argument("--dist_timeout", type=float, metavar="SECONDS",
                    default=float(os.environ.get("MF_DS_DIST_TIMEOUT", 600)),
                    help="how long a collective waits for the other ranks before the run stops with an error "
@@ -86,6 +88,8 @@ def lost_rank(exc: BaseException) -> str | None:
 
 def main(argv: list[str] | None = None, prog: str = "mf_ds/train.py", positional: bool = False) -> int:
     args = parser(prog, positional).parse_args(argv)
+    if args.compile_layers:
+        args.set.append("mf_ds.compile_layers=true")
     stop = {"signal": None}
 
     def on_signal(signum, _frame):  # SIGTERM: save and exit cleanly, as MindFormers' graceful exit does

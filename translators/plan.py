@@ -98,6 +98,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         ledger.runtime("mf_ds", "mf-ds' own settings")
     if extra.fused_loss is not None:
         ledger.runtime("mf_ds.fused_loss", f"run.fused_loss = {extra.fused_loss} (mf_ds/loss_model.py)")
+    MfDs.note_compile(tree, ledger)
 
     # Parallel layout. use_parallel False resets parallel_config to 1s, as MindFormers does (build_parallel_config).
     pc = ParallelConfig.parse(tree.get("parallel_config"), ledger)
@@ -291,6 +292,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "tokenizer_dir": extra.tokenizer_dir or general.pretrained_model_dir or None,
         "max_nan_steps": extra.max_nan_steps,
         "fused_loss": extra.fused_loss,
+        "compile_layers": extra.compile_layers,
         "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, data, ledger),
         **attention,  # pad_attention_mask, pad_token_id
         "checkpoint_layout": names.checkpoint_layout(tree),

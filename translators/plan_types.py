@@ -411,6 +411,8 @@ class Run:
     max_nan_steps: int = 0
     fused_loss: bool | None = None
     """mf_ds.fused_loss: the loss without the whole logits (mf_ds/loss_model.py); None: on where it is exact."""
+    compile_layers: bool = False
+    """torch.compile on each decoder layer (mf_ds.compile_layers; mf_ds/patch/compile.py)."""
     loss_mask_pad_id: int | None = None
     pad_attention_mask: bool = False
     pad_token_id: int | None = None

@@ -251,6 +251,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "tokenizer_dir": extra.tokenizer_dir,
         "fused_loss": extra.fused_loss,
         "max_nan_steps": account.max_nan_steps(cfg, tree, extra),
+        "compile_layers": extra.compile_layers,
         "loss_mask_pad_id": None,
         **attention,
         "checkpoint_layout": {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,

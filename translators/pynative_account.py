@@ -14,6 +14,7 @@ from typing import Any
 from translators.errors import ConfigError, join, show
 from translators.notes import Ledger
 from translators.pynative_trainer import spans
+from translators.sections import MfDs
 
 _PIPELINE = "no pipeline runs here: pipeline_parallel folds into data parallel"
 _NPU = "an Ascend communication / kernel setting with no PyTorch counterpart"
@@ -446,6 +447,7 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
                       "class defaults, and the schema is this version's (run.mindformers_version records it)")
     if present("mf_ds"):
         ledger.runtime("mf_ds", "mf-ds' own settings")
+        MfDs.note_compile(tree, ledger)
     if present("output_dir"):
         ledger.runtime("output_dir", "run.output_dir (mf-ds' own key, set by mf-train --output_dir: metrics, logs "
                        "and, unless checkpoint.save_path says otherwise, checkpoints; MindFormers' PyNative trainer "

@@ -307,3 +307,13 @@ class MfDs(Section):
                                         "[tokens, vocab] logits (mf_ds/loss_model.py); unset: on where exact")
     max_nan_steps: int = key(5, "stop the run when the loss has been inf/NaN this many steps in a row (those steps' "
                                 "updates are skipped)", check=_positive_int)
+    compile_layers: bool = key(False, "torch.compile each decoder layer (regional compilation); off by default until "
+                                      "a GPU benchmark shows it faster (bench/train_gpu.py)")
+
+    @staticmethod
+    def note_compile(tree: dict, ledger) -> None:
+        """The runtime note of mf_ds.compile_layers, where the YAML sets it (mf_ds/patch/compile.py applies it)."""
+        section = tree.get("mf_ds")
+        if isinstance(section, dict) and "compile_layers" in section:
+            ledger.runtime("mf_ds.compile_layers", f"run.compile_layers = {bool(section['compile_layers'])}: each "
+                           "decoder layer under torch.compile (mf-train --compile_layers sets it too)")

@@ -22,6 +22,8 @@ Both reductions are collectives over the default process group: every rank calls
 
 from __future__ import annotations
 
+import math
+
 import sys
 
 import torch
@@ -57,14 +59,16 @@ def step_metrics(model: nn.Module) -> dict[int, dict]:
         stats = layer.stats
         if stats is None:
             rows.append(torch.zeros(2 + experts, dtype=torch.float64, device=_device(layers)))
-            estimates.append(None)
+            estimates.append(torch.full((), float("nan"), dtype=torch.float64, device=_device(layers)))
             continue
         rows.append(torch.cat([torch.stack([stats.pairs, stats.dropped]), stats.load_E]).to(_device(layers)))
-        estimates.append(stats.estimate_last)
-        stats.estimate_last = None
+        estimates.append(stats.estimate_last.to(_device(layers), copy=True))
+        stats.estimate_last.fill_(float("nan"))
         for counter in (stats.pairs, stats.dropped, stats.micro, stats.load_E):
             counter.zero_()
-    sums = _sum_over_ranks(torch.cat(rows)).tolist()
+    summed = _sum_over_ranks(torch.cat(rows))
+    values = torch.cat([summed, torch.stack(estimates)]).tolist()  # the step's one read on the host
+    sums, estimates = values[: summed.numel()], values[summed.numel():]
     metrics, at = {}, 0
     for layer, row, estimate in zip(layers, rows, estimates, strict=True):
         pairs, dropped = sums[at:at + 2]
@@ -72,7 +76,7 @@ def step_metrics(model: nn.Module) -> dict[int, dict]:
         at += row.numel()
         metrics[layer.layer_index] = {
             "drop_rate": dropped / pairs if pairs else 0.0,
-            "drop_rate_estimate": None if estimate is None else float(estimate),
+            "drop_rate_estimate": None if math.isnan(estimate) else estimate,  # NaN: no estimate this step
             "expert_load": [n / pairs if pairs else 0.0 for n in load],
         }
     return metrics

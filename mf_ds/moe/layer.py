@@ -29,7 +29,9 @@ Aux losses are attached to the block output (Megatron's MoEAuxLossAutoScaler ide
 whose returned tensor, added to the training loss, carries the scale the engine applies to that loss (1/GA, fp16
 loss scale) back to every layer's aux loss: correct under activation checkpointing, reentrant or not, where a
 returned loss would miss the recomputed graph. Statistics (drops, per-expert load) are counted once per forward in
-training: a recompute inside backward is recognised (`torch._C._current_graph_task_id() != -1`) and not counted.
+training, on the device: a recompute inside backward is recognised (`torch._C._current_graph_task_id() != -1`) and
+not counted. Both run as ops that decide when the step runs (device_state.py), so torch.compile traces the block
+whole (the ops of mf_ds/ops/library.py have static shapes: nothing here reads a count on the host).
 
 Legend: T tokens, H hidden, E experts (E_local on this rank), K top-k, I expert width, M permuted rows.
 """
@@ -39,6 +41,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mf_ds.moe.device_state import AuxHandle, LayerStats
 from mf_ds.moe.router import MFRouter, Routing, aux_losses, aux_top_k, expert_fractions, route
 from mf_ds.ops.gmm import gather_supported, grouped_mm, grouped_mm_gather
 from mf_ds.ops.permute import Permuted, permute, unpermute
@@ -57,7 +60,8 @@ def group_capacity_mask(expert_ids_TK: torch.Tensor, num_experts: int, capacity:
     k_P = torch.arange(k, device=bucket_P.device).repeat(tokens)
     priority_P = k_P * tokens + t_P if drop_policy == "kdrop" else t_P * k + k_P
     order = torch.argsort(bucket_P * (tokens * k) + priority_P)
-    counts = torch.bincount(bucket_P, minlength=groups * num_experts)
+    counts = torch.zeros(groups * num_experts, dtype=torch.long, device=bucket_P.device).scatter_add_(
+        0, bucket_P, torch.ones_like(bucket_P))  # not bincount: its length is data (max id + 1) to a tracer
     start = torch.cumsum(counts, 0) - counts
     position_sorted = torch.arange(bucket_P.numel(), device=bucket_P.device) - start[bucket_P[order]]
     kept_P = torch.empty_like(bucket_P, dtype=torch.bool).scatter_(0, order, position_sorted < capacity)
@@ -121,60 +125,6 @@ class MFExperts(nn.Module):
         return y_padded.index_select(0, moved_M)
 
 
-class _AuxSlot:
-    """Where `aux_loss(model)`'s tensor leaves the gradient scale the engine gave the loss, for one forward."""
-
-    __slots__ = ("scale",)
-
-    def __init__(self):
-        self.scale: torch.Tensor | None = None
-
-
-class _AttachAux(torch.autograd.Function):
-    """Identity on the block output whose backward also feeds the layer's aux loss with its slot's scale."""
-
-    @staticmethod
-    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, slot: _AuxSlot) -> torch.Tensor:
-        ctx.slot = slot
-        ctx.aux_shape = aux.shape
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        scale = ctx.slot.scale
-        grad_aux = torch.zeros(ctx.aux_shape, device=grad_out.device) if scale is None else \
-            scale.to(grad_out.device).float().expand(ctx.aux_shape)
-        return grad_out, grad_aux, None  # out: identity; aux: d(loss)/d(aux) = the engine's scale on the loss
-
-
-class _AuxHandle(torch.autograd.Function):
-    """The value of the summed aux losses; its backward records the incoming gradient in the layers' slots."""
-
-    @staticmethod
-    def forward(ctx, anchor: torch.Tensor, total: torch.Tensor, slots: list[_AuxSlot]) -> torch.Tensor:
-        ctx.slots = slots
-        return total.clone()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        for slot in ctx.slots:
-            slot.scale = grad.detach()
-        return torch.zeros((), device=grad.device), None, None
-
-
-class LayerStats:
-    """Per-layer counters over one optimizer step, on the device (no host sync until read)."""
-
-    def __init__(self, num_experts: int, device: torch.device):
-        zeros = dict(dtype=torch.float64, device=device)
-        self.pairs = torch.zeros((), **zeros)  # routed (token, choice) pairs
-        self.dropped = torch.zeros((), **zeros)  # of which dropped by the capacity
-        self.load_E = torch.zeros(num_experts, **zeros)  # routed pairs per expert (before dropping)
-        self.estimate_last: torch.Tensor | None = None  # MindFormers' estimate of the last micro-batch
-        self.micro = torch.zeros((), **zeros)  # micro-batches counted
-        self.bias_load_E = torch.zeros(num_experts, **zeros)  # the bias balance's own load, reset by its update
-
-
 class MFMoE(nn.Module):
     """The routed experts (with capacity and drop rules), plus the shared experts when the model has them."""
 
@@ -193,7 +143,6 @@ class MFMoE(nn.Module):
             self.add_module(name, module)
         self._shared_name, self._shared_gate_name = shared_names
         self.expert_parallel = expert_parallel  # parallel.ExpertParallel, or None
-        self._aux_slot = _AuxSlot()
         self._aux_value: torch.Tensor | None = None
         self._gbs_accu: torch.Tensor | None = None
         self._gbs_f: torch.Tensor | None = None
@@ -228,16 +177,19 @@ class MFMoE(nn.Module):
             y_MH = self.experts(perm.x_MH, perm.tokens_per_expert_E, exact)
         else:
             y_MH = self.expert_parallel.run(perm.x_MH, perm.tokens_per_expert_E, self.experts)
-        out_TH = unpermute(y_MH.to(x_TH.dtype), perm, routing.gates_TK)
-        counted = self.training and torch._C._current_graph_task_id() == -1  # not a recompute inside backward
-        if counted:
-            self._count(routing, perm, spec, groups)
+        gates_TK = routing.gates_TK
+        # not a recompute inside backward (under torch.compile only the ops in device_state can tell, at run time)
+        counted = self.training and (torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1)
+        if self.training:
+            self._count(routing, perm, spec, groups)  # a recompute is skipped inside the op
         if self.training and spec.has_aux:
             f_E = self._global_batch_f(routing, spec, counted, groups) if spec.global_batch_f else None
             aux = aux_losses(logits_TE, routing.scores_TE, spec, routing.expert_ids_TK, f_E, groups)
-            if counted:  # a new forward; a recompute in backward keeps the slot of the forward it repeats
-                self._aux_value, self._aux_slot = aux.detach(), _AuxSlot()
-            out_TH = _AttachAux.apply(out_TH, aux, self._aux_slot)
+            if counted:
+                self._aux_value = aux.detach()
+            # on the gates (a [T, K] copy, not [T, H]): their backward runs whenever the output's does
+            gates_TK = torch.ops.mf_ds.attach_aux(gates_TK, aux)
+        out_TH = unpermute(y_MH.to(x_TH.dtype), perm, gates_TK)
         if self._shared_name:
             shared_TH = getattr(self, self._shared_name)(x_TH)
             if self._shared_gate_name:
@@ -264,25 +216,23 @@ class MFMoE(nn.Module):
         """Step end: gbs_aux_loss's running f starts again (MindFormers' _reset_accu_gbs_fi)."""
         self._gbs_accu = self._gbs_f = None
 
+    def ensure_stats(self, device: torch.device) -> LayerStats:
+        """The step's counters on `device` (made before torch.compile traces the block: a traced first forward
+        that made them would be compiled again once they exist)."""
+        if self.stats is None or self.stats.device != device:
+            self.stats = LayerStats(self.spec.num_experts, device)
+        return self.stats
+
     @torch.no_grad()
     def _count(self, routing: Routing, perm: Permuted, spec: MoE, groups: int) -> None:
-        ids = routing.expert_ids_TK.flatten()
-        experts = spec.num_experts
-        if self.stats is None or self.stats.load_E.device != ids.device:
-            self.stats = LayerStats(experts, ids.device)
-        stats = self.stats
-        load_E = torch.zeros(experts, dtype=torch.float64, device=ids.device).index_add_(
-            0, ids, torch.ones_like(ids, dtype=torch.float64))
-        stats.pairs += ids.numel()
-        stats.dropped += (~perm.kept_TK).sum()
-        stats.load_E += load_E
-        stats.bias_load_E += load_E
-        cf = self.estimate_capacity_factor
+        ids = routing.expert_ids_TK
+        self.ensure_stats(ids.device)
+        cf, estimate = self.estimate_capacity_factor, None
         if cf is not None:  # MoEDropRateCallback: sum_i max(0, f_i - cf/E) of fi_parameter, which each forward
             # overwrites (the last micro-batch's), from the aux top-k, of this rank's (first) token group
-            f_E = expert_fractions(aux_top_k(routing.scores_TE, routing.expert_ids_TK, spec), spec, groups)[0]
-            stats.estimate_last = (f_E.double() - cf / experts).clamp(min=0).sum()
-        stats.micro += 1
+            f_E = expert_fractions(aux_top_k(routing.scores_TE, ids, spec), spec, groups)[0]
+            estimate = (f_E.double() - cf / spec.num_experts).clamp(min=0).sum()
+        self.stats.count(ids, perm.kept_TK, estimate)
 
     def extra_repr(self) -> str:
         spec = self.spec
@@ -310,4 +260,4 @@ def aux_loss(model: nn.Module) -> torch.Tensor | None:
     for m in layers:
         m._aux_value = None
     anchor = torch.zeros((), device=total.device, requires_grad=True)
-    return _AuxHandle.apply(anchor, total, [m._aux_slot for m in layers])
+    return AuxHandle.apply(anchor, total)

@@ -6,6 +6,8 @@ reference (test oracle and CPU path), launcher, autograd.Function, public functi
     gmm.py       grouped_mm(x, w, tokens_per_expert)                                MoE experts' grouped matmul
                  (its pointer kernels in gmm_triton.py, its TMA kernels in gmm_tma.py)
     permute.py   permute(...), unpermute(...)                                       MoE token permutation
+    library.py   torch.ops.mf_ds.*: the MoE ops above as custom ops (fakes, autograd)  what torch.compile traces
+    gmm_choice.py  the grouped matmul's CUDA backend per product, chosen before the first step
     dispatch.py  use_triton(*tensors), on_device(kernel, *tensors), CompiledCPU     CUDA -> Triton, CPU -> torch
 
 Nothing is imported here, so `import mf_ds.ops.<op>` loads only that op (and Triton).

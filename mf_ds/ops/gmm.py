@@ -12,7 +12,8 @@ Replaces transformers' `integrations/moe.py::_grouped_mm` (`torch.nn.functional.
 `_grouped_mm_fallback`) under `grouped_mm_experts_forward`.
 
 Files: gmm_triton.py holds the pointer kernels (tile scheme, configs, launchers), gmm_tma.py the TMA kernels; this
-file the reference, the CUDA backend choice per product, the autograd Functions, the CPU path and the public API.
+file the reference, the CUDA backend choice per product, the CPU path and the public API; library.py the custom ops
+(torch.ops.mf_ds.gmm, gmm_dw, gmm_gather, ...) with their fakes and autograd, which torch.compile traces.
 `grouped_mm_gather` folds the permute into the forward's and dW's row loads (x[src_row[r]]), so the MoE block never
 writes or keeps the [T*k, H] permuted copy; its dX (no gather) goes through the same per-product backend choice
 as the other products. (A fused expert MLP with SwiGLU in the GEMM epilogues was tried and removed: on an H200 it
@@ -20,7 +21,8 @@ was slower and held more memory than this split path, bench/results/gpu-notes.md
 
 CUDA backend, per product (fwd, dX, dW), `MF_DS_GMM`: `auto` (default) times the pointer kernels, the TMA
 kernels (gmm_tma.py) and torch's grouped_mm (CUTLASS, bf16 on sm90) once per shape and keeps the fastest (those
-within 5% of the best are timed again, in turn, before one is chosen);
+within 5% of the best are timed again, in turn, before one is chosen), before the first step (gmm_choice.py:
+an on-disk cache, or a timing of the run's shapes from a pre-hook on the model, rank 0's choice for every rank);
 `triton`, `tma`, `torch` force one. H100, bf16, 4K-32K tokens: auto is 1.00-1.17x grouped_mm at Qwen3-30B-A3B and
 DeepSeek-V3 EP8 shapes, 0.95-0.97x at Mixtral, 1.35-2.03x DeepSpeed's Triton group GEMM (bench/results/gpu-notes.md).
 
@@ -36,7 +38,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from mf_ds.ops import gmm_tma
+from mf_ds.ops import gmm_choice, gmm_tma
 from mf_ds.ops.dispatch import use_triton
 from mf_ds.ops.gmm_triton import _gmm_dw_triton, _gmm_triton, _offsets
 
@@ -93,6 +95,10 @@ def _product(name: str, operands: tuple[Tensor, ...], runners: dict) -> Tensor:
     if mode != "auto" or len(usable) == 1:
         return usable.get(mode, usable["triton"])()
     key = (name, *((tuple(t.shape), t.stride()) for t in operands), operands[0].dtype)
+    if key not in CHOICES and (cached := gmm_choice.load(key, operands[0].device)) in usable:
+        CHOICES[key] = (cached, {})
+    if key not in CHOICES and torch.cuda.is_current_stream_capturing():  # no timing inside a capture: the rule
+        return usable[gmm_choice.rule(usable)]()
     if key not in CHOICES:
         from triton.testing import do_bench
 
@@ -107,6 +113,7 @@ def _product(name: str, operands: tuple[Tensor, ...], runners: dict) -> Tensor:
         if not timings:  # nothing ran: the pointer kernels again, to raise their own error
             return usable["triton"]()
         CHOICES[key] = (_fastest(timings, usable, do_bench), timings)
+        gmm_choice.save(key, operands[0].device, *CHOICES[key])
     return usable[CHOICES[key][0]]()
 
 
@@ -151,61 +158,6 @@ def _fwd_runners(x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool) 
             "torch": lambda: _torch_fwd(x_MK.contiguous(), w_EKN, offs_E, exact_rows)}
 
 
-def _plain_product(name: str, x_MK: Tensor, w_EKN: Tensor, offs_E: Tensor, exact_rows: bool = True) -> Tensor:
-    """The gathered path's dX (no gather in it) on the backend `auto` picks, as in the split path (it ran on the
-    pointer kernel only: gpu-notes.md measured the gathered block 7% behind the split one for it). exact_rows: the
-    caller never reads the padding rows (the per-token sum of a gathered dX reads kept rows only), so torch's
-    uninitialised padding rows are left as they are."""
-    return _product(name, (x_MK, w_EKN), _fwd_runners(x_MK, w_EKN, offs_E, exact_rows))
-
-
-class GroupedMMFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, exact_rows: bool = False) -> Tensor:
-        offs_E = _offsets(tokens_per_expert_E)
-        ctx.save_for_backward(x_MK, w_EKN, offs_E)
-        ctx.exact_rows = exact_rows
-        return _product("fwd", (x_MK, w_EKN), _fwd_runners(x_MK, w_EKN, offs_E, exact_rows))
-
-    @staticmethod
-    def backward(ctx, dy_MN: Tensor):
-        x_MK, w_EKN, offs_E = ctx.saved_tensors
-        dx_MK = dw_EKN = None
-        if ctx.needs_input_grad[0]:  # x: dY @ W^T per group; padding rows get zero (group E)
-            w_T = w_EKN.transpose(1, 2)
-            dx_MK = _product("dx", (dy_MN, w_T), _fwd_runners(dy_MN, w_T, offs_E, ctx.exact_rows))
-        if ctx.needs_input_grad[1]:  # w: X_e^T @ dY_e per expert
-            dw_EKN = _product("dw", (x_MK, dy_MN, w_EKN), {
-                "triton": lambda: _gmm_dw_triton(x_MK, dy_MN, offs_E, w_EKN),
-                "tma": lambda: gmm_tma.gmm_dw(x_MK, dy_MN, offs_E, w_EKN),
-                "torch": lambda: _torch_dw(x_MK, dy_MN.contiguous(), offs_E, w_EKN)})
-        return dx_MK, dw_EKN, None, None  # tokens_per_expert: integer, no gradient
-
-
-class GroupedMMGatherFunction(torch.autograd.Function):
-    """The permute folded into the grouped matmul: y[r] = x[src_row[r]] @ w[e(r)], the [M, K] permuted copy of x
-    neither written in the forward nor kept for the backward (the dW kernel gathers the same rows again)."""
-
-    @staticmethod
-    def forward(ctx, x_TK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, src_row_M: Tensor,
-                row_of_pair_TP: Tensor) -> Tensor:
-        offs_E = _offsets(tokens_per_expert_E)
-        ctx.save_for_backward(x_TK, w_EKN, offs_E, src_row_M, row_of_pair_TP)
-        return _gmm_triton(x_TK, w_EKN, offs_E, src_row_M)
-
-    @staticmethod
-    def backward(ctx, dy_MN: Tensor):
-        from mf_ds.ops.permute import _launch_sum_pairs
-
-        x_TK, w_EKN, offs_E, src_row_M, row_of_pair_TP = ctx.saved_tensors
-        dx_TK = dw_EKN = None
-        if ctx.needs_input_grad[0]:  # x: dY @ W^T per row, then each token sums its kept rows (fp32)
-            dx_TK = _launch_sum_pairs(_plain_product("dx", dy_MN, w_EKN.transpose(1, 2), offs_E), row_of_pair_TP)
-        if ctx.needs_input_grad[1]:  # w: X_e^T @ dY_e, X_e's rows gathered from x
-            dw_EKN = _gmm_dw_triton(x_TK, dy_MN, offs_E, w_EKN, src_row_M)
-        return dx_TK, dw_EKN, None, None, None  # the counts and the index maps: integers, no gradient
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # CPU torch path
 # ----------------------------------------------------------------------------------------------------------------
@@ -220,29 +172,6 @@ def _zero_padding_rows(y_MN: Tensor, offs_E: Tensor) -> Tensor:
     return y_MN.masked_fill_(pad_M[:, None], 0)
 
 
-class GroupedMMTorchFunction(torch.autograd.Function):
-    """The CPU path: `torch.nn.functional.grouped_mm` for the forward and both backward products."""
-
-    @staticmethod
-    def forward(ctx, x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor) -> Tensor:
-        offs_E = _offsets(tokens_per_expert_E)
-        ctx.save_for_backward(x_MK, w_EKN, offs_E)
-        return _torch_fwd(x_MK, w_EKN, offs_E)
-
-    @staticmethod
-    def backward(ctx, dy_MN: Tensor):
-        x_MK, w_EKN, offs_E = ctx.saved_tensors
-        # grouped_mm rejects the stride-0 gradient of `y.sum().backward()` ("Invalid strides/sizes", §5.1 of
-        # moe-anchors.md)
-        dy_MN = dy_MN.contiguous()
-        dx_MK = dw_EKN = None
-        if ctx.needs_input_grad[0]:  # x: dY @ W^T per group, padding rows zero
-            dx_MK = _torch_fwd(dy_MN, w_EKN.transpose(1, 2), offs_E)
-        if ctx.needs_input_grad[1]:  # w: X_e^T @ dY_e per expert (the 2D x 2D form; empty groups give zeros)
-            dw_EKN = _torch_dw(x_MK, dy_MN, offs_E, w_EKN)
-        return dx_MK, dw_EKN, None
-
-
 def grouped_mm(x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, exact_rows: bool = False) -> Tensor:
     """[M, K] rows sorted by expert x [E, K, N] -> [M, N]; group e has tokens_per_expert_E[e] rows (a device tensor),
     rows past their sum are padding and come out zero. `exact_rows`: the caller knows the counts sum to M (dropless
@@ -250,11 +179,7 @@ def grouped_mm(x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, exact_r
     assert x_MK.dim() == 2 and w_EKN.dim() == 3 and x_MK.shape[1] == w_EKN.shape[1], (x_MK.shape, w_EKN.shape)
     assert tokens_per_expert_E.shape == (w_EKN.shape[0],), (tokens_per_expert_E.shape, w_EKN.shape)
     assert x_MK.dtype == w_EKN.dtype, (x_MK.dtype, w_EKN.dtype)
-    if use_triton(x_MK, w_EKN):  # CUDA: the Triton kernels or torch's grouped_mm, per product (MF_DS_GMM)
-        return GroupedMMFunction.apply(x_MK, w_EKN, tokens_per_expert_E, exact_rows)
-    if x_MK.shape[0] * x_MK.shape[1] * w_EKN.shape[2] < _LOOP_BELOW * w_EKN.shape[0]:
-        return _grouped_mm_loop(x_MK, w_EKN, tokens_per_expert_E)
-    return GroupedMMTorchFunction.apply(x_MK, w_EKN, tokens_per_expert_E)
+    return torch.ops.mf_ds.gmm(x_MK, w_EKN, _offsets(tokens_per_expert_E), "fwd", exact_rows)
 
 
 def grouped_mm_gather(x_TK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, src_row_M: Tensor,
@@ -264,7 +189,7 @@ def grouped_mm_gather(x_TK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor, 
     rows of each source row (-1: dropped), for the backward's sum. Differentiable in x and w."""
     assert x_TK.dim() == 2 and w_EKN.dim() == 3 and x_TK.shape[1] == w_EKN.shape[1], (x_TK.shape, w_EKN.shape)
     assert row_of_pair_TP.shape[0] == x_TK.shape[0] and x_TK.dtype == w_EKN.dtype, (row_of_pair_TP.shape, x_TK.shape)
-    return GroupedMMGatherFunction.apply(x_TK, w_EKN, tokens_per_expert_E, src_row_M, row_of_pair_TP)
+    return torch.ops.mf_ds.gmm_gather(x_TK, w_EKN, _offsets(tokens_per_expert_E), src_row_M, row_of_pair_TP)
 
 
 def gather_supported(*tensors: Tensor) -> bool:
@@ -278,11 +203,4 @@ def gather_supported(*tensors: Tensor) -> bool:
 _LOOP_BELOW = 2**22
 
 
-def _grouped_mm_loop(x_MK: Tensor, w_EKN: Tensor, tokens_per_expert_E: Tensor) -> Tensor:
-    """The CPU path for small problems: one matmul per expert (autograd gives dX and dW), padding rows zero."""
-    sizes = tokens_per_expert_E.tolist()  # on CPU reading the counts costs nothing
-    used = sum(sizes)
-    out = [part @ w_EKN[e] for e, part in enumerate(torch.split(x_MK[:used], sizes))]
-    if used < x_MK.shape[0]:
-        out.append(x_MK.new_zeros(x_MK.shape[0] - used, w_EKN.shape[2]))
-    return torch.cat(out)
+from mf_ds.ops import library  # noqa: E402,F401 - registers torch.ops.mf_ds (it reads this module's helpers)

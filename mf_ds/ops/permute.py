@@ -362,44 +362,29 @@ def _launch_sum_pairs(dxm_MH: Tensor, row_of_pair_TK: Tensor) -> Tensor:
     return dx
 
 
-class PermuteFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_TH: Tensor, token_of_row_M: Tensor, row_of_pair_TK: Tensor) -> Tensor:
-        ctx.save_for_backward(row_of_pair_TK)
-        return _launch_gather_rows(x_TH, token_of_row_M, row_of_pair_TK)
+def _launch_unpermute(y_MH: Tensor, row_of_pair_TK: Tensor, gates_TK: Tensor) -> Tensor:
+    y_MH, gates_TK = y_MH.contiguous(), gates_TK.contiguous()
+    T, K = row_of_pair_TK.shape
+    out = _empty((T, y_MH.shape[1]), dtype=y_MH.dtype, device=y_MH.device)
+    if out.numel():
+        on_device(_unpermute_fwd_kernel, y_MH)[(T,)](
+            y_MH, row_of_pair_TK, gates_TK, out, y_MH.shape[1], K, y_MH.stride(0), out.stride(0),
+            BLOCK_H=_block_h(y_MH.shape[1]))
+    return out
 
-    @staticmethod
-    def backward(ctx, dxm_MH: Tensor):
-        (row_of_pair_TK,) = ctx.saved_tensors
-        return _launch_sum_pairs(dxm_MH, row_of_pair_TK), None, None  # x: scatter-add of the row grads
 
-
-class UnpermuteFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y_MH: Tensor, row_of_pair_TK: Tensor, gates_TK: Tensor) -> Tensor:
-        y_MH, gates_TK = y_MH.contiguous(), gates_TK.contiguous()
-        T, K = row_of_pair_TK.shape
-        out = _empty((T, y_MH.shape[1]), dtype=y_MH.dtype, device=y_MH.device)
-        if out.numel():
-            on_device(_unpermute_fwd_kernel, y_MH)[(T,)](
-                y_MH, row_of_pair_TK, gates_TK, out, y_MH.shape[1], K, y_MH.stride(0), out.stride(0),
-                BLOCK_H=_block_h(y_MH.shape[1]))
-        ctx.save_for_backward(y_MH, row_of_pair_TK, gates_TK)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout_TH: Tensor):
-        y_MH, row_of_pair_TK, gates_TK = ctx.saved_tensors
-        dout_TH = dout_TH.contiguous()
-        M, H = y_MH.shape
-        K = row_of_pair_TK.shape[1]
-        dy = _empty((M, H), dtype=y_MH.dtype, device=y_MH.device)  # y: gate * dOut on each kept row
-        dgates = torch.zeros_like(gates_TK)  # gates: <dOut, y row>; stays 0 for dropped pairs
-        if dy.numel():
-            on_device(_unpermute_bwd_kernel, y_MH)[(M,)](
-                dout_TH, y_MH, _pair_of_row(row_of_pair_TK, M), gates_TK, dy, dgates, H, K,
-                dout_TH.stride(0), y_MH.stride(0), dy.stride(0), BLOCK_H=_block_h(H))
-        return dy, None, dgates
+def _unpermute_bwd_triton(dout_TH: Tensor, y_MH: Tensor, row_of_pair_TK: Tensor, gates_TK: Tensor):
+    """-> (dY, dGates): dY = gate * dOut on each kept row (zero on padding rows), dGates = <dOut, y row>."""
+    y_MH, gates_TK, dout_TH = y_MH.contiguous(), gates_TK.contiguous(), dout_TH.contiguous()
+    M, H = y_MH.shape
+    K = row_of_pair_TK.shape[1]
+    dy = _empty((M, H), dtype=y_MH.dtype, device=y_MH.device)
+    dgates = torch.zeros_like(gates_TK)  # stays 0 for dropped pairs
+    if dy.numel():
+        on_device(_unpermute_bwd_kernel, y_MH)[(M,)](
+            dout_TH, y_MH, _pair_of_row(row_of_pair_TK, M), gates_TK, dy, dgates, H, K,
+            dout_TH.stride(0), y_MH.stride(0), dy.stride(0), BLOCK_H=_block_h(H))
+    return dy, dgates
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -422,43 +407,18 @@ def _combine(src_MH: Tensor, row_of_pair_TK: Tensor, weights_TK: Tensor) -> Tens
     return torch.bmm(w_TK.unsqueeze(1), src_TKH.float()).squeeze(1).to(src_MH.dtype)
 
 
-class PermuteTorchFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_TH: Tensor, token_of_row_M: Tensor, row_of_pair_TK: Tensor) -> Tensor:
-        """token_of_row == T (one past the end) is a padding row: a zero row is appended to x for it."""
-        ctx.save_for_backward(row_of_pair_TK)
-        return torch.cat([x_TH, x_TH.new_zeros(1, x_TH.shape[1])]).index_select(0, token_of_row_M)
-
-    @staticmethod
-    def backward(ctx, dxm_MH: Tensor):
-        (row_of_pair_TK,) = ctx.saved_tensors
-        ones_TK = torch.ones(row_of_pair_TK.shape, device=dxm_MH.device)
-        return _combine(dxm_MH, row_of_pair_TK, ones_TK), None, None  # x: sum of its kept rows' grads
-
-
-class UnpermuteTorchFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y_MH: Tensor, row_of_pair_TK: Tensor, gates_TK: Tensor) -> Tensor:
-        ctx.save_for_backward(y_MH, row_of_pair_TK, gates_TK)
-        return _combine(y_MH, row_of_pair_TK, gates_TK)
-
-    @staticmethod
-    def backward(ctx, dout_TH: Tensor):
-        y_MH, row_of_pair_TK, gates_TK = ctx.saved_tensors
-        T, K = row_of_pair_TK.shape
-        pair_M = _pair_of_row(row_of_pair_TK, y_MH.shape[0])
-        live_M = pair_M >= 0
-        dout_MH = dout_TH.index_select(0, torch.where(live_M, pair_M // K, 0)).float()  # each row's token's dOut
-        dy_MH = dgates_TK = None
-        if ctx.needs_input_grad[0]:  # y: gate * dOut on each kept row, zero on padding rows
-            gate_M = torch.where(live_M, gates_TK.reshape(-1)[pair_M.clamp(min=0)].float(), 0.0)
-            dy_MH = (dout_MH * gate_M.unsqueeze(1)).to(y_MH.dtype)
-        if ctx.needs_input_grad[2]:  # gates: <dOut[t], y[row(t, k)]> per row, back to its pair; 0 when dropped
-            dgate_M = torch.bmm(dout_MH.unsqueeze(1), y_MH.float().unsqueeze(2)).view(-1)
-            dgates_P = torch.zeros(T * K + 1, dtype=torch.float32, device=y_MH.device)
-            dgates_P.scatter_(0, torch.where(live_M, pair_M, T * K), torch.where(live_M, dgate_M, 0.0))
-            dgates_TK = dgates_P[: T * K].view(T, K).to(gates_TK.dtype)
-        return dy_MH, None, dgates_TK
+def _unpermute_bwd_torch(dout_TH: Tensor, y_MH: Tensor, row_of_pair_TK: Tensor, gates_TK: Tensor):
+    """The torch path of _unpermute_bwd_triton: gathers, one bmm, one scatter of the per-row dot products."""
+    T, K = row_of_pair_TK.shape
+    pair_M = _pair_of_row(row_of_pair_TK, y_MH.shape[0])
+    live_M = pair_M >= 0
+    dout_MH = dout_TH.index_select(0, torch.where(live_M, pair_M // K, 0)).float()  # each row's token's dOut
+    gate_M = torch.where(live_M, gates_TK.reshape(-1)[pair_M.clamp(min=0)].float(), 0.0)
+    dy_MH = (dout_MH * gate_M.unsqueeze(1)).to(y_MH.dtype)
+    dgate_M = torch.bmm(dout_MH.unsqueeze(1), y_MH.float().unsqueeze(2)).view(-1)
+    dgates_P = torch.zeros(T * K + 1, dtype=torch.float32, device=y_MH.device)
+    dgates_P.scatter_(0, torch.where(live_M, pair_M, T * K), torch.where(live_M, dgate_M, 0.0))
+    return dy_MH, dgates_P[: T * K].view(T, K).to(gates_TK.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -473,15 +433,14 @@ def permute(x_TH: Tensor, expert_ids_TK: Tensor, num_experts: int, capacity: int
     T, K = expert_ids_TK.shape
     assert x_TH.dim() == 2 and x_TH.shape[0] == T, (x_TH.shape, expert_ids_TK.shape)
     M = _num_rows(T, K, num_experts, capacity, pad_to_multiple)
-    route = _route_triton if use_triton(expert_ids_TK) and max(T * K, M) < 2**31 else _route  # int32 maps : int64
-    tokens_per_expert_E, row_of_pair_TK, token_of_row_M = route(expert_ids_TK, num_experts, capacity, drop_policy, M)
+    if use_triton(expert_ids_TK) and max(T * K, M) < 2**31:  # the kernels' int32 maps (an op: opaque to dynamo)
+        tokens_per_expert_E, row_of_pair_TK, token_of_row_M = torch.ops.mf_ds.route(
+            expert_ids_TK, num_experts, -1 if capacity is None else capacity, drop_policy == "kdrop", M)
+    else:  # torch ops of static shapes (int64 maps), traced as they are
+        tokens_per_expert_E, row_of_pair_TK, token_of_row_M = _route(expert_ids_TK, num_experts, capacity,
+                                                                     drop_policy, M)
     kept_TK = row_of_pair_TK >= 0
-    if not materialize:
-        x_MH = None
-    elif use_triton(x_TH):
-        x_MH = PermuteFunction.apply(x_TH, token_of_row_M, row_of_pair_TK)
-    else:  # token T (one past the end) is the zero row the torch path appends
-        x_MH = PermuteTorchFunction.apply(x_TH, torch.where(token_of_row_M >= 0, token_of_row_M, T), row_of_pair_TK)
+    x_MH = torch.ops.mf_ds.permute_rows(x_TH, token_of_row_M, row_of_pair_TK) if materialize else None
     return Permuted(x_MH, tokens_per_expert_E, row_of_pair_TK, kept_TK, token_of_row_M)
 
 
@@ -490,6 +449,7 @@ def unpermute(y_MH: Tensor, perm: Permuted, gates_TK: Tensor) -> Tensor:
     0, gates are not renormalised. Differentiable in y and gates."""
     T, K = perm.row_of_pair_TK.shape
     assert gates_TK.shape == (T, K) and y_MH.dim() == 2, (gates_TK.shape, y_MH.shape, (T, K))
-    if use_triton(y_MH, gates_TK):
-        return UnpermuteFunction.apply(y_MH, perm.row_of_pair_TK, gates_TK)
-    return UnpermuteTorchFunction.apply(y_MH, perm.row_of_pair_TK, gates_TK)
+    return torch.ops.mf_ds.unpermute(y_MH, perm.row_of_pair_TK, gates_TK)
+
+
+from mf_ds.ops import library  # noqa: E402,F401 - registers torch.ops.mf_ds (it reads this module's helpers)

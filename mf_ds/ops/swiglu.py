@@ -238,6 +238,8 @@ def fused_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device:
         raise ValueError(f"fused_swiglu: gate and up must match in shape, dtype and device, got "
                          f"{tuple(gate.shape)} {gate.dtype} {gate.device} and {tuple(up.shape)} {up.dtype} {up.device}")
+    if torch.compiler.is_compiling():  # inside torch.compile: Inductor fuses the plain expression (fwd and bwd) itself
+        return F.silu(gate) * up
     return SwiGLUFunction.apply(gate, up)
 
 
@@ -246,4 +248,7 @@ def fused_swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
         raise ValueError(f"fused_swiglu_packed: the last dimension must be even (gate, then up), got "
                          f"{tuple(gate_up.shape)}")
+    if torch.compiler.is_compiling():  # as fused_swiglu
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
     return SwiGLUPackedFunction.apply(gate_up)

@@ -5,7 +5,8 @@
 
 The order is fixed here, so no caller has to know it: `moe.py` (the mf-ds MoE layer, `plan.moe`) first, since it
 replaces modules the others then touch; `kernels.py` (fused RoPE and SwiGLU, `plan.kernels`), then `recompute.py`
-(`plan.layers`), whose checkpoint regions wrap the forwards the first two installed. One table per feature,
+(`plan.layers`), whose checkpoint regions wrap the forwards the first two installed, then `compile.py`
+(`run.compile_layers`: torch.compile on each decoder layer, patched as it is). One table per feature,
 `{model_type: patch function}`, drives one generic patcher; a patch function takes `(model, plan, recorder)` and
 returns its report lines. Nothing is patched at import. The model's own code is reached only here; the other
 places that know transformers' internals are the model build (`mf_ds/model.py`, `mf_ds/zero.py`: construction and
@@ -68,6 +69,10 @@ def apply(model: torch.nn.Module, plan: Plan, checkpoint_fn: Callable | None = N
             report += lines
         if plan.layers:
             report += [f"recompute: {line}" for line in patch_layers(model, plan.layers, recorder, checkpoint_fn)]
+        if plan.run.compile_layers:  # last: the compiled code is the patched layer
+            from mf_ds.patch.compile import compile_layers
+
+            report += compile_layers(model, plan, recorder)
     except BaseException:
         recorder.revert()
         raise

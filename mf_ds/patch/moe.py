@@ -78,6 +78,8 @@ def _patch(family: PatchTargets, model: nn.Module, plan: Plan, recorder: Recorde
     if missing:
         report.append(f"moe layers {missing}: MTP layers, which transformers' {model.config.model_type} does not "
                       f"build; they are not trained")
+    if wanted & set(range(len(layers))):  # the grouped matmuls' CUDA backends, chosen before the first forward
+        recorder.hooks.append(model.register_forward_pre_hook(_choose_backends, with_kwargs=True))
     if getattr(model.config, "output_router_logits", False):
         recorder.set(model.config, "output_router_logits", False)
         report.append("config.output_router_logits: off; the plan's aux losses apply instead (mf_ds.moe.aux_loss)")
@@ -143,6 +145,22 @@ def _build(family: PatchTargets, block: nn.Module, moe: MoE, estimate_cf: float 
 
         new.deepspeed_moe_marker = DeepSpeedMoEMarker(mf_experts, ep)  # last child: loads after `experts`
     return new, notes
+
+
+def _choose_backends(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook: the first training forward at a token count not yet seen chooses the grouped matmuls' CUDA
+    backends for it (mf_ds/ops/gmm_choice.py), before any layer (compiled or not) runs. Only the run's first training
+    forward, which every rank makes at once, is collective (rank 0's choices for all); a later new count (a rank's
+    odd batch) is chosen on that rank alone, so that no rank waits on a collective the others never call."""
+    from mf_ds.moe.layer import moe_layers
+    from mf_ds.ops import gmm_choice
+
+    tokens = gmm_choice.tokens_of(args, kwargs)
+    seen = model.__dict__.setdefault("_mf_ds_gmm_tokens", set())
+    if tokens is None or tokens in seen or not model.training:
+        return
+    gmm_choice.prepare(moe_layers(model), tokens, collective=not seen)
+    seen.add(tokens)
 
 
 def _release_full_experts(experts: nn.Module) -> None:

@@ -135,3 +135,28 @@ def test_train_gpu_full_shapes_translate_to_the_published_models():
         assert plan.deepspeed["gradient_accumulation_steps"] * 16384 >= 65536
         # the MoE block's grouped matmul and permute always run fused (the Plan has no switch for them)
         assert plan.kernels.fused_rope and plan.moe.dropless, (name, plan.kernels, plan.moe.path)
+
+
+def test_train_gpu_lever_rows():
+    """bench/train_gpu_levers.py: what each lever row changes, why it is skipped on CPU, and the micro-batch search
+    (the largest batch that ran, each tried batch's tokens/s or failure)."""
+    from bench import train_gpu_levers as levers
+
+    assert levers.env("mf_ds_gmm_tma") == {"MF_DS_GMM": "tma"} and levers.env("mf_ds_compile") == {}
+    assert levers.train_args("mf_ds_compile") == ["--compile_layers"] and levers.train_args("mf_ds") == []
+    assert all(levers.skip_reason(impl, "cpu") for impl in levers.IMPLS)
+    assert levers.skip_reason("mf_ds", "cpu") is None
+    assert levers.with_micro_batch(["a=1", "runner_config.batch_size=4"], 16) == ["a=1", "runner_config.batch_size=16"]
+    calls = []
+
+    def run_one(impl, sets, steps, tag):
+        batch = int(sets[-1].split("=")[1])
+        calls.append((batch, steps, tag))
+        if batch > 16:
+            return {"impl": impl, "failed": "...\ntorch.OutOfMemoryError: CUDA out of memory."}
+        return {"impl": impl, "tokens_per_s": 100.0 * batch}
+
+    found = levers.search(run_one, "mf_ds", ["runner_config.batch_size=4"])
+    assert found["micro_batch"] == 16 and found["tokens_per_s"] == 1600.0
+    assert found["tried"] == {4: 400.0, 8: 800.0, 16: 1600.0, 32: "torch.OutOfMemoryError: CUDA out of memory."}
+    assert [c[2] for c in calls] == ["-mb4", "-mb8", "-mb16", "-mb32"]

@@ -155,3 +155,12 @@ def test_every_runtime_entry_is_read_by_the_runtime(reads):
                      for key, message in runtime_notes(path)
                      if plan_entry(key, message) and not _read(plan_entry(key, message), reads)})
     assert unread == [], "runtime notes whose Plan entry the runtime never reads: implement them, or tell the truth"
+
+
+def test_compile_layers_note_names_an_entry_the_runtime_reads(reads):
+    """mf_ds.compile_layers is noted `runtime` only where a YAML sets it (none of the YAMLs above does)."""
+    plan = translate_file(str(CONFIGS / "tiny_qwen3_moe.yaml"), ["mf_ds.compile_layers=true"]).json
+    notes = [(n["key"], n["message"]) for n in plan["notes"] if n["kind"] == "runtime"]
+    entries = [plan_entry(key, message) for key, message in notes if key == "mf_ds.compile_layers"]
+    assert entries == ["run.compile_layers"] and plan["run"]["compile_layers"] is True
+    assert _read("run.compile_layers", reads)
