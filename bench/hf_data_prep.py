@@ -57,7 +57,7 @@ def make(workdir: Path, records: int) -> None:
     trainer = trainers.BpeTrainer(vocab_size=8000, special_tokens=["<unk>", "<pad>", "</s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     with open(workdir / "alpaca.jsonl") as f:
-        tok.train_from_iterator((line for _, line in zip(range(5000), f)), trainer)
+        tok.train_from_iterator((line for _, line in zip(range(5000), f, strict=False)), trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
                             eos_token="</s>").save_pretrained(str(workdir / "tokenizer"))
     config = workdir / "tokenizer" / "tokenizer_config.json"  # transformers 4 (MindFormers' venv) reads it too

@@ -122,9 +122,10 @@ class Pack:
         index = [np.concatenate([np.arange(offsets[d], offsets[d + 1]) for d in g]) if g else
                  np.zeros(0, np.int64) for g in groups]
         fill = [S - len(i) for i in index]
-        flat_ids = np.concatenate([np.concatenate([ids[i], np.full(f, self.pad)]) for i, f in zip(index, fill)])
+        flat_ids = np.concatenate([np.concatenate([ids[i], np.full(f, self.pad)])
+                                   for i, f in zip(index, fill, strict=True)])
         flat_labels = np.concatenate([np.concatenate([labels[i], np.full(f, self.ignore)])
-                                      for i, f in zip(index, fill)])
+                                      for i, f in zip(index, fill, strict=True)])
         ends = [np.cumsum(lengths[g]) if g else np.zeros(0, np.int64) for g in groups]
         row_offsets = pa.array(np.arange(len(groups) + 1, dtype=np.int32) * S)
         end_offsets = pa.array(np.concatenate([[0], np.cumsum([len(e) for e in ends])]).astype(np.int32))

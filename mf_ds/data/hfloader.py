@@ -98,7 +98,8 @@ def process(ds, hf: Mapping[str, Any], progress: bool = True):
         except DataError:
             raise
         except (KeyError, ValueError, TypeError, IndexError) as exc:
-            raise DataError(where, f"{kind} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise DataError(where, f"{kind} failed: {type(exc).__name__}: {first}") from None
     return ds
 
 

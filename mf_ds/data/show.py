@@ -12,7 +12,8 @@ With --mf-config, PATH defaults to the YAML's train_dataset and each sample line
 {"input_ids", "labels"} the model trains on, under the YAML's column roles, slicing and seq_length (-100: no
 loss). An HFDataLoader YAML (without PATH): a line naming the load arguments, handlers and tokenizer, then each
 sample's HFDataLoader columns (input_ids, labels, loss_mask, position_ids, actual_seq_len, doc_ids when packed) with
-"train" (plus position_ids / doc_ids where they reach the model). The logic is in `describe` and `samples`, which the tests call; `cli` only parses and prints.
+"train" (plus position_ids / doc_ids where they reach the model). The logic is in `describe` and `samples`, which
+the tests call; `cli` only parses and prints.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ Both reductions are collectives over the default process group: every rank calls
 from __future__ import annotations
 
 import math
-
 import sys
 
 import torch

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from mf_ds.ops import gmm_choice, gmm_tma
 from mf_ds.ops.dispatch import use_triton
-from mf_ds.ops.gmm_triton import _gmm_dw_triton, _gmm_triton, _offsets
+from mf_ds.ops.gmm_triton import _gmm_triton, _offsets
 
 
 # ----------------------------------------------------------------------------------------------------------------

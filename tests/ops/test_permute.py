@@ -193,9 +193,12 @@ def test_route_kernels_match_torch_maps(tokens, top_k, experts, capacity, drop_p
 def test_triton_dispatch_when_forced(monkeypatch):
     monkeypatch.setenv("MF_DS_FORCE_TRITON", "1")
     launches = []
+
+    def counted(name, f):
+        return lambda *a: launches.append(name) or f(*a)
+
     for name in ("_route_triton", "_launch_gather_rows", "_launch_sum_pairs"):
-        monkeypatch.setattr(permute_mod, name, lambda *a, name=name, f=getattr(permute_mod, name):
-                            launches.append(name) or f(*a))
+        monkeypatch.setattr(permute_mod, name, counted(name, getattr(permute_mod, name)))
     x = torch.randn(T, H, device=DEVICE, requires_grad=True)
     p = permute(x, _routing(K).to(DEVICE), E)
     unpermute(p.x_MH, p, torch.rand(T, K, device=DEVICE)).sum().backward()
