@@ -84,7 +84,10 @@ def install(model: torch.nn.Module, setting: bool | None, tensor_parallel: int =
     model.register_forward_pre_hook(lambda module, args, kwargs: _take_targets(state, module, kwargs),
                                     with_kwargs=True)
     head.forward = types.MethodType(lambda module, hidden: _head_forward(state, module, hidden), head)
-    model.loss_function = _loss_function(state, model.loss_function)
+    # A PEFT (LoRA) model calls its base model's forward directly (no hooks run there): the targets are taken on
+    # the module the trainer calls, the reduction is set on the causal LM whose forward reads it.
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    causal_lm.loss_function = _loss_function(state, causal_lm.loss_function)
     if not torch.cuda.is_available():
         where = "chunked torch on CPU"
     elif fused.liger_available():

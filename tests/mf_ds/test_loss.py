@@ -115,6 +115,37 @@ def test_model_loss_and_grads_equal(model_type, tied, shifted):
         torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
+def test_peft_lora_model_takes_the_fused_loss():
+    """A PEFT (LoRA) model calls its base model's forward directly, past that module's hooks: the loss and the
+    adapters' gradients still equal the unfused forward's (the reduction sits on the base causal LM)."""
+    from peft import LoraConfig, get_peft_model
+
+    def lora(model):
+        torch.manual_seed(2)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # non-zero B, so that the adapters matter
+                torch.nn.init.normal_(p, std=0.1)
+        return model
+
+    input_ids, labels = _batch()
+    inputs = {"input_ids": input_ids, "labels": labels, "shift_labels": labels}
+    plain = lora(tiny("qwen3", True))
+    want, want_grads = plain(**inputs).loss, None
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in plain.named_parameters() if p.grad is not None}
+    model = lora(tiny("qwen3", True))
+    assert loss_model.install(model, None).startswith("fused loss: on")
+    out = model(**inputs)
+    assert out.logits.shape == (1, 1, 1)  # the fused path ran
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(out.loss, want, atol=1e-6, rtol=1e-6)
+    assert grads.keys() == want_grads.keys() and all("lora_" in n for n in grads)
+    for name in grads:
+        torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_num_items_in_batch_and_eval():
     """The HF Trainer's reduction (sum / num_items_in_batch); eval and no-grad forwards return the real logits."""
     input_ids, labels = _batch()
