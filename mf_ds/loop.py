@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, checkpoint2, optim_state, resume2
+from mf_ds import checkpoint, checkpoint2, optim_state, resume2, startup
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
@@ -174,10 +174,7 @@ class Trainer:
         # The model with the Plan's MoE layer, fused kernels and recompute, before DeepSpeed partitions the
         # parameters (ZeRO-3 partitions what exists at initialize).
         prepared = prepare(plan, weights=weights, max_steps=max_steps, dataset_dir=dataset_dir, log=_log)
-        for line in prepared.notes:
-            _log(f"mf-ds: note: {line}")
-        for line in prepared.report:
-            _log(f"mf-ds: {line}" if line.startswith("recompute: ") else f"mf-ds: patch: {line}")
+        startup.say(startup.prepared_lines((), prepared.notes, prepared.report), _log)
         model = prepared.model
         self.moe = plan.moe is not None
         self.moe_logs = plan.logs_drop_rate
@@ -216,9 +213,9 @@ class Trainer:
         config.pop("optimizer", None)  # built above, with MindFormers' parameter groups
         config.pop("scheduler", None)  # built above, with MindFormers' exact formula
         config["zero_allow_untested_optimizer"] = True
-        if "fp16" in config and not torch.cuda.is_available():
-            raise RunError("model_config.compute_dtype float16 needs a GPU: DeepSpeed's CPU accelerator has no "
-                           "fp16; train here with --set model.model_config.compute_dtype=bfloat16 (or float32)")
+        refused = startup.refusal(plan, torch.cuda.is_available())
+        if refused:
+            raise RunError(refused)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False,
             mpu=self.mpu)
@@ -272,11 +269,7 @@ class Trainer:
             sets.append(f"output_dir={args.output_dir}")
         result = translate_file(args.mf_config, sets, world_size=dist.get_world_size(),
                                 gradient_accumulation_steps=args.gradient_accumulation_steps)
-        if dist.get_rank() == 0:
-            for line in result.formative:
-                _log(line)
-            for note in result.warnings:
-                _log(f"mf-ds: note: {note.line()}")
+        startup.say(startup.translation_lines(result), _log)  # _log prints on rank 0 only
         return cls(result.plan, max_steps=args.max_steps, load_checkpoint=args.load_checkpoint,
                    resume=args.resume_training, dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout,
                    trust_checkpoint=args.trust_checkpoint)
