@@ -177,6 +177,9 @@ class MFTrainer(Trainer):
 
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:  # as the Trainer itself refuses it (mf_ds/startup.resume_mode)
+                raise RunError(f"resume_from_checkpoint=True: nothing to resume: no checkpoint in output_dir "
+                               f"{self.args.output_dir}")
         if resume_from_checkpoint:
             checkpoint.check_hf_checkpoint(Path(resume_from_checkpoint), trust=self.trust_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

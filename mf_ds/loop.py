@@ -117,7 +117,7 @@ class Trainer:
     """Holds the engine, the data and the run settings; `fit()` trains, `close()` tears down."""
 
     def __init__(self, plan: Plan, *, max_steps: int | None = None, load_checkpoint: str | None = None,
-                 dist_timeout: float | None = None, resume: bool = False, dataset_dir: str | None = None,
+                 dist_timeout: float | None = None, resume: bool | str = False, dataset_dir: str | None = None,
                  trust_checkpoint: bool = False):
         import deepspeed
 
@@ -148,8 +148,9 @@ class Trainer:
         resume_from = None
         if weights and (Path(weights) / checkpoint.STATE).is_file():
             resume_from, weights = Path(weights), None  # an mf-ds checkpoint: resume from it
-        resume = resume or run.resume_training is True
         earlier = checkpoint.complete(self.ckpt_root) or resume2.is_root(self.ckpt_root)
+        resume = startup.resume_mode(resume, run, resume_from is not None or bool(earlier) or bool(
+            weights and checkpoint2.is_checkpoint2(weights)), self.ckpt_root, _log)
         if self.ckpt and not resume and resume_from is None and earlier:
             # A fresh run would save its step-N checkpoints over the earlier run's and prune the rest.
             raise RunError(f"{self.ckpt_root} holds checkpoints of an earlier run: pass --resume_training to "
@@ -232,8 +233,6 @@ class Trainer:
         self.step = 0
         if resume and self.resume2_from is None:
             resume_from = resume_from or checkpoint.latest(self.ckpt_root)
-            if resume_from is None:
-                _log(f"mf-ds: no checkpoint under {self.ckpt_root}: starting from step 0")
         if resume_from is not None:
             state = checkpoint.load(self.engine, resume_from, trust=self.trust_checkpoint)
             self.step = state["step"]
@@ -271,7 +270,8 @@ class Trainer:
                                 gradient_accumulation_steps=args.gradient_accumulation_steps)
         startup.say(startup.translation_lines(result), _log)  # _log prints on rank 0 only
         return cls(result.plan, max_steps=args.max_steps, load_checkpoint=args.load_checkpoint,
-                   resume=args.resume_training, dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout,
+                   resume="auto" if args.resume_if_any else args.resume_training,
+                   dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout,
                    trust_checkpoint=args.trust_checkpoint)
 
     def _batches(self):

@@ -6,13 +6,17 @@ The lines, in the order mf-train prints them:
   load_checkpoint starts from random weights", a key dropped, a value MindFormers would change, ...);
 - `prepared_lines`: what `mf_ds.model.prepare` noticed building the model and the data (a data set replaced, the
   weights loaded, ...) and the patch room's report (recompute, kernels, MoE);
-- `refusal`: a Plan this machine cannot train, in one line, checked before anything is built.
+- `refusal`: a Plan this machine cannot train, in one line, checked before anything is built;
+- `resume_mode`: whether the run resumes, and the one line when it was asked to and cannot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
+
+from mf_ds.errors import RunError
 
 from translators.plan_types import Plan
 
@@ -45,3 +49,25 @@ def say(lines: Iterable[str], log: Callable[[str], None]) -> list[str]:
         log(line)
         kept.append(line.removeprefix("mf-ds: "))
     return kept
+
+
+def resume_mode(asked: bool | str, run: Any, found: bool, root: Path, log: Callable[[str], None]) -> bool:
+    """Whether the run resumes; `found`: there is something to resume (a complete checkpoint of this run's own
+    directory `root`, or a checkpoint named to resume from).
+
+    `asked` is the command line's: True (`--resume_training`) refuses when nothing is there, as HF's Trainer does
+    (`resume_from_checkpoint=True`: "No valid checkpoint found in output directory"), so a mistyped --output_dir
+    cannot silently start over; "auto" (`--resume_if_any`, for restart scripts) resumes when there is something,
+    else starts from step 0. The YAML's `resume_training: True` keeps MindFormers' meaning: MindFormers resumes only
+    `if config.resume_training and config.load_checkpoint` (1.7.0 trainer/base_trainer.py, both checkpoint
+    formats) and otherwise trains from step 0 without a word; mf-ds does the same and says so."""
+    if asked is True and not found:
+        raise RunError(f"--resume_training: nothing to resume: {root} holds no complete checkpoint of this run "
+                       "(its --output_dir); drop --resume_training to start from step 0, or use --resume_if_any to "
+                       "resume only when there is a checkpoint")
+    wanted = bool(asked) or run.resume_training is True
+    if wanted and not found:
+        why = "--resume_if_any" if asked == "auto" else "resume_training True (as in MindFormers, which resumes " \
+            "only from a load_checkpoint)"
+        log(f"mf-ds: note: {why}: nothing to resume under {root}: starting from step 0")
+    return wanted

@@ -40,7 +40,12 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     p.add_argument("--output_dir", help="override output_dir")
     p.add_argument("--load_checkpoint", help="weights: a MindSpore .ckpt, MindFormers safetensors, an HF "
                    "safetensors directory or an mf-ds checkpoint")
-    p.add_argument("--resume_training", action="store_true", help="continue from the newest checkpoint")
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument("--resume_training", action="store_true",
+                        help="continue from the newest checkpoint of --output_dir (an error when there is none)")
+    resume.add_argument("--resume_if_any", action="store_true",
+                        help="continue from the newest checkpoint of --output_dir if there is one, else start from "
+                             "step 0 (for restart scripts)")
     p.add_argument("--trust_checkpoint", action="store_true",
                    help="resume from a checkpoint that has no checksums.json (one copied without it, or from an "
                         "older mf-ds); its files still load as data only, never as code")

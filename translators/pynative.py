@@ -213,7 +213,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                                    modelled=True, context_parallel=lay.context_parallel)
     steps_per_epoch = data["train_samples"] // global_batch if data["train_samples"] else None
 
-    callbacks = account.callbacks(cfg, moe, ledger)
+    callbacks = account.callbacks(cfg, moe, ledger, account.output_dir(tree))
     run = {
         "run_mode": "train",
         "seed": cfg["training"]["seed"],
