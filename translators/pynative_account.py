@@ -201,7 +201,8 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger, out_dir: str = "./out
         if c["save_max"] < 1 or c["save_interleaved_steps"] < 1:
             key = "save_max" if c["save_max"] < 1 else "save_interleaved_steps"
             raise ConfigError(join("checkpoint", key), f"expected an int >= 1, got {c[key]}")
-        out["checkpoint"] = {"prefix": c["prefix"] or "checkpoint", "directory": checkpoint_directory(c["save_path"], out_dir),
+        out["checkpoint"] = {"prefix": c["prefix"] or "checkpoint",
+                             "directory": checkpoint_directory(c["save_path"], out_dir),
                              "save_checkpoint_steps": c["save_interleaved_steps"], "keep_checkpoint_max": c["save_max"],
                              "checkpoint_format": "safetensors",
                              # mf-ds' own resumable checkpoints (DeepSpeed state + HF weights), optimizer included

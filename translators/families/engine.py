@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from translators.errors import ConfigError, did_you_mean, join, show
-from translators.families import registry
+from translators.families import mcore_keys, registry
 from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL
 from translators.families.deepseek import (
     DEEPSEEK_V2,
@@ -197,13 +197,22 @@ class _Ctx:
         self.ledger.add(join(s.base, key), kind, message)
 
 
-def _account(s: _Values, spec_name: str, mcore: bool, ctx: _Ctx) -> None:
-    """Account every key the section holds, and write the defaults of the ones it does not."""
+def _account(s: _Values, spec_name: str, mcore: bool, ctx: _Ctx, version: str = NEWEST) -> None:
+    """Account every key the section holds, and write the defaults of the ones it does not. Under mcore a key
+    MindFormers' conversion cannot convert is an error, as it is in MindFormers (translators/families/mcore_keys.py)."""
     for key in s.raw:
         rule = s.rules.get(key)
         if rule is None:
-            who = "MindFormers' mcore conversion rejects it" if mcore else "MindFormers keeps it and never reads it"
             hint = did_you_mean(key, s.rules)
+            accepted = mcore_keys.accepted(version) if mcore else None
+            if accepted is not None and key not in accepted:
+                raise ConfigError(join(s.base, key), f"not a {spec_name} key: MindFormers {version}'s mcore "
+                                  "conversion refuses it (convert_to_transformer_config)"
+                                  + (f"; {hint}" if hint else ""))
+            who = "MindFormers keeps it and never reads it" if not mcore else \
+                "MindFormers' mcore conversion takes it; nothing here reads it" if accepted is not None else \
+                f"MindFormers {version}'s config converter only warns that it is not in its mapping and trains " \
+                "without it"
             ctx.note(s, key, "unknown", f"not a {spec_name} key ({who}); ignored" + (f"; {hint}" if hint else ""))
         elif not isinstance(rule, Feeds):
             rule.account(s, key, s.name(key), ctx)
