@@ -201,11 +201,11 @@ def _qwen3_dense_layers(m: _Values, moe: _Values) -> dict:
     return {"mlp_only_layers": list(range(moe.get("first_k_dense_replace") or 0))}
 
 
-def _mcore_tie(m: _Values, moe: _Values) -> dict:
-    """untie_embeddings_and_output_weights is the inverse of tie_word_embeddings (MF)."""
-    if not m.given("untie_embeddings_and_output_weights"):
-        return {}
-    tie = not m.get("untie_embeddings_and_output_weights")
-    if m.given("tie_word_embeddings") and m.get("tie_word_embeddings") != tie:
-        raise ConfigError(m.path("untie_embeddings_and_output_weights"), "contradicts tie_word_embeddings")
-    return {"tie_word_embeddings": tie}
+def _untied(m: _Values, moe: _Values) -> dict:
+    """MindFormers' GPTModel of DeepSeek-V3, DeepSeek-V4 and TeleChat3 is built without
+    share_embeddings_and_output_weights (default False; modeling_deepseek_v3_train.py 1.7.0 to 2.1.0, the 2.x
+    PyNative models, modeling_telechat3_train.py): the output layer is never the embedding, whatever
+    tie_word_embeddings or untie_embeddings_and_output_weights say (mcore.UNTIED notes a tie asked for). Qwen3 and
+    Qwen3-MoE tie by tie_word_embeddings alone (share_embeddings_and_output_weights=config.tie_word_embeddings), a
+    plain mapping; no mcore model reads untie_embeddings_and_output_weights."""
+    return {"tie_word_embeddings": False}

@@ -31,13 +31,13 @@ from translators.families.derive import (
     _llama_positions,
     _mcore_groups,
     _mcore_rope,
-    _mcore_tie,
     _mla_kv_heads,
     _qwen2_moe_widths,
     _qwen3_dense_layers,
     _rope,
     _seq_positions,
     _shared_width,
+    _untied,
 )
 from translators.families.glm import GLM, GLM_ALIASES, GLM_DEFAULTS
 from translators.families.gpt2 import GPT2, GPT2_DEFAULTS
@@ -118,11 +118,11 @@ _SPECS: dict[tuple[str, bool], _Spec] = {
     ("yizhao", False): _Spec("YiZhaoConfig", GLM, GLM_DEFAULTS, aliases=GLM_ALIASES, head_dim_derived=False),
     ("gpt2", False): _Spec("GPT2Config", GPT2, GPT2_DEFAULTS, (_gpt2_ffn, _gpt2_positions),
                            fixed={"tie_word_embeddings": True}),
-    ("qwen3", True): _mcore_spec("Qwen3Config", QWEN3, QWEN3_DEFAULTS, (_kv_heads, _mcore_rope, _mcore_tie)),
+    ("qwen3", True): _mcore_spec("Qwen3Config", QWEN3, QWEN3_DEFAULTS, (_kv_heads, _mcore_rope)),
     ("qwen3_moe", True): _mcore_spec("Qwen3MoeConfig", QWEN3_MOE, QWEN3_MOE_DEFAULTS,
-                                     (_kv_heads, _mcore_rope, _mcore_tie, _qwen3_dense_layers)),
+                                     (_kv_heads, _mcore_rope, _qwen3_dense_layers)),
     ("deepseek_v3", True): _mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
-                                       (_mla_kv_heads, _mcore_rope, _mcore_tie, _mcore_groups, _shared_width)),
+                                       (_mla_kv_heads, _mcore_rope, _untied, _mcore_groups, _shared_width)),
     # families whose module holds their config rules too (translators/families/registry.py MODULES)
     **{(name, True): _mcore_spec(*spec) for module in registry.modules() if hasattr(module, "specs")
        for name, spec in module.specs().items()},
@@ -202,7 +202,9 @@ def _account(s: _Values, spec_name: str, mcore: bool, ctx: _Ctx, version: str = 
     MindFormers' conversion cannot convert is an error, as it is in MindFormers (translators/families/mcore_keys.py)."""
     for key in s.raw:
         rule = s.rules.get(key)
-        if rule is None:
+        if mcore and (spelled := mcore_keys.spelling(version, key, s.raw[key], join(s.base, key))):
+            ctx.note(s, key, *spelled)
+        elif rule is None:
             hint = did_you_mean(key, s.rules)
             accepted = mcore_keys.accepted(version) if mcore else None
             if accepted is not None and key not in accepted:
