@@ -321,7 +321,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     from translators.plan import translate_file
 
     output_dir = overrides.pop("output_dir", None)
-    max_steps = overrides.pop("max_steps", None)
+    max_steps = startup.max_steps(overrides.pop("max_steps", None))
     sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]  # JSON is YAML
     if output_dir is not None:
         sets.append(f"output_dir={json.dumps(str(output_dir))}")

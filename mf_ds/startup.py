@@ -71,3 +71,23 @@ def resume_mode(asked: bool | str, run: Any, found: bool, root: Path, log: Calla
             "only from a load_checkpoint)"
         log(f"mf-ds: note: {why}: nothing to resume under {root}: starting from step 0")
     return wanted
+
+
+def max_steps(value: Any) -> int | None:
+    """`--max_steps` / `from_mf_yaml(max_steps=)`: a positive step count, or None (the YAML's epochs and stop_step).
+
+    0 and below are refused in one line rather than read: HF's Trainer takes max_steps <= 0 as "not set" and trains
+    every epoch (TrainingArguments: "max_steps > 0 overrides num_train_epochs"), while a person who writes 0 expects
+    no step; a run of zero steps has nothing to train or save, so neither reading is worth a silent guess."""
+    if value is None:
+        return None
+    whole = isinstance(value, int) and not isinstance(value, bool) or \
+        isinstance(value, str) and value.strip().lstrip("-").isdigit()
+    if not whole:
+        raise RunError(f"max_steps: expected a whole number of steps, got {value!r}")
+    steps = int(value)
+    if steps < 1:
+        raise RunError(f"max_steps {steps}: expected a number of steps >= 1 (leave it out to train the YAML's "
+                       "epochs; HF's Trainer reads 0 as that, and trains a whole epoch)")
+    return steps
+

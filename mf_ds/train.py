@@ -36,7 +36,7 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     else:
         p.add_argument("--mf-config", "--mf_config", dest="mf_config", required=True, help="MindFormers YAML")
     p.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE", help="override a YAML key")
-    p.add_argument("--max_steps", type=int, help="stop after N optimizer steps")
+    p.add_argument("--max_steps", type=int, help="stop after N optimizer steps (N >= 1)")
     p.add_argument("--output_dir", help="override output_dir")
     p.add_argument("--load_checkpoint", help="weights: a MindSpore .ckpt, MindFormers safetensors, an HF "
                    "safetensors directory or an mf-ds checkpoint")
@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None, prog: str = "mf_ds/train.py", positional
     from translators.errors import ConfigError
 
     try:
+        from mf_ds.startup import max_steps
+
+        args.max_steps = max_steps(args.max_steps)  # before anything starts: 0 is refused, not read as "all"
         _single_process_env()
         from mf_ds import build_lock
         from mf_ds.loop import Trainer

@@ -49,3 +49,20 @@ def test_the_hf_path_refuses_what_mf_train_refuses(tmp_path):
     with pytest.raises(RunError) as refused:
         from_mf_yaml(LLAMA, output_dir=tmp_path, max_steps=1, **{"model.model_config.compute_dtype": "float16"})
     assert f"error: {refused.value}" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("steps", ["0", "-1"])
+def test_max_steps_below_one_is_refused_before_anything_starts(tmp_path, steps):
+    """--max_steps 0 trained a whole epoch (0 read as "no limit", as HF's Trainer reads it): refused in one line
+    (issue 33 item 7), before the model is built, and nothing is written."""
+    from mf_ds.errors import RunError
+    from mf_ds.hf import from_mf_yaml
+
+    proc = subprocess.run([sys.executable, "-m", "mf_ds.cli", LLAMA, "--max_steps", steps, "--output_dir",
+                           str(tmp_path)], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"mf-train: error: max_steps {steps}: expected a number of steps >= 1 (leave it out to train the YAML's "
+        "epochs; HF's Trainer reads 0 as that, and trains a whole epoch)")
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(RunError, match=f"max_steps {steps}: expected a number of steps >= 1"):
+        from_mf_yaml(LLAMA, output_dir=tmp_path, max_steps=int(steps))
