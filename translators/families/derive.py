@@ -161,6 +161,26 @@ def _qwen2_moe_widths(m: _Values, moe: _Values) -> dict:
     return {"moe_intermediate_size": width, "shared_expert_intermediate_size": width * moe.get("shared_expert_num")}
 
 
+def _deepseek_experts(m: _Values, moe: _Values) -> dict:
+    """Which layers are MoE, as MindFormers' research DeepSeek decoder layer decides (research/deepseek3/
+    deepseek2_model.py DeepSeekV2DecodeLayer, 1.5.0 to 1.7.0; research/deepseek2 alike): a layer below
+    first_k_dense_replace is a dense LlamaFeedForward of intermediate_size, and so is every other layer when
+    expert_num is 1 (`self.feed_forward = ffn`), MoEConfig's default, so also without a moe_config; else MoE. HF
+    DeepseekV2/V3 make every layer from first_k_dense_replace on MoE, so a one-expert model is dense throughout:
+    first_k_dense_replace covers every layer, the MTP layers (numbered after them) too."""
+    experts, first = moe.get("expert_num"), int(moe.get("first_k_dense_replace") or 0)
+    if experts != 1:
+        return {"n_routed_experts": experts, "first_k_dense_replace": first}
+    layers = m.get("num_layers") + (m.get("mtp_depth") or 0)
+    shared = moe.get("shared_expert_num") or 0
+    if shared and first < layers:
+        raise ConfigError(moe.path("expert_num"), f"1 with shared_expert_num {shared}: MindFormers' DeepSeek decoder "
+                          "layer then builds no feed-forward for the layers from first_k_dense_replace on "
+                          "(feed_forward None: research/deepseek3/deepseek2_model.py) and cannot run; give expert_num "
+                          "> 1 for MoE layers, or shared_expert_num 0 for a dense model")
+    return {"n_routed_experts": 1, "first_k_dense_replace": layers}
+
+
 def _deepseek_v3_groups(m: _Values, moe: _Values) -> dict:
     """HF DeepseekV3 always keeps the best topk_group of n_group expert groups; MindFormers limits groups only for
     topk_method group_limited_greedy / noaux_tc, and the DeepSeek-V3 YAMLs leave it 'greedy' (moe.md §7): one group."""

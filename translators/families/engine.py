@@ -20,6 +20,7 @@ from translators.families.deepseek import (
     DS3_DEFAULTS,
 )
 from translators.families.derive import (
+    _deepseek_experts,
     _deepseek_positions,
     _deepseek_v3_groups,
     _ffn,
@@ -106,10 +107,12 @@ _SPECS: dict[tuple[str, bool], _Spec] = {
     ("baichuan2", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS),
     ("telechat", False): _Spec("TelechatConfig", LLAMA, LLAMA_DEFAULTS),
     ("deepseek_v2", False): _Spec("DeepseekV2Config", DEEPSEEK_V2, DS2_DEFAULTS,
-                                  (_kv_heads, _ffn, _deepseek_positions, _rope), moe_rules=DEEPSEEK_V2_MOE,
+                                  (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_experts),
+                                  moe_rules=DEEPSEEK_V2_MOE,
                                   fixed=_SILU, head_dim_derived=False),
     ("deepseek_v3", False): _Spec("DeepseekV3Config", DEEPSEEK_V3, DS3_DEFAULTS,
-                                  (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_v3_groups),
+                                  (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_v3_groups,
+                                   _deepseek_experts),
                                   moe_rules=DEEPSEEK_V3_MOE, fixed=_SILU, head_dim_derived=False),
     ("glm4", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, _GLM_DERIVE, aliases=GLM_ALIASES,
                            head_dim_derived=False),
