@@ -56,15 +56,19 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
     MoE, kernels, recompute), build the training data and count the steps. `log` gets the build's lines as they
     happen."""
     from mf_ds import patch
-    from mf_ds.data import build_train_dataset
+    from mf_ds import startup
+    from mf_ds.data import DataError, build_train_dataset
 
     run = plan.run
     seed_everything(run.seed)
     model = build_model(plan, weights, log=log, full_reason=full_reason)
     notes = pending_features(plan)
     report = patch.apply(model, plan, checkpoint_fn=checkpoint_fn)
-    dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
-                                  tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
+    try:
+        dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
+                                      tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
+    except DataError as exc:  # named as the run's YAML names it (PyNative: train_dataset.dataloader...)
+        raise startup.in_yaml_names(exc, plan) from None
     steps_per_epoch = len(dataset) // run.global_batch_size
     if steps_per_epoch == 0:
         raise RunError(f"the data set holds {len(dataset)} samples, fewer than one global batch of "

@@ -91,3 +91,16 @@ def max_steps(value: Any) -> int | None:
                        "epochs; HF's Trainer reads 0 as that, and trains a whole epoch)")
     return steps
 
+
+
+def in_yaml_names(exc: Exception, plan: Plan) -> Exception:
+    """A DataError naming a graph-mode key (what mf_ds/data says: train_dataset.data_loader.config.data_path),
+    renamed as the run's own YAML spells it: a PyNative plan (its ledger's "PyNative schema" note) has
+    train_dataset.dataloader.config.data_path (translators/pynative.yaml_path)."""
+    from mf_ds.data import DataError
+    from translators.pynative import yaml_path
+
+    pynative = any(note.key == "" and note.message.startswith("PyNative schema:") for note in plan.notes)
+    if not pynative or not isinstance(exc, DataError) or yaml_path(exc.path) == exc.path:
+        return exc
+    return DataError(yaml_path(exc.path), str(exc)[len(exc.path) + 2:])

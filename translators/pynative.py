@@ -62,6 +62,11 @@ _PATHS = {
 }
 
 
+def yaml_path(path: str) -> str:
+    """A graph-mode key path (what the shared builders and the runtime name) as this schema spells it."""
+    return Ledger({}).view(_PATHS).path(path)
+
+
 def is_pynative(tree: dict) -> bool:
     """A PyNative-schema YAML: top-level training / parallelism, and none of graph mode's runner / parallel config."""
     return any(name in tree for name in PYNATIVE_SECTIONS) and "runner_config" not in tree \

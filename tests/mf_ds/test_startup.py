@@ -66,3 +66,19 @@ def test_max_steps_below_one_is_refused_before_anything_starts(tmp_path, steps):
     assert not any(tmp_path.iterdir())
     with pytest.raises(RunError, match=f"max_steps {steps}: expected a number of steps >= 1"):
         from_mf_yaml(LLAMA, output_dir=tmp_path, max_steps=int(steps))
+
+
+def test_an_empty_pynative_data_path_is_named_as_its_yaml_names_it(tmp_path):
+    """The PyNative schema's key is train_dataset.dataloader.config.data_path; the error named graph mode's
+    train_dataset.data_loader.config.data_path (issue 33). Both trainers, one line."""
+    from mf_ds.data import DataError
+    from mf_ds.hf import from_mf_yaml
+
+    yaml = str(ROOT / "tests" / "fixtures" / "pynative" / "tiny_qwen3_pynative.yaml")
+    key = "train_dataset.dataloader.config.data_path"
+    proc = subprocess.run([sys.executable, "-m", "mf_ds.cli", yaml, "--max_steps", "1", "--output_dir", str(tmp_path),
+                           "--set", f"{key}=[]"], cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"mf-train: error: {key}: no Megatron data paths given"
+    with pytest.raises(DataError, match=f"^{key}: no Megatron data paths given$"):
+        from_mf_yaml(yaml, output_dir=tmp_path / "hf", max_steps=1, **{key: []})
