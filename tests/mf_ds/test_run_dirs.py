@@ -67,3 +67,17 @@ def test_resume_if_any_starts_over_only_when_nothing_is_there(tmp_path):
 def test_both_resume_flags_are_one_line(tmp_path):
     proc = mf_train(ROOT, CONFIGS / "tiny_llama.yaml", tmp_path, "--resume_training", "--resume_if_any")
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_hf_path_refuses_to_resume_nothing(tmp_path):
+    """MFTrainer.train(resume_from_checkpoint=True) with no checkpoint in output_dir: refused, as transformers'
+    Trainer refuses it ("No valid checkpoint found"); it started over before."""
+    import pytest
+
+    from mf_ds.errors import RunError
+    from mf_ds.hf import from_mf_yaml
+
+    trainer = from_mf_yaml(CONFIGS / "tiny_llama.yaml", output_dir=tmp_path, max_steps=1).trainer()
+    with pytest.raises(RunError, match="^resume_from_checkpoint=True: nothing to resume: no checkpoint in output_dir"):
+        trainer.train(resume_from_checkpoint=True)
+    assert not (tmp_path / "metrics.jsonl").exists()
