@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -75,8 +76,31 @@ def to_hf(plan: Plan, src: str, dst: str) -> dict[str, int]:
     target = Path(dst)
     target.mkdir(parents=True, exist_ok=True)
     save_file(out, str(target / "model.safetensors"), metadata={"format": "pt"})
+    shareable(target / "model.safetensors")
+    # What from_pretrained, vLLM and the Hub read: the class that holds these weights and the dtype they are in
+    # (the config's own dtype is the YAML's compute dtype, float32 by default, whatever the file holds).
+    model.config.architectures = [type(model).__name__]
+    model.config.dtype = _dtype_of(out)
     model.config.save_pretrained(str(target))
     return counts
+
+
+def _dtype_of(tensors: dict[str, torch.Tensor]) -> torch.dtype | None:
+    """The floating dtype that holds most of the weights (a float32 router bias beside bf16 weights is the rest)."""
+    sizes: dict[torch.dtype, int] = {}
+    for tensor in tensors.values():
+        if tensor.is_floating_point():
+            sizes[tensor.dtype] = sizes.get(tensor.dtype, 0) + tensor.numel()
+    return max(sizes, key=sizes.get) if sizes else None
+
+
+def shareable(*files: Path) -> None:
+    """safetensors' save_file creates its file 0600 (private); a converted checkpoint is meant to be read by others
+    (a serving job, a colleague), so it gets the mode open() gives any new file: 0666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for file in files:
+        file.chmod(0o666 & ~mask)
 
 
 def to_mindformers(plan: Plan, src: str, dst: str) -> int:
@@ -142,13 +166,16 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
     if dst.endswith(".safetensors"):
         out = dict(tensors())  # every tensor checked before the file is opened
         save_file(out, dst, metadata={"format": "ms"})
+        shareable(Path(dst))
         return len(out)
     if Path(dst).suffix:
         raise RunError(f"{dst}: the MindFormers output must end in .ckpt or .safetensors, or be a directory "
                        "(Checkpoint 2.0)")
     from mf_ds import checkpoint2
 
-    return checkpoint2.write(dst, tensors())
+    count = checkpoint2.write(dst, tensors())
+    shareable(*Path(dst, "iteration_00000000").glob("*.safetensors"))  # the iteration checkpoint2.write wrote
+    return count
 
 
 def cli(argv: list[str] | None = None) -> int:

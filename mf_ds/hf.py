@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from mf_ds import startup
 from mf_ds.errors import RunError
 from mf_ds.parallel import release_shm_names
 from translators.lr import Schedule
@@ -182,6 +183,9 @@ class MFTrainer(Trainer):
 
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:  # as the Trainer itself refuses it (mf_ds/startup.resume_mode)
+                raise RunError(f"resume_from_checkpoint=True: nothing to resume: no checkpoint in output_dir "
+                               f"{self.args.output_dir}")
         if resume_from_checkpoint:
             checkpoint.check_hf_checkpoint(Path(resume_from_checkpoint), trust=self.trust_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
@@ -295,6 +299,12 @@ def _scheduler_args(r: Schedule) -> tuple[str, dict]:
     return "constant_with_warmup", {}
 
 
+def _log(line: str) -> None:
+    """Print on rank 0 only (torch.distributed starts later, with TrainingArguments: the launcher's RANK)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr, flush=True)
+
+
 def _checkpoint2_notes(run) -> list[str]:
     """What of Checkpoint 2.0 this path does not do (mf-train does: mf_ds/resume2.py)."""
     from mf_ds.checkpoint2 import is_checkpoint2
@@ -318,27 +328,28 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     from translators.plan import translate_file
 
     output_dir = overrides.pop("output_dir", None)
-    max_steps = overrides.pop("max_steps", None)
+    max_steps = startup.max_steps(overrides.pop("max_steps", None))
     sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]  # JSON is YAML
     if output_dir is not None:
         sets.append(f"output_dir={json.dumps(str(output_dir))}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    plan = translate_file(str(path), sets, world_size=world).plan
+    result = translate_file(str(path), sets, world_size=world)
+    plan = result.plan
     run = plan.run
-    refusal = context_parallel_refusal(plan)
+    refusal = context_parallel_refusal(plan) or startup.refusal(plan, torch.cuda.is_available())
     if refusal:
         raise RunError(refusal)
-    if run.compute_dtype == "float16" and not torch.cuda.is_available():
-        raise RunError("model_config.compute_dtype float16 needs a GPU (DeepSpeed's CPU accelerator has no fp16)")
+    report = startup.say(startup.translation_lines(result), _log)  # what mf-train prints, from the same place
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
     # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.
-    notes = []
-    prepared = prepare(plan, weights=run.load_checkpoint, max_steps=max_steps, log=notes.append,
+    prepared = prepare(plan, weights=run.load_checkpoint, max_steps=max_steps,
+                       log=lambda line: report.extend(startup.say([line], _log)),
                        full_reason="the HF Trainer path builds the model before TrainingArguments starts "
                                    "torch.distributed, which partitioned construction needs")
     model, steps = prepared.model, prepared.total_steps
-    report = [line.removeprefix("mf-ds: ") for line in notes] + prepared.notes + prepared.report
-    report.append(install_fused_loss(model, plan.run.fused_loss, plan.parallel.tensor_parallel))
+    report += startup.say(startup.prepared_lines((), prepared.notes, prepared.report), _log)
+    report += startup.say([f"mf-ds: {install_fused_loss(model, plan.run.fused_loss, plan.parallel.tensor_parallel)}"],
+                          _log)
     ds_config = copy.deepcopy(dict(plan.deepspeed))
     ds_config.pop("optimizer", None)  # MFTrainer.create_optimizer builds it
     ds_config.pop("scheduler", None)  # MFTrainer.create_scheduler builds it
@@ -350,7 +361,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     sched_type, sched_kwargs = _scheduler_args(resolved)
     ckpt = run.callbacks.checkpoint
     saving = bool(ckpt and ckpt.save_checkpoint_steps)  # MindSpore's save_checkpoint_steps 0: no step saves
-    report.extend(_checkpoint2_notes(run))
+    report += startup.say([f"mf-ds: note: {line}" for line in _checkpoint2_notes(run)], _log)
     optimizer = run.optimizer
     muon = optimizer.type == "Muon"  # MFTrainer.create_optimizer builds it; these arguments only describe it
     betas = (optimizer.adamw_betas if muon else optimizer.betas) or (0.9, 0.999)

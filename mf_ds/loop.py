@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, checkpoint2, optim_state, resume2
+from mf_ds import checkpoint, checkpoint2, optim_state, resume2, startup
 from mf_ds import loss_model as fused_loss
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
@@ -118,7 +118,7 @@ class Trainer:
     """Holds the engine, the data and the run settings; `fit()` trains, `close()` tears down."""
 
     def __init__(self, plan: Plan, *, max_steps: int | None = None, load_checkpoint: str | None = None,
-                 dist_timeout: float | None = None, resume: bool = False, dataset_dir: str | None = None,
+                 dist_timeout: float | None = None, resume: bool | str = False, dataset_dir: str | None = None,
                  trust_checkpoint: bool = False):
         import deepspeed
 
@@ -149,8 +149,9 @@ class Trainer:
         resume_from = None
         if weights and (Path(weights) / checkpoint.STATE).is_file():
             resume_from, weights = Path(weights), None  # an mf-ds checkpoint: resume from it
-        resume = resume or run.resume_training is True
         earlier = checkpoint.complete(self.ckpt_root) or resume2.is_root(self.ckpt_root)
+        resume = startup.resume_mode(resume, run, resume_from is not None or bool(earlier) or bool(
+            weights and checkpoint2.is_checkpoint2(weights)), self.ckpt_root, _log)
         if self.ckpt and not resume and resume_from is None and earlier:
             # A fresh run would save its step-N checkpoints over the earlier run's and prune the rest.
             raise RunError(f"{self.ckpt_root} holds checkpoints of an earlier run: pass --resume_training to "
@@ -175,10 +176,7 @@ class Trainer:
         # The model with the Plan's MoE layer, fused kernels and recompute, before DeepSpeed partitions the
         # parameters (ZeRO-3 partitions what exists at initialize).
         prepared = prepare(plan, weights=weights, max_steps=max_steps, dataset_dir=dataset_dir, log=_log)
-        for line in prepared.notes:
-            _log(f"mf-ds: note: {line}")
-        for line in prepared.report:
-            _log(f"mf-ds: {line}" if line.startswith("recompute: ") else f"mf-ds: patch: {line}")
+        startup.say(startup.prepared_lines((), prepared.notes, prepared.report), _log)
         model = prepared.model
         self.moe = plan.moe is not None
         self.moe_logs = plan.logs_drop_rate
@@ -218,9 +216,9 @@ class Trainer:
         config.pop("optimizer", None)  # built above, with MindFormers' parameter groups
         config.pop("scheduler", None)  # built above, with MindFormers' exact formula
         config["zero_allow_untested_optimizer"] = True
-        if "fp16" in config and not torch.cuda.is_available():
-            raise RunError("model_config.compute_dtype float16 needs a GPU: DeepSpeed's CPU accelerator has no "
-                           "fp16; train here with --set model.model_config.compute_dtype=bfloat16 (or float32)")
+        refused = startup.refusal(plan, torch.cuda.is_available())
+        if refused:
+            raise RunError(refused)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False,
             mpu=self.mpu)
@@ -237,8 +235,6 @@ class Trainer:
         self.step = 0
         if resume and self.resume2_from is None:
             resume_from = resume_from or checkpoint.latest(self.ckpt_root)
-            if resume_from is None:
-                _log(f"mf-ds: no checkpoint under {self.ckpt_root}: starting from step 0")
         if resume_from is not None:
             state = checkpoint.load(self.engine, resume_from, trust=self.trust_checkpoint)
             self.step = state["step"]
@@ -281,13 +277,10 @@ class Trainer:
             sets.append(f"mf_ds.fused_loss={args.fused_loss == 'on'}")
         result = translate_file(args.mf_config, sets, world_size=dist.get_world_size(),
                                 gradient_accumulation_steps=args.gradient_accumulation_steps)
-        if dist.get_rank() == 0:
-            for line in result.formative:
-                _log(line)
-            for note in result.warnings:
-                _log(f"mf-ds: note: {note.line()}")
+        startup.say(startup.translation_lines(result), _log)  # _log prints on rank 0 only
         return cls(result.plan, max_steps=args.max_steps, load_checkpoint=args.load_checkpoint,
-                   resume=args.resume_training, dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout,
+                   resume="auto" if args.resume_if_any else args.resume_training,
+                   dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout,
                    trust_checkpoint=args.trust_checkpoint)
 
     def _batches(self):

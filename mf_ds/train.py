@@ -36,11 +36,16 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     else:
         p.add_argument("--mf-config", "--mf_config", dest="mf_config", required=True, help="MindFormers YAML")
     p.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE", help="override a YAML key")
-    p.add_argument("--max_steps", type=int, help="stop after N optimizer steps")
+    p.add_argument("--max_steps", type=int, help="stop after N optimizer steps (N >= 1)")
     p.add_argument("--output_dir", help="override output_dir")
     p.add_argument("--load_checkpoint", help="weights: a MindSpore .ckpt, MindFormers safetensors, an HF "
                    "safetensors directory or an mf-ds checkpoint")
-    p.add_argument("--resume_training", action="store_true", help="continue from the newest checkpoint")
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument("--resume_training", action="store_true",
+                        help="continue from the newest checkpoint of --output_dir (an error when there is none)")
+    resume.add_argument("--resume_if_any", action="store_true",
+                        help="continue from the newest checkpoint of --output_dir if there is one, else start from "
+                             "step 0 (for restart scripts)")
     p.add_argument("--trust_checkpoint", action="store_true",
                    help="resume from a checkpoint that has no checksums.json (one copied without it, or from an "
                         "older mf-ds); its files still load as data only, never as code")
@@ -102,6 +107,9 @@ def main(argv: list[str] | None = None, prog: str = "mf_ds/train.py", positional
     from translators.errors import ConfigError
 
     try:
+        from mf_ds.startup import max_steps
+
+        args.max_steps = max_steps(args.max_steps)  # before anything starts: 0 is refused, not read as "all"
         _single_process_env()
         from mf_ds import build_lock
         from mf_ds.loop import Trainer

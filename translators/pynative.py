@@ -62,6 +62,11 @@ _PATHS = {
 }
 
 
+def yaml_path(path: str) -> str:
+    """A graph-mode key path (what the shared builders and the runtime name) as this schema spells it."""
+    return Ledger({}).view(_PATHS).path(path)
+
+
 def is_pynative(tree: dict) -> bool:
     """A PyNative-schema YAML: top-level training / parallelism, and none of graph mode's runner / parallel config."""
     return any(name in tree for name in PYNATIVE_SECTIONS) and "runner_config" not in tree \
@@ -213,7 +218,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                                    modelled=True, context_parallel=lay.context_parallel)
     steps_per_epoch = data["train_samples"] // global_batch if data["train_samples"] else None
 
-    callbacks = account.callbacks(cfg, moe, ledger)
+    callbacks = account.callbacks(cfg, moe, ledger, account.output_dir(tree))
     run = {
         "run_mode": "train",
         "seed": cfg["training"]["seed"],

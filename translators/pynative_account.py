@@ -9,6 +9,7 @@ distributed/utils.py get_loss_sense, base_models/gpt/parallelize.py, callback/lo
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from translators.errors import ConfigError, join, show
@@ -48,7 +49,7 @@ def data_tree(tree: dict) -> dict:
 
 def output_dir(tree: dict) -> str:
     """run.output_dir: mf-ds' own top-level `output_dir` (mf-train --output_dir sets it), else ./output, where
-    MindFormers' PyNative trainer writes its logs (its checkpoints go to checkpoint.save_path)."""
+    MindFormers' PyNative trainer writes its logs; checkpoints go under it (checkpoint_directory)."""
     value = tree.get("output_dir", "./output")
     if not isinstance(value, str) or not value:
         raise ConfigError("output_dir", f"expected a directory path, got {show(value)}")
@@ -172,7 +173,24 @@ def optimizer_extras(cfg: dict, tree: dict, ledger: Ledger) -> None:
         ledger.dropped("optimizer.learning_rate", "lr_scheduler.learning_rate is used, as in MindFormers")
 
 
-def callbacks(cfg: dict, moe: dict | None, ledger: Ledger) -> dict:
+def checkpoint_directory(save_path: str, out_dir: str) -> str | None:
+    """Where the run's checkpoints go: under the run's output_dir, so that `--output_dir` decides where a run writes
+    and a resume reads only that run's own directory (issue 33). MindFormers' save_path is relative to the current
+    directory and its default YAMLs name ./output/checkpoint, inside the ./output its PyNative trainer writes to
+    (utils/file_utils.py get_output_root_path): output_dir takes the place of that ./output, and any other
+    relative save_path goes under output_dir as it is. An absolute save_path is the user's own choice; empty
+    (which MindFormers' CheckpointCallback refuses) leaves the runtime's output_dir/checkpoint."""
+    if not save_path:
+        return None
+    if posixpath.isabs(save_path):
+        return save_path
+    parts = posixpath.normpath(save_path).split("/")
+    if parts[0] == "output":
+        parts = parts[1:]
+    return posixpath.join(out_dir, *parts) if parts else out_dir
+
+
+def callbacks(cfg: dict, moe: dict | None, ledger: Ledger, out_dir: str = "./output") -> dict:
     """run.callbacks: the PyNative trainer's built-in loss logging (LossCallback, which also moves the
     aux-loss-free expert bias every step) and checkpoint saving (CheckpointCallback from `checkpoint`)."""
     c = cfg["checkpoint"]
@@ -182,7 +200,8 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger) -> dict:
         if c["save_max"] < 1 or c["save_interleaved_steps"] < 1:
             key = "save_max" if c["save_max"] < 1 else "save_interleaved_steps"
             raise ConfigError(join("checkpoint", key), f"expected an int >= 1, got {c[key]}")
-        out["checkpoint"] = {"prefix": c["prefix"] or "checkpoint", "directory": c["save_path"] or None,
+        out["checkpoint"] = {"prefix": c["prefix"] or "checkpoint",
+                             "directory": checkpoint_directory(c["save_path"], out_dir),
                              "save_checkpoint_steps": c["save_interleaved_steps"], "keep_checkpoint_max": c["save_max"],
                              "checkpoint_format": "safetensors",
                              # mf-ds' own resumable checkpoints (DeepSpeed state + HF weights), optimizer included
@@ -351,7 +370,8 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
                         "weights, resumable) every save_interleaved_steps steps; MindFormers' PyNative trainer writes "
                         "Checkpoint 2.0, which `mf-convert --mf-config <yaml> <step dir> <out>` makes of one"
                         if c["enable_save"] else "false: no checkpoint is written (run.callbacks.checkpoint null)"),
-        "save_path": ("runtime", "run.callbacks.checkpoint.directory") if c["enable_save"] else
+        "save_path": ("runtime", "run.callbacks.checkpoint.directory, under output_dir when relative (output_dir "
+                      "in place of MindFormers' ./output)") if c["enable_save"] else
         ("dropped", "enable_save is false: nothing is saved"),
         "save_max": ("runtime", "run.callbacks.checkpoint.keep_checkpoint_max") if c["enable_save"] else
         ("dropped", "enable_save is false"),
@@ -450,7 +470,7 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         MfDs.note_compile(tree, ledger)
     if present("output_dir"):
         ledger.runtime("output_dir", "run.output_dir (mf-ds' own key, set by mf-train --output_dir: metrics, logs "
-                       "and, unless checkpoint.save_path says otherwise, checkpoints; MindFormers' PyNative trainer "
+                       "and checkpoints (a relative checkpoint.save_path goes under it); MindFormers' PyNative trainer "
                        "reads no such key)")
     if present("callbacks") and not cfg["callbacks"]:
         ledger.dropped("callbacks", "empty: the trainer's built-in loss logging and checkpoint saving only")

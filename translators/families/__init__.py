@@ -221,7 +221,7 @@ def hf_config(tree: dict, family: FamilyRecord, ledger: Ledger, version: str = N
     spec, m, moe = _load(tree, family, version)
     _check_heads(spec, m)
     ctx = _Ctx(family, ledger, {"model_type": family.hf_model_type, **spec.fixed})
-    _account(m, spec.config_class, family.mcore, ctx)
+    _account(m, spec.config_class, family.mcore, ctx, version)
     if not family.mcore:
         _account(moe, MOE_CONFIG, False, ctx)
     arch = tree["model"].get("arch") or {}

@@ -69,8 +69,11 @@ DEEPSEEK_MOE: dict[str, Rule | str] = {
     "routed_scaling_factor": "routed_scaling_factor",
     "norm_topk_prob": "norm_topk_prob",
 }
+# research DeepSeek: expert_num 1 (MoEConfig's default) builds dense layers throughout (derive._deepseek_experts)
+_LEGACY_SWITCH = {"expert_num": Feeds(), "first_k_dense_replace": Feeds()}
 DEEPSEEK_V3_MOE = {
     **DEEPSEEK_MOE,
+    **_LEGACY_SWITCH,
     "topk_method": Feeds(),
     "n_group": Feeds(unused="ignored: topk_method is 'greedy' (moe.md §7); hf n_group = 1"),
     "topk_group": Feeds(unused="ignored: topk_method is 'greedy' (moe.md §7); hf topk_group = 1"),
@@ -79,6 +82,7 @@ DEEPSEEK_V3_MOE = {
 }
 DEEPSEEK_V2_MOE = {
     **DEEPSEEK_MOE,
+    **_LEGACY_SWITCH,
     "topk_method": Map("topk_method", _choice("greedy", "group_limited_greedy")),
     "n_group": "n_group",
     "topk_group": "topk_group",

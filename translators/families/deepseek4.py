@@ -105,8 +105,8 @@ RECORDS = (
 def specs() -> dict[str, tuple]:
     """config class, rules, defaults, derivations and extra spellings (imported here: the tables import base)."""
     from translators.families.deepseek import DEEPSEEK, DEEPSEEK_V3
-    from translators.families.derive import _mcore_tie
-    from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES
+    from translators.families.derive import _untied
+    from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES, UNTIED
     from translators.families.rules import (
         CHECKPOINT,
         DROP,
@@ -143,6 +143,7 @@ def specs() -> dict[str, tuple]:
         # the mcore router settings are read by translators/moe.py, which this family does not use (moe_plan False)
         **{k: v for k, v in MCORE.items() if k not in MCORE_MOE_RULES},
         **feeds, **untyped,
+        "tie_word_embeddings": UNTIED,
         "n_kv_heads": Drop("not read: DeepSeek-V4's attention has one shared KV head (as HF's: "
                            "num_key_value_heads 1)"),
         "intermediate_size": Drop("no dense MLP: every DeepSeek-V4 layer is MoE"),
@@ -229,7 +230,7 @@ def specs() -> dict[str, tuple]:
                 DROP(GENERATION)),
     }
     defaults = {**MCORE_DEFAULTS, "return_extra_loss": True, "extend_method": "None"}
-    derive = (_heads, _layers, _rope, _moe, _swiglu, _mhc, _mcore_tie)
+    derive = (_heads, _layers, _rope, _moe, _swiglu, _mhc, _untied)
     return {"deepseek_v4": ("DeepseekV4Config", rules, defaults, derive, SPELLINGS)}
 
 

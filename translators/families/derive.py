@@ -161,6 +161,26 @@ def _qwen2_moe_widths(m: _Values, moe: _Values) -> dict:
     return {"moe_intermediate_size": width, "shared_expert_intermediate_size": width * moe.get("shared_expert_num")}
 
 
+def _deepseek_experts(m: _Values, moe: _Values) -> dict:
+    """Which layers are MoE, as MindFormers' research DeepSeek decoder layer decides (research/deepseek3/
+    deepseek2_model.py DeepSeekV2DecodeLayer, 1.5.0 to 1.7.0; research/deepseek2 alike): a layer below
+    first_k_dense_replace is a dense LlamaFeedForward of intermediate_size, and so is every other layer when
+    expert_num is 1 (`self.feed_forward = ffn`), MoEConfig's default, so also without a moe_config; else MoE. HF
+    DeepseekV2/V3 make every layer from first_k_dense_replace on MoE, so a one-expert model is dense throughout:
+    first_k_dense_replace covers every layer, the MTP layers (numbered after them) too."""
+    experts, first = moe.get("expert_num"), int(moe.get("first_k_dense_replace") or 0)
+    if experts != 1:
+        return {"n_routed_experts": experts, "first_k_dense_replace": first}
+    layers = m.get("num_layers") + (m.get("mtp_depth") or 0)
+    shared = moe.get("shared_expert_num") or 0
+    if shared and first < layers:
+        raise ConfigError(moe.path("expert_num"), f"1 with shared_expert_num {shared}: MindFormers' DeepSeek decoder "
+                          "layer then builds no feed-forward for the layers from first_k_dense_replace on "
+                          "(feed_forward None: research/deepseek3/deepseek2_model.py) and cannot run; give expert_num "
+                          "> 1 for MoE layers, or shared_expert_num 0 for a dense model")
+    return {"n_routed_experts": 1, "first_k_dense_replace": layers}
+
+
 def _deepseek_v3_groups(m: _Values, moe: _Values) -> dict:
     """HF DeepseekV3 always keeps the best topk_group of n_group expert groups; MindFormers limits groups only for
     topk_method group_limited_greedy / noaux_tc, and the DeepSeek-V3 YAMLs leave it 'greedy' (moe.md §7): one group."""
@@ -201,11 +221,11 @@ def _qwen3_dense_layers(m: _Values, moe: _Values) -> dict:
     return {"mlp_only_layers": list(range(moe.get("first_k_dense_replace") or 0))}
 
 
-def _mcore_tie(m: _Values, moe: _Values) -> dict:
-    """untie_embeddings_and_output_weights is the inverse of tie_word_embeddings (MF)."""
-    if not m.given("untie_embeddings_and_output_weights"):
-        return {}
-    tie = not m.get("untie_embeddings_and_output_weights")
-    if m.given("tie_word_embeddings") and m.get("tie_word_embeddings") != tie:
-        raise ConfigError(m.path("untie_embeddings_and_output_weights"), "contradicts tie_word_embeddings")
-    return {"tie_word_embeddings": tie}
+def _untied(m: _Values, moe: _Values) -> dict:
+    """MindFormers' GPTModel of DeepSeek-V3, DeepSeek-V4 and TeleChat3 is built without
+    share_embeddings_and_output_weights (default False; modeling_deepseek_v3_train.py 1.7.0 to 2.1.0, the 2.x
+    PyNative models, modeling_telechat3_train.py): the output layer is never the embedding, whatever
+    tie_word_embeddings or untie_embeddings_and_output_weights say (mcore.UNTIED notes a tie asked for). Qwen3 and
+    Qwen3-MoE tie by tie_word_embeddings alone (share_embeddings_and_output_weights=config.tie_word_embeddings), a
+    plain mapping; no mcore model reads untie_embeddings_and_output_weights."""
+    return {"tie_word_embeddings": False}

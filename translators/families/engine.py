@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from translators.errors import ConfigError, did_you_mean, join, show
-from translators.families import registry
+from translators.families import mcore_keys, registry
 from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL
 from translators.families.deepseek import (
     DEEPSEEK_V2,
@@ -20,6 +20,7 @@ from translators.families.deepseek import (
     DS3_DEFAULTS,
 )
 from translators.families.derive import (
+    _deepseek_experts,
     _deepseek_positions,
     _deepseek_v3_groups,
     _ffn,
@@ -31,13 +32,13 @@ from translators.families.derive import (
     _llama_positions,
     _mcore_groups,
     _mcore_rope,
-    _mcore_tie,
     _mla_kv_heads,
     _qwen2_moe_widths,
     _qwen3_dense_layers,
     _rope,
     _seq_positions,
     _shared_width,
+    _untied,
 )
 from translators.families.glm import GLM, GLM_ALIASES, GLM_DEFAULTS
 from translators.families.gpt2 import GPT2, GPT2_DEFAULTS
@@ -106,10 +107,12 @@ _SPECS: dict[tuple[str, bool], _Spec] = {
     ("baichuan2", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS),
     ("telechat", False): _Spec("TelechatConfig", LLAMA, LLAMA_DEFAULTS),
     ("deepseek_v2", False): _Spec("DeepseekV2Config", DEEPSEEK_V2, DS2_DEFAULTS,
-                                  (_kv_heads, _ffn, _deepseek_positions, _rope), moe_rules=DEEPSEEK_V2_MOE,
+                                  (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_experts),
+                                  moe_rules=DEEPSEEK_V2_MOE,
                                   fixed=_SILU, head_dim_derived=False),
     ("deepseek_v3", False): _Spec("DeepseekV3Config", DEEPSEEK_V3, DS3_DEFAULTS,
-                                  (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_v3_groups),
+                                  (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_v3_groups,
+                                   _deepseek_experts),
                                   moe_rules=DEEPSEEK_V3_MOE, fixed=_SILU, head_dim_derived=False),
     ("glm4", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, _GLM_DERIVE, aliases=GLM_ALIASES,
                            head_dim_derived=False),
@@ -118,11 +121,11 @@ _SPECS: dict[tuple[str, bool], _Spec] = {
     ("yizhao", False): _Spec("YiZhaoConfig", GLM, GLM_DEFAULTS, aliases=GLM_ALIASES, head_dim_derived=False),
     ("gpt2", False): _Spec("GPT2Config", GPT2, GPT2_DEFAULTS, (_gpt2_ffn, _gpt2_positions),
                            fixed={"tie_word_embeddings": True}),
-    ("qwen3", True): _mcore_spec("Qwen3Config", QWEN3, QWEN3_DEFAULTS, (_kv_heads, _mcore_rope, _mcore_tie)),
+    ("qwen3", True): _mcore_spec("Qwen3Config", QWEN3, QWEN3_DEFAULTS, (_kv_heads, _mcore_rope)),
     ("qwen3_moe", True): _mcore_spec("Qwen3MoeConfig", QWEN3_MOE, QWEN3_MOE_DEFAULTS,
-                                     (_kv_heads, _mcore_rope, _mcore_tie, _qwen3_dense_layers)),
+                                     (_kv_heads, _mcore_rope, _qwen3_dense_layers)),
     ("deepseek_v3", True): _mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
-                                       (_mla_kv_heads, _mcore_rope, _mcore_tie, _mcore_groups, _shared_width)),
+                                       (_mla_kv_heads, _mcore_rope, _untied, _mcore_groups, _shared_width)),
     # families whose module holds their config rules too (translators/families/registry.py MODULES)
     **{(name, True): _mcore_spec(*spec) for module in registry.modules() if hasattr(module, "specs")
        for name, spec in module.specs().items()},
@@ -197,13 +200,24 @@ class _Ctx:
         self.ledger.add(join(s.base, key), kind, message)
 
 
-def _account(s: _Values, spec_name: str, mcore: bool, ctx: _Ctx) -> None:
-    """Account every key the section holds, and write the defaults of the ones it does not."""
+def _account(s: _Values, spec_name: str, mcore: bool, ctx: _Ctx, version: str = NEWEST) -> None:
+    """Account every key the section holds, and write the defaults of the ones it does not. Under mcore a key
+    MindFormers' conversion cannot convert is an error, as it is in MindFormers (translators/families/mcore_keys.py)."""
     for key in s.raw:
         rule = s.rules.get(key)
-        if rule is None:
-            who = "MindFormers' mcore conversion rejects it" if mcore else "MindFormers keeps it and never reads it"
+        if mcore and (spelled := mcore_keys.spelling(version, key, s.raw[key], join(s.base, key))):
+            ctx.note(s, key, *spelled)
+        elif rule is None:
             hint = did_you_mean(key, s.rules)
+            accepted = mcore_keys.accepted(version) if mcore else None
+            if accepted is not None and key not in accepted:
+                raise ConfigError(join(s.base, key), f"not a {spec_name} key: MindFormers {version}'s mcore "
+                                  "conversion refuses it (convert_to_transformer_config)"
+                                  + (f"; {hint}" if hint else ""))
+            who = "MindFormers keeps it and never reads it" if not mcore else \
+                "MindFormers' mcore conversion takes it; nothing here reads it" if accepted is not None else \
+                f"MindFormers {version}'s config converter only warns that it is not in its mapping and trains " \
+                "without it"
             ctx.note(s, key, "unknown", f"not a {spec_name} key ({who}); ignored" + (f"; {hint}" if hint else ""))
         elif not isinstance(rule, Feeds):
             rule.account(s, key, s.name(key), ctx)

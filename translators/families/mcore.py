@@ -121,7 +121,9 @@ MCORE: dict[str, Rule | str] = {
     "add_bias_linear": Expect(False, "no bias on the other linears, as in HF",
                               "HF has no bias on o_proj and the MLP (the mcore default is True)"),
     "tie_word_embeddings": "tie_word_embeddings",
-    "untie_embeddings_and_output_weights": Feeds(),
+    "untie_embeddings_and_output_weights": Feeds(unused="read by no MindFormers mcore model (TransformerConfig keeps "
+                                                 "it): Qwen3 and Qwen3-MoE tie by tie_word_embeddings, the others "
+                                                 "never tie (derive._untied)"),
     "theta": Feeds(),
     "extend_method": Feeds(),
     **_each(("scaling_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"),
@@ -158,6 +160,10 @@ MCORE: dict[str, Rule | str] = {
     **MCORE_MOE_RULES,
 }
 
+# DeepSeek-V3, DeepSeek-V4, TeleChat3: MindFormers' GPTModel never ties them (derive._untied)
+UNTIED = Expect(False, "untied, as MindFormers builds this family", "MindFormers builds this family's GPTModel "
+                "without share_embeddings_and_output_weights: its output layer is never the embedding; untied here too")
+
 QWEN3: dict[str, Rule | str] = {
     **MCORE,
     "head_dim": "head_dim",
@@ -192,6 +198,7 @@ DEEPSEEK_MCORE: dict[str, Rule | str] = {
     "qk_layernorm": Expect(True, "norms on the compressed q and kv, as HF DeepseekV3 (q_a_layernorm, kv_a_layernorm)",
                            "HF DeepseekV3 always normalises the compressed q and kv"),
     "multi_latent_attention": Expect(True, "MLA, as HF DeepseekV3", "HF DeepseekV3 always uses MLA"),
+    "tie_word_embeddings": UNTIED,
     "mtp_depth": DEEPSEEK_V3["mtp_depth"],
     "n_kv_heads": Feeds(unused="not read by MLA: every head has its own k and v (hf num_key_value_heads = "
                                "num_attention_heads)"),

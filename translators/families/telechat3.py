@@ -35,9 +35,9 @@ RECORDS = (
 def specs() -> dict[str, tuple]:
     """config class, rules, defaults, derivations of each family (imported here: the table modules import base)."""
     from translators.errors import ConfigError
-    from translators.families.derive import _kv_heads, _mcore_rope, _mcore_tie
+    from translators.families.derive import _kv_heads, _mcore_rope, _untied
     from translators.families.llama import LLAMA
-    from translators.families.mcore import MCORE, MCORE_DEFAULTS
+    from translators.families.mcore import MCORE, MCORE_DEFAULTS, UNTIED
     from translators.families.rules import Expect, Feeds
 
     def _plain_llama(m, moe) -> dict:
@@ -60,6 +60,7 @@ def specs() -> dict[str, tuple]:
         "multi_latent_attention": Feeds(),  # must be False
         "expert_num": Feeds(),  # must be <= 1
         "mtp_depth": LLAMA["mtp_depth"],
+        "tie_word_embeddings": UNTIED,
     }
-    return {"telechat3": ("TeleChat3Config", rules, MCORE_DEFAULTS, (_kv_heads, _mcore_rope, _mcore_tie, _plain_llama)),
+    return {"telechat3": ("TeleChat3Config", rules, MCORE_DEFAULTS, (_kv_heads, _mcore_rope, _untied, _plain_llama)),
             "telechat3_moe": ("TeleChat3MoeConfig", MCORE, MCORE_DEFAULTS, ())}
