@@ -55,8 +55,7 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
     """Seed, build (with the weights at `weights`: a file or directory, or None), patch as the Plan asks (mf_ds.patch:
     MoE, kernels, recompute), build the training data and count the steps. `log` gets the build's lines as they
     happen."""
-    from mf_ds import patch
-    from mf_ds import startup
+    from mf_ds import patch, startup
     from mf_ds.data import DataError, build_train_dataset
 
     run = plan.run

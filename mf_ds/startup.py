@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from mf_ds.errors import RunError
-
 from translators.plan_types import Plan
 
 
