@@ -155,6 +155,8 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("src")
     parser.add_argument("dst")
     parser.add_argument("--mf-config", required=True, help="the MindFormers YAML of the model")
+    parser.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
+                        help="override a YAML key, as mf-translate and mf-train take it (repeatable)")
     args = parser.parse_args(argv)
     from translators.errors import ConfigError
     from translators.plan import translate_file
@@ -163,7 +165,7 @@ def cli(argv: list[str] | None = None) -> int:
         # stdout holds the one JSON line; what the libraries print on the way (DeepSpeed's logger writes to stdout
         # when transformers imports it) goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
-            plan = translate_file(args.mf_config).plan
+            plan = translate_file(args.mf_config, args.set).plan
             src = Path(args.src)
             if src.is_dir() and (src / "config.json").is_file():
                 result = {"direction": "hf->mindformers", "tensors": to_mindformers(plan, args.src, args.dst)}

@@ -277,7 +277,8 @@ def render(r: dict) -> list[str]:
             f"batch: micro {data['micro_batch']} x accumulation {data['accumulation']} x data parallel "
             f"{data['shards']} = {data['global_batch']} (MindFormers' global batch: {data['mindformers_global_batch']}"
             f"{', kept' if data['global_batch'] == data['mindformers_global_batch'] else ', NOT kept'}), "
-            f"seq_length {data['seq_length']}", "", "checks:"]
+            f"seq_length {data['seq_length']}"] + ([f"  {data['planned']}"] if "planned" in data else []) + [
+            "", "checks:"]
     out += [f"  {'ok ' if c['ok'] else 'BAD'} {c['what']:<20} {c['detail']}" for c in r["checks"]]
     out += ["", f"memory per device ({mem['dtype']}, ZeRO-{mem['zero_stage']}, "
             f"{mem['local_parameters'] / 1e9:.2f} B parameters computed per rank):"]

@@ -31,6 +31,7 @@ from translators import pynative_account as account
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.data import parse_data
 from translators.errors import ConfigError, show
+from translators.fixes import batch_fit
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
 from translators.notes import Ledger, LedgerView
@@ -145,7 +146,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     elif deg.global_batch % (micro * lay.data_parallel):
         raise ConfigError("--world-size", f"MindFormers' global batch {deg.global_batch} is not a multiple of "
                           f"local_batch_size {micro} x {lay.data_parallel} data-parallel ranks here",
-                          "choose a world size that divides it, or set --gradient_accumulation_steps")
+                          *batch_fit(deg.global_batch, micro * lay.data_parallel))
     else:
         ga = deg.global_batch // (micro * lay.data_parallel)
     global_batch = micro * ga * lay.data_parallel

@@ -119,12 +119,13 @@ class _JsonLines:
         return record
 
 
-def training_samples(config: str, path: str | None, head: int) -> tuple[str, list[dict]]:
+def training_samples(config: str, path: str | None, head: int, overrides: list[str] = (),
+                     ) -> tuple[str, list[dict]]:
     """(the data path, the first `head` samples as the model trains on them) under the YAML's settings."""
     from mf_ds.data.build import build_train_dataset
     from translators.plan import translate_file
 
-    plan = translate_file(config).plan
+    plan = translate_file(config, overrides).plan
     run, data = plan.run, plan.run.data
     if path is None and (data.kind == "builtin" or not data.paths):
         raise DataError(config, "names no data set (train_dataset.data_loader); give PATH")
@@ -144,6 +145,8 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("path", nargs="?", help="data file, shard, directory or Megatron prefix")
     parser.add_argument("--mf-config", help="MindFormers YAML: its data path and the samples as trained")
     parser.add_argument("--head", type=int, default=3, help="samples to print (default 3)")
+    parser.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
+                        help="with --mf-config: override a YAML key, as mf-translate and mf-train take it")
     args = parser.parse_args(argv)
     if args.path is None and args.mf_config is None:
         parser.error("give PATH or --mf-config")
@@ -153,7 +156,7 @@ def cli(argv: list[str] | None = None) -> int:
         trained = None
         path = args.path
         if args.mf_config:
-            path, trained = training_samples(args.mf_config, args.path, args.head)
+            path, trained = training_samples(args.mf_config, args.path, args.head, args.set)
         summary, source = describe(path)
         print(json.dumps(summary, allow_nan=False))
         for i, sample in enumerate(samples(source, args.head)):
