@@ -328,6 +328,7 @@ class CheckpointLayout:
     use_contiguous_weight_layout_attention: bool = False
     use_interleaved_weight_layout_mlp: bool = True
     use_gmm: bool = False
+    mla_qkv_concat: bool = True
 
 
 @dataclass(frozen=True)

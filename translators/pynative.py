@@ -255,7 +255,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         **attention,
         "checkpoint_layout": {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,
                               "use_contiguous_weight_layout_attention": False,
-                              "use_interleaved_weight_layout_mlp": True, "use_gmm": False},
+                              "use_interleaved_weight_layout_mlp": True, "use_gmm": False,
+                              "mla_qkv_concat": (tree.get("model") or {}).get("mla_qkv_concat") is not False},
         "mindformers_version": version,
     }
     run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
