@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, checkpoint2, optim_state, resume2
+from mf_ds import checkpoint, checkpoint2, early, optim_state, resume2
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
@@ -132,6 +132,7 @@ class Trainer:
         if self.world != run.world_size:
             raise RunError(f"the plan was made for {run.world_size} ranks, not {self.world}")
         self.output_dir = Path(run.output_dir)
+        early.refuse(plan)  # before the model is built (mf_ds/early.py)
         cpu_numerics()
         if run.deterministic:  # train_precision_sync
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' condition for determinism
@@ -216,9 +217,6 @@ class Trainer:
         config.pop("optimizer", None)  # built above, with MindFormers' parameter groups
         config.pop("scheduler", None)  # built above, with MindFormers' exact formula
         config["zero_allow_untested_optimizer"] = True
-        if "fp16" in config and not torch.cuda.is_available():
-            raise RunError("model_config.compute_dtype float16 needs a GPU: DeepSpeed's CPU accelerator has no "
-                           "fp16; train here with --set model.model_config.compute_dtype=bfloat16 (or float32)")
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False,
             mpu=self.mpu)

@@ -59,12 +59,14 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
     from mf_ds.data import build_train_dataset
 
     run = plan.run
+    # the data first: a missing or bad data path is refused before the (slow) model build; it draws on its own
+    # seeded generators, so the model's initialisation is the same either way
+    dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
+                                  tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
     seed_everything(run.seed)
     model = build_model(plan, weights, log=log, full_reason=full_reason)
     notes = pending_features(plan)
     report = patch.apply(model, plan, checkpoint_fn=checkpoint_fn)
-    dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
-                                  tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
     steps_per_epoch = len(dataset) // run.global_batch_size
     if steps_per_epoch == 0:
         raise RunError(f"the data set holds {len(dataset)} samples, fewer than one global batch of "
