@@ -106,7 +106,11 @@ def main(argv: list[str] | None = None, prog: str = "mf_ds/train.py", positional
         trainer.fit(should_stop=lambda: stop["signal"] is not None)
         trainer.close()
     except (ConfigError, CheckpointError, RunError, DataError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        from mf_ds.launch_errors import error_line
+
+        line = error_line(prog, exc)  # once, from rank 0, for a refusal of the input (mf_ds/launch_errors.py)
+        if line:
+            print(line, file=sys.stderr)
         return 2
     except Exception as exc:
         story = lost_rank(exc)
