@@ -71,9 +71,10 @@ class MFLossMonitor(TrainerCallback):
     """MindFormers' MFLossMonitor line and metrics.jsonl (+ TensorBoard, plots at the end) under the Trainer."""
 
     def __init__(self, output_dir: Path, per_print_times: int, tokens_per_step: int, epochs: int,
-                 moe: bool = False, drop_rate: TrainerCallback | None = None):
+                 moe: bool = False, drop_rate: TrainerCallback | None = None, run=None):
         self.output_dir, self.every, self.tokens_per_step, self.epochs = output_dir, per_print_times, \
             tokens_per_step, epochs
+        self.run = run  # the Plan's run: which trainer's step line (mf_ds/log_line.py)
         # MoE runs: the per-layer drop rate and expert load of each step, from the MoEDropRateCallback when the
         # YAML lists one (it resets the counters), else read here; step_metrics is collective: every rank calls it.
         self.moe, self.drop_rate = moe, drop_rate
@@ -106,9 +107,13 @@ class MFLossMonitor(TrainerCallback):
             row["moe"] = {str(layer): stats for layer, stats in self.moe_metrics.items()}
         self.monitor.record(row)
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-            print(f"{{ Epoch:[{1:3d}/{self.epochs:3d}], step:[{state.global_step:5d}/{state.max_steps:5d}], "
-                  f"loss: {row['loss']:.6f}, lr: {row['lr']:.6e}, global_norm: [{row['grad_norm'] or 0:.6f}], "
-                  f"tokens/s: {row['tokens_per_s']:.1f} }}", file=sys.stderr, flush=True)
+            from mf_ds.log_line import step_line
+            from translators.plan_types import Run
+
+            run = self.run if self.run is not None else Run(epochs=self.epochs)
+            print(step_line(run, epoch=1, step=state.global_step, total=state.max_steps, loss=row["loss"],
+                            lr=row["lr"], grad_norm=row["grad_norm"], tokens_per_s=row["tokens_per_s"]),
+                  file=sys.stderr, flush=True)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.monitor is not None:
@@ -382,7 +387,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     callbacks: list[TrainerCallback] = [*moe_callbacks, MFLossMonitor(Path(run.output_dir), per_print,
                                                                       tokens_per_step, run.epochs,
                                                                       moe=plan.moe is not None,
-                                                                      drop_rate=drop_rate)]
+                                                                      drop_rate=drop_rate, run=run)]
     if saving:
         callbacks.append(SaveAtEnd())
     if plan.parallel.tensor_parallel > 1:

@@ -38,6 +38,7 @@ from mf_ds import checkpoint, checkpoint2, early, optim_state, resume2
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
+from mf_ds.log_line import step_line
 from mf_ds.monitor import Monitor
 from mf_ds.parallel import release_shm_names
 from mf_ds.weights import layout_of
@@ -438,10 +439,9 @@ class Trainer:
                              tok_s=f"{tokens_per_s:.0f}", refresh=False)
         self.monitor.record(row)
         if self.step % self.print_every == 0 or self.step == self.total_steps:
-            # MindFormers' MFLossMonitor line, shortened to what PyTorch knows.
-            _log(f"{{ Epoch:[{epoch:3d}/{self.run.epochs:3d}], step:[{self.step:5d}/{self.total_steps:5d}], "
-                 f"loss: {loss:.6f}, lr: {lr:.6e}, global_norm: [{grad_norm:.6f}], "
-                 f"tokens/s: {tokens_per_s:.1f} }}")
+            # MindFormers' step line: MFLossMonitor's, or the PyNative trainer's (mf_ds/log_line.py)
+            _log(step_line(self.run, epoch=epoch, step=self.step, total=self.total_steps, loss=loss, lr=lr,
+                           grad_norm=grad_norm, tokens_per_s=tokens_per_s))
 
     def save(self) -> Path | None:
         if not self.ckpt:

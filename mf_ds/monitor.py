@@ -18,6 +18,7 @@ class Monitor:
         self.enabled = enabled
         self.path = output_dir / "metrics.jsonl"
         self._writer = None
+        self._resumed_from = resume_step or None  # marks the first row after a resume (mf-report draws it)
         if not enabled:
             return
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -48,13 +49,16 @@ class Monitor:
     def record(self, row: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        if self._resumed_from is not None:
+            row = {**row, "resumed_from": self._resumed_from}
+            self._resumed_from = None
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         if self._writer is None:
             return
         step = row["step"]
         for name, value in row.items():
-            if name != "step" and isinstance(value, (int, float)):
+            if name not in ("step", "resumed_from") and isinstance(value, (int, float)):
                 self._writer.add_scalar(f"train/{name}", value, step)
         for layer, stats in (row.get("moe") or {}).items():
             for name, value in stats.items():

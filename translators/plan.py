@@ -288,6 +288,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         **attention,  # pad_attention_mask, pad_token_id
         "checkpoint_layout": names.checkpoint_layout(tree),
         "mindformers_version": version,
+        "log_line": "graph",  # MFLossMonitor's step line (mf_ds/log_line.py)
     }
     run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
     notes = ledger.finish()

@@ -379,6 +379,9 @@ class Run:
     trailing_pads_inert: bool = False
     """Pads after a sample's last real token change nothing the run computes, so no pad mask is needed for them
     (translators/attention.py)."""
+    log_line: str = "graph"
+    """The step line the run prints: `graph` (MindFormers' Trainer, MFLossMonitor: epochs and steps) or `pynative`
+    (the 2.x PyNative trainer, pynative/callback/loss_callback.py: steps, consumed samples; it has no epochs)."""
 
 
 @dataclass(frozen=True)

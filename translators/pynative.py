@@ -246,7 +246,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "ignore_data_skip": False,
         "deterministic": cfg["training"]["deterministic"],
         "print_separate_loss": True,
-        "model_name": cfg["checkpoint"]["prefix"] or family.name,
+        "model_name": family.name,  # the model's name (the layout's title); checkpoint.prefix names the files
+        "log_line": "pynative",
         "family": family.name,
         "layer_style": family.layer_style,
         "tokenizer_dir": extra.tokenizer_dir,
