@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, checkpoint2, early, optim_state, resume2
+from mf_ds import checkpoint, checkpoint2, early, optim_state, reporters, resume2
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
@@ -119,7 +119,7 @@ class Trainer:
 
     def __init__(self, plan: Plan, *, max_steps: int | None = None, load_checkpoint: str | None = None,
                  dist_timeout: float | None = None, resume: bool = False, dataset_dir: str | None = None,
-                 trust_checkpoint: bool = False):
+                 trust_checkpoint: bool = False, report_to: list[str] | None = None):
         import deepspeed
 
         from mf_ds.model import prepare
@@ -252,7 +252,8 @@ class Trainer:
         self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
                         disable=self.rank != 0 or not sys.stderr.isatty())
         # metrics.jsonl and TensorBoard (rank 0); on resume the rows after the checkpoint are dropped
-        self.monitor = Monitor(self.output_dir, enabled=self.rank == 0, resume_step=self.step)
+        self.monitor = Monitor(self.output_dir, enabled=self.rank == 0, resume_step=self.step, report_to=report_to,
+                               total_steps=self.total_steps)
         self.watchdog = Watchdog(dist_timeout, self.rank) if dist_timeout and self.world > 1 else None
 
     @classmethod
@@ -276,7 +277,9 @@ class Trainer:
                 _log(line)
             for note in result.warnings:
                 _log(f"mf-ds: note: {note.line()}")
+        reporters.check(getattr(args, "report_to", None))  # a tracker that is not installed: refused now
         return cls(result.plan, max_steps=args.max_steps, load_checkpoint=args.load_checkpoint,
+                   report_to=getattr(args, "report_to", None),
                    resume=args.resume_training, dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout,
                    trust_checkpoint=args.trust_checkpoint)
 

@@ -14,8 +14,10 @@ from typing import Any
 
 
 class Monitor:
-    def __init__(self, output_dir: Path, enabled: bool = True, resume_step: int = 0):
+    def __init__(self, output_dir: Path, enabled: bool = True, resume_step: int = 0, report_to: list[str] | None = None,
+                 total_steps: int = 0):
         self.enabled = enabled
+        self._reporters = None  # W&B, MLflow, ... through transformers' reporters (mf_ds/reporters.py)
         self.path = output_dir / "metrics.jsonl"
         self._writer = None
         self._resumed_from = resume_step or None  # marks the first row after a resume (mf-report draws it)
@@ -29,6 +31,10 @@ class Monitor:
             SummaryWriter = None
         if SummaryWriter is not None:
             self._writer = SummaryWriter(str(output_dir / "tensorboard"), purge_step=resume_step + 1)
+        if report_to:
+            from mf_ds.reporters import Reporters
+
+            self._reporters = Reporters(report_to, output_dir, total_steps)
 
     def _truncate(self, step: int) -> None:
         """On resume, drop the rows of steps after the checkpoint so metrics.jsonl reads as one run."""
@@ -54,6 +60,8 @@ class Monitor:
             self._resumed_from = None
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+        if self._reporters is not None:
+            self._reporters.log(row)
         if self._writer is None:
             return
         step = row["step"]
@@ -71,6 +79,8 @@ class Monitor:
             return []
         if self._writer is not None:
             self._writer.close()
+        if self._reporters is not None:
+            self._reporters.close()
         if not plots or not self.path.exists():
             return []
         from mf_ds.report import plot_run
