@@ -330,6 +330,10 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
         raise RunError("model_config.compute_dtype float16 needs a GPU (DeepSpeed's CPU accelerator has no fp16)")
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
     # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.
+    # The thread count is set (its share of the cores, mf_ds/threads.py) unless OMP_NUM_THREADS says otherwise.
+    from mf_ds.threads import configure
+
+    configure()
     notes = []
     prepared = prepare(plan, weights=run.load_checkpoint, max_steps=max_steps, log=notes.append,
                        full_reason="the HF Trainer path builds the model before TrainingArguments starts "

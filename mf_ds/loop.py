@@ -51,6 +51,9 @@ def cpu_numerics() -> None:
     without. GPUs' fast paths flush them anyway; values under 1.2e-38 carry nothing a training step needs."""
     if not torch.cuda.is_available():
         torch.set_flush_denormal(True)
+        from mf_ds.threads import configure
+
+        configure()  # this process's share of the cores (mf_ds/threads.py)
 
 
 INJECT_NAN = "MF_DS_TEST_INJECT_NAN_STEPS"
