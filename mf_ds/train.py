@@ -47,7 +47,8 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     p.add_argument("--train_dataset_dir", help="Megatron .bin/.idx prefix or directory, or JSON-lines data")
     p.add_argument("--gradient_accumulation_steps", type=int, help="override the gradient accumulation")
     p.add_argument("--report_to", nargs="+", metavar="NAME", help="also report each step to these trackers (wandb, "
-                   "mlflow, ...: transformers' reporters, as the HF Trainer's report_to; the package must be installed)")
+                   "mlflow, ...: transformers' reporters, as the HF Trainer's report_to; the package must be "
+                   "installed)")
     p.add_argument("--dist_timeout", type=float, metavar="SECONDS",
                    default=float(os.environ.get("MF_DS_DIST_TIMEOUT", 600)),
                    help="how long a collective waits for the other ranks before the run stops with an error "

@@ -17,7 +17,6 @@ from translators.errors import ConfigError
 from translators.loader import DuplicateKeyWarning, apply_overrides, load_yaml
 from translators.plan import translate
 
-
 # The fixes `--layout` applies itself: a global batch out of reach on the asked world is planned at the nearest one
 BATCH_FIXES = {"--gradient_accumulation_steps", "training.global_batch_size"}
 

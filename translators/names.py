@@ -287,7 +287,8 @@ FUSED = {
     "deepseek4": DEEPSEEK4_FUSED,
     # multi_latent_attention.py: linear_qkv = concat(linear_q_down_proj, linear_kv_down_proj), split back into
     # [q_lora_rank, kv_lora_rank, qk_rope_head_dim] rows
-    "mcore_mla": {".self_attention.linear_qkv.": ("mla_qkv", (".self_attn.q_a_proj.", ".self_attn.kv_a_proj_with_mqa.")),
+    "mcore_mla": {".self_attention.linear_qkv.": ("mla_qkv", (".self_attn.q_a_proj.",
+                                                              ".self_attn.kv_a_proj_with_mqa.")),
                   ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj.")),
                   ".mlp.shared_experts.linear_fc1.": ("gate_up", (".mlp.shared_experts.gate_proj.",
                                                                   ".mlp.shared_experts.up_proj."))},

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, layout, mf_defaults, names, pynative, recompute, recompute_ops
+from translators import families, fixes, layout, mf_defaults, names, pynative, recompute, recompute_ops
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
-from translators import fixes
 from translators.errors import ConfigError, show
 from translators.general import check_section_types, parse_general, parse_trainer, weights_path
 from translators.loader import apply_overrides, load_yaml

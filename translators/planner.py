@@ -331,7 +331,8 @@ def render(r: dict) -> list[str]:
             else:
                 wider = mem.get("more_ranks")
                 out.append("  no single change fits: " + (
-                    f"more ranks (--world-size {wider['world_size']}" + (f" with {wider['with']}" if wider["with"] else "")
+                    f"more ranks (--world-size {wider['world_size']}"
+                    + (f" with {wider['with']}" if wider["with"] else "")
                     + f": peak {wider['peak'] / memory.GiB:.1f} GiB) "
                     "or a larger device" if wider else "a larger device (more ranks, up to 1024 times these, do not "
                     "bring the peak within 90%: the activations stay)"))

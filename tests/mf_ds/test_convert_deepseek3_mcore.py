@@ -100,7 +100,8 @@ def test_mf_convert_with_the_wheel_yaml(tmp_path, capsys):
             "num_attention_heads": 2, "kv_lora_rank": 10, "q_lora_rank": 12, "qk_rope_head_dim": 4, "v_head_dim": 8,
             "qk_nope_head_dim": 6, "moe_intermediate_size": 14, "n_routed_experts": 4, "num_experts_per_tok": 2,
             "moe_shared_expert_intermediate_size": 14, "n_group": 1, "topk_group": 1}
-    argv = [w for k, v in sets.items() for w in ("--set", f"{m}{k}={v}")] + ["--set", "parallel_config.pipeline_stage=1"]
+    argv = [w for k, v in sets.items() for w in ("--set", f"{m}{k}={v}")]
+    argv += ["--set", "parallel_config.pipeline_stage=1"]
     assert cli(["--mf-config", str(WHEEL_YAML), *argv, str(FIXTURES / "model.split.ckpt"), str(tmp_path / "hf")]) == 0
     assert json.loads(capsys.readouterr().out)["loaded"] == 41
     assert cli(["--mf-config", str(WHEEL_YAML), *argv, str(tmp_path / "hf"), str(tmp_path / "back.ckpt")]) == 0
