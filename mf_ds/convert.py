@@ -185,6 +185,8 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("src")
     parser.add_argument("dst")
     parser.add_argument("--mf-config", required=True, help="the MindFormers YAML of the model")
+    parser.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
+                        help="override a YAML key, as mf-translate and mf-train take it (repeatable)")
     args = parser.parse_args(argv)
     from translators.errors import ConfigError
     from translators.plan import translate_file
@@ -193,7 +195,7 @@ def cli(argv: list[str] | None = None) -> int:
         # stdout holds the one JSON line; what the libraries print on the way (DeepSpeed's logger writes to stdout
         # when transformers imports it) goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
-            plan = translate_file(args.mf_config).plan
+            plan = translate_file(args.mf_config, args.set).plan
             src = Path(args.src)
             if src.is_dir() and (src / "adapter_config.json").is_file():  # PEFT adapters (mf_ds/lora.py)
                 from mf_ds.lora_export import peft_to_mindformers

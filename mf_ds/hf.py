@@ -73,9 +73,11 @@ class MFLossMonitor(TrainerCallback):
     """MindFormers' MFLossMonitor line and metrics.jsonl (+ TensorBoard, plots at the end) under the Trainer."""
 
     def __init__(self, output_dir: Path, per_print_times: int, tokens_per_step: int, epochs: int,
-                 moe: bool = False, drop_rate: TrainerCallback | None = None, evaluation: Any = None):
+                 moe: bool = False, drop_rate: TrainerCallback | None = None, evaluation: Any = None,
+                 run=None):
         self.output_dir, self.every, self.tokens_per_step, self.epochs = output_dir, per_print_times, \
             tokens_per_step, epochs
+        self.run = run  # the Plan's run: which trainer's step line (mf_ds/log_line.py)
         # MoE runs: the per-layer drop rate and expert load of each step, from the MoEDropRateCallback when the
         # YAML lists one (it resets the counters), else read here; step_metrics is collective: every rank calls it.
         self.moe, self.drop_rate = moe, drop_rate
@@ -111,11 +113,15 @@ class MFLossMonitor(TrainerCallback):
             row["moe"] = {str(layer): stats for layer, stats in self.moe_metrics.items()}
         self.monitor.record(row)
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-            print(f"{{ Epoch:[{1:3d}/{self.epochs:3d}], step:[{state.global_step:5d}/{state.max_steps:5d}], "
-                  f"loss: {row['loss']:.6f}, lr: {row['lr']:.6e}, global_norm: [{row['grad_norm'] or 0:.6f}], "
-                  f"tokens/s: {row['tokens_per_s']:.1f}"
-                  + (f", eval_loss: {evaluated['eval_loss']:.6f}, eval_ppl: {evaluated['eval_ppl']:.4f}"
-                     if evaluated else "") + " }", file=sys.stderr, flush=True)
+            from mf_ds.log_line import step_line
+            from translators.plan_types import Run
+
+            run = self.run if self.run is not None else Run(epochs=self.epochs)
+            shown = f", eval_loss: {evaluated['eval_loss']:.6f}, eval_ppl: {evaluated['eval_ppl']:.4f}" \
+                if evaluated else ""
+            print(step_line(run, epoch=1, step=state.global_step, total=state.max_steps, loss=row["loss"],
+                            lr=row["lr"], grad_norm=row["grad_norm"], tokens_per_s=row["tokens_per_s"], extra=shown),
+                  file=sys.stderr, flush=True)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.monitor is not None:
@@ -342,6 +348,10 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     report = startup.say(startup.translation_lines(result), _log)  # what mf-train prints, from the same place
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
     # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.
+    # The thread count is set (its share of the cores, mf_ds/threads.py) unless OMP_NUM_THREADS says otherwise.
+    from mf_ds.threads import configure
+
+    configure()
     prepared = prepare(plan, weights=run.load_checkpoint, max_steps=max_steps,
                        log=lambda line: report.extend(startup.say([line], _log)),
                        full_reason="the HF Trainer path builds the model before TrainingArguments starts "
@@ -407,7 +417,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     callbacks: list[TrainerCallback] = [*moe_callbacks, *([evaluation] if evaluation else []),
                                         MFLossMonitor(Path(run.output_dir), per_print, tokens_per_step, run.epochs,
                                                       moe=plan.moe is not None, drop_rate=drop_rate,
-                                                      evaluation=evaluation)]
+                                                      evaluation=evaluation, run=run)]
     if saving:
         callbacks.append(SaveAtEnd())
     if plan.parallel.tensor_parallel > 1:

@@ -34,11 +34,12 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, checkpoint2, optim_state, resume2, startup
+from mf_ds import checkpoint, checkpoint2, optim_state, reporters, resume2, startup
 from mf_ds import loss_model as fused_loss
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
+from mf_ds.log_line import step_line
 from mf_ds.monitor import Monitor
 from mf_ds.parallel import release_shm_names
 from mf_ds.weights import layout_of
@@ -51,6 +52,9 @@ def cpu_numerics() -> None:
     without. GPUs' fast paths flush them anyway; values under 1.2e-38 carry nothing a training step needs."""
     if not torch.cuda.is_available():
         torch.set_flush_denormal(True)
+        from mf_ds.threads import configure
+
+        configure()  # this process's share of the cores (mf_ds/threads.py)
 
 
 INJECT_NAN = "MF_DS_TEST_INJECT_NAN_STEPS"
@@ -119,7 +123,7 @@ class Trainer:
 
     def __init__(self, plan: Plan, *, max_steps: int | None = None, load_checkpoint: str | None = None,
                  dist_timeout: float | None = None, resume: bool | str = False, dataset_dir: str | None = None,
-                 trust_checkpoint: bool = False):
+                 trust_checkpoint: bool = False, report_to: list[str] | None = None):
         import deepspeed
 
         from mf_ds.model import prepare
@@ -133,6 +137,9 @@ class Trainer:
         if self.world != run.world_size:
             raise RunError(f"the plan was made for {run.world_size} ranks, not {self.world}")
         self.output_dir = Path(run.output_dir)
+        refused = startup.refusal(plan, torch.cuda.is_available())  # before the model is built (tests/mf_ds/test_early)
+        if refused:
+            raise RunError(refused)
         cpu_numerics()
         if run.deterministic:  # train_precision_sync
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' condition for determinism
@@ -216,9 +223,6 @@ class Trainer:
         config.pop("optimizer", None)  # built above, with MindFormers' parameter groups
         config.pop("scheduler", None)  # built above, with MindFormers' exact formula
         config["zero_allow_untested_optimizer"] = True
-        refused = startup.refusal(plan, torch.cuda.is_available())
-        if refused:
-            raise RunError(refused)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False,
             mpu=self.mpu)
@@ -251,7 +255,8 @@ class Trainer:
         self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
                         disable=self.rank != 0 or not sys.stderr.isatty())
         # metrics.jsonl and TensorBoard (rank 0); on resume the rows after the checkpoint are dropped
-        self.monitor = Monitor(self.output_dir, enabled=self.rank == 0, resume_step=self.step)
+        self.monitor = Monitor(self.output_dir, enabled=self.rank == 0, resume_step=self.step, report_to=report_to,
+                               total_steps=self.total_steps)
         self.watchdog = Watchdog(dist_timeout, self.rank) if dist_timeout and self.world > 1 else None
         self.evaluator = None
         if run.evaluation is not None:  # do_eval (mf_ds/evaluation.py)
@@ -278,7 +283,9 @@ class Trainer:
         result = translate_file(args.mf_config, sets, world_size=dist.get_world_size(),
                                 gradient_accumulation_steps=args.gradient_accumulation_steps)
         startup.say(startup.translation_lines(result), _log)  # _log prints on rank 0 only
+        reporters.check(getattr(args, "report_to", None))  # a tracker that is not installed: refused now
         return cls(result.plan, max_steps=args.max_steps, load_checkpoint=args.load_checkpoint,
+                   report_to=getattr(args, "report_to", None),
                    resume="auto" if args.resume_if_any else args.resume_training,
                    dataset_dir=args.train_dataset_dir, dist_timeout=args.dist_timeout,
                    trust_checkpoint=args.trust_checkpoint)
@@ -467,12 +474,12 @@ class Trainer:
                              tok_s=f"{tokens_per_s:.0f}", refresh=False)
         self.monitor.record(row)
         if self.step % self.print_every == 0 or self.step == self.total_steps:
-            # MindFormers' MFLossMonitor line, shortened to what PyTorch knows.
+            # MindFormers' step line: MFLossMonitor's, or the PyNative trainer's (mf_ds/log_line.py)
             shown = f", eval_loss: {evaluated['eval_loss']:.6f}, eval_ppl: {evaluated['eval_ppl']:.4f}" \
                 if evaluated else ""
-            _log(f"{{ Epoch:[{epoch:3d}/{self.run.epochs:3d}], step:[{self.step:5d}/{self.total_steps:5d}], "
-                 f"loss: {loss:.6f}, lr: {lr:.6e}, global_norm: [{grad_norm:.6f}], "
-                 f"tokens/s: {tokens_per_s:.1f}, data: {row['data_s']:.4f} s{shown} }}")
+            _log(step_line(self.run, epoch=epoch, step=self.step, total=self.total_steps, loss=loss, lr=lr,
+                           grad_norm=grad_norm, tokens_per_s=tokens_per_s,
+                           extra=f", data: {row['data_s']:.4f} s{shown}"))
 
     def save(self) -> Path | None:
         if not self.ckpt:

@@ -59,14 +59,15 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
     from mf_ds.data import DataError, build_train_dataset
 
     run = plan.run
-    seed_everything(run.seed)
-    # The data first: data the YAML names but mf-ds cannot read stops the run before the model is built.
+    # The data first: data the YAML names but mf-ds cannot read stops the run before the (slow) model build.
     hf_config(plan)  # (a family with no HF architecture is named first)
+    seed_everything(run.seed)
     try:
         dataset = build_train_dataset(run.data, run.seq_length, run.seed, plan.hf_config["vocab_size"],
                                       tokenizer_dir=run.tokenizer_dir, override_dir=dataset_dir)
     except DataError as exc:  # named as the run's YAML names it (PyNative: train_dataset.dataloader...)
         raise startup.in_yaml_names(exc, plan) from None
+    seed_everything(run.seed)  # the model's initial weights do not depend on what reading the data drew
     lora = plan.run.lora is not None
     whole = full_reason or ("LoRA: PEFT wraps whole Linear layers (mf_ds/lora.py)" if lora else None)
     model = build_model(plan, weights, log=log, full_reason=whole)

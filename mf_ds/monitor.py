@@ -14,10 +14,13 @@ from typing import Any
 
 
 class Monitor:
-    def __init__(self, output_dir: Path, enabled: bool = True, resume_step: int = 0):
+    def __init__(self, output_dir: Path, enabled: bool = True, resume_step: int = 0, report_to: list[str] | None = None,
+                 total_steps: int = 0):
         self.enabled = enabled
+        self._reporters = None  # W&B, MLflow, ... through transformers' reporters (mf_ds/reporters.py)
         self.path = output_dir / "metrics.jsonl"
         self._writer = None
+        self._resumed_from = resume_step or None  # marks the first row after a resume (mf-report draws it)
         if not enabled:
             return
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -28,6 +31,10 @@ class Monitor:
             SummaryWriter = None
         if SummaryWriter is not None:
             self._writer = SummaryWriter(str(output_dir / "tensorboard"), purge_step=resume_step + 1)
+        if report_to:
+            from mf_ds.reporters import Reporters
+
+            self._reporters = Reporters(report_to, output_dir, total_steps)
 
     def _truncate(self, step: int) -> None:
         """On resume, drop the rows of steps after the checkpoint so metrics.jsonl reads as one run."""
@@ -48,14 +55,19 @@ class Monitor:
     def record(self, row: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        if self._resumed_from is not None:
+            row = {**row, "resumed_from": self._resumed_from}
+            self._resumed_from = None
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+        if self._reporters is not None:
+            self._reporters.log(row)
         if self._writer is None:
             return
         step = row["step"]
         for name, value in row.items():
-            if name != "step" and isinstance(value, (int, float)):  # do_eval's eval_loss, eval_ppl: eval/loss, ...
-                tag = f"eval/{name[5:]}" if name.startswith("eval_") else f"train/{name}"
+            if name not in ("step", "resumed_from") and isinstance(value, (int, float)):
+                tag = f"eval/{name[5:]}" if name.startswith("eval_") else f"train/{name}"  # do_eval's eval_loss, ...
                 self._writer.add_scalar(tag, value, step)
         for layer, stats in (row.get("moe") or {}).items():
             for name, value in stats.items():
@@ -68,6 +80,8 @@ class Monitor:
             return []
         if self._writer is not None:
             self._writer.close()
+        if self._reporters is not None:
+            self._reporters.close()
         if not plots or not self.path.exists():
             return []
         from mf_ds.report import plot_run

@@ -1,12 +1,15 @@
 """`mf-report OUTPUT_DIR`: PNG plots of a run from its metrics.jsonl (also written at the end of training).
 
     loss.png        loss over steps (and the eval loss where do_eval evaluated), learning rate on a second axis
-    throughput.png  tokens/s over steps
+    throughput.png  tokens/s over steps (the axis from 0)
+    grad_norm.png   the global gradient norm over steps (before clipping)
     drop_rate.png   MoE runs: measured drop rate per MoE layer over steps (MindFormers' estimate dashed, where
                     MindFormers has one)
     expert_load.png MoE runs: mean expert load per layer as a heat map (1/E is balanced)
 
-`plot_run()` returns the data it plotted, so tests check what is drawn, not only that files exist.
+Each plot over steps marks where the run was resumed (a dotted line at the first step after it: the row the monitor
+marks `resumed_from`). `plot_run()` returns the data it plotted, so tests check what is drawn, not only that files
+exist.
 """
 
 from __future__ import annotations
@@ -62,7 +65,12 @@ def plot_run(output_dir: str | Path) -> dict[str, Any]:
     out = output_dir / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     steps = [row["step"] for row in rows]
+    resumes = [row["step"] for row in rows if "resumed_from" in row]
     plotted: dict[str, Any] = {}
+
+    def mark_resumes(ax) -> None:
+        for i, step in enumerate(resumes):
+            ax.axvline(step, color="grey", linestyle=":", label="resumed" if i == 0 else None)
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     loss = [row.get("loss") for row in rows]
@@ -75,6 +83,7 @@ def plot_run(output_dir: str | Path) -> dict[str, Any]:
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("loss", color="tab:blue")
+    mark_resumes(ax)
     lr_ax = ax.twinx()
     lr = [row.get("lr") for row in rows]
     lr_ax.plot(steps, lr, color="tab:orange", label="learning rate")
@@ -83,7 +92,7 @@ def plot_run(output_dir: str | Path) -> dict[str, Any]:
     fig.tight_layout()
     fig.savefig(out / "loss.png", dpi=100)
     plt.close(fig)
-    plotted["loss.png"] = {"step": steps, "loss": loss, "lr": lr,
+    plotted["loss.png"] = {"step": steps, "loss": loss, "lr": lr, "resumes": resumes,
                            **({"eval_step": [e[0] for e in evaluated], "eval_loss": [e[1] for e in evaluated]}
                               if evaluated else {})}
 
@@ -93,11 +102,28 @@ def plot_run(output_dir: str | Path) -> dict[str, Any]:
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("tokens / s")
+    ax.set_ylim(bottom=0)  # from 0: a dip reads as its real size
+    mark_resumes(ax)
     ax.set_title("throughput")
     fig.tight_layout()
     fig.savefig(out / "throughput.png", dpi=100)
+    plotted["throughput.png"] = {"step": steps, "tokens_per_s": rate, "ylim": [float(v) for v in ax.get_ylim()],
+                                 "resumes": resumes}
     plt.close(fig)
-    plotted["throughput.png"] = {"step": steps, "tokens_per_s": rate}
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    norm = [row.get("grad_norm") for row in rows]
+    ax.plot(steps, [float("nan") if v is None else v for v in norm], color="tab:red")
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("global gradient norm")
+    ax.set_ylim(bottom=0)
+    mark_resumes(ax)
+    ax.set_title("gradient norm (before clipping)")
+    fig.tight_layout()
+    fig.savefig(out / "grad_norm.png", dpi=100)
+    plt.close(fig)
+    plotted["grad_norm.png"] = {"step": steps, "grad_norm": norm, "resumes": resumes}
 
     layers = _moe_layers(rows)
     if layers:

@@ -55,6 +55,9 @@ def parser(prog: str = "mf_ds/train.py", positional: bool = False) -> argparse.A
     p.add_argument("--gradient_accumulation_steps", type=int, help="override the gradient accumulation")
     p.add_argument("--compile_layers", action="store_true",
                    help="torch.compile each decoder layer (the same as --set mf_ds.compile_layers=true)")
+    p.add_argument("--report_to", nargs="+", metavar="NAME", help="also report each step to these trackers (wandb, "
+                   "mlflow, ...: transformers' reporters, as the HF Trainer's report_to; the package must be "
+                   "installed)")
     p.add_argument("--dist_timeout", type=float, metavar="SECONDS",
                    default=float(os.environ.get("MF_DS_DIST_TIMEOUT", 600)),
                    help="how long a collective waits for the other ranks before the run stops with an error "
@@ -120,7 +123,11 @@ def main(argv: list[str] | None = None, prog: str = "mf_ds/train.py", positional
         trainer.fit(should_stop=lambda: stop["signal"] is not None)
         trainer.close()
     except (ConfigError, CheckpointError, RunError, DataError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        from mf_ds.launch_errors import error_line
+
+        line = error_line(prog, exc)  # once, from rank 0, for a refusal of the input (mf_ds/launch_errors.py)
+        if line:
+            print(line, file=sys.stderr)
         return 2
     except Exception as exc:
         story = lost_rank(exc)

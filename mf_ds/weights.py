@@ -35,6 +35,7 @@ class WeightLayout:
     mlp_concat: bool = True  # GLM: dense_h_to_4h, else dense_left / dense_right
     qkv_contiguous: bool = False  # mcore use_contiguous_weight_layout_attention (MindFormers default False)
     ffn_interleaved: bool = True  # mcore use_interleaved_weight_layout_mlp (MindFormers default True)
+    mla_concat: bool = True  # mcore MLA mla_qkv_concat (TransformerConfig default True): linear_qkv, linear_qb, ...
 
 
 DEFAULT_LAYOUT = WeightLayout()
@@ -54,7 +55,7 @@ def layout_of(plan: Plan) -> WeightLayout:
     return WeightLayout(gmm=given.use_gmm, qkv_concat=glm if qkv_concat is None else qkv_concat,
                   mlp_concat=given.mlp_concat is not False,
                   qkv_contiguous=given.use_contiguous_weight_layout_attention,
-                  ffn_interleaved=given.use_interleaved_weight_layout_mlp)
+                  ffn_interleaved=given.use_interleaved_weight_layout_mlp, mla_concat=given.mla_qkv_concat)
 
 
 def _dims(config) -> tuple[int, int, int]:
@@ -123,6 +124,27 @@ def _pairs_to_halves(rows: torch.Tensor, rope: int) -> torch.Tensor:
     return rows.reshape(*lead, rope // 2, 2, rows.shape[-1]).transpose(-3, -2).reshape(*lead, rope, rows.shape[-1])
 
 
+def _num_experts(config) -> int:
+    """HF's routed-expert count (DeepSeek-V3 names it n_routed_experts)."""
+    return getattr(config, "num_experts", None) or config.n_routed_experts
+
+
+def _mla_rope(hf_name: str, tensor: torch.Tensor, config, to_hf: bool) -> torch.Tensor:
+    """An mcore MLA tensor's rope rows between MindFormers' halves and HF's pairs (names.MCORE_MLA_ROPE)."""
+    kind = next((k for part, k in names.MCORE_MLA_ROPE.items() if part in hf_name), None)
+    if kind is None:
+        return tensor
+    heads, nope, rope, _ = _mla(config)
+    turn = _halves_to_pairs if to_hf else _pairs_to_halves
+    out = tensor.clone()
+    if kind == "kv_a":  # [kv_lora + rope, H]: the last rope rows
+        out[-rope:] = turn(tensor[-rope:], rope)
+        return out
+    rows = out.view(heads, nope + rope, tensor.shape[-1])  # q_b [heads * (nope + rope), q_lora]
+    rows[:, nope:] = turn(rows[:, nope:].clone(), rope)
+    return out
+
+
 def _split_where(kind: str, half: int, config, cols: int) -> tuple[tuple[int, ...], tuple]:
     """research/deepseek3/convert_weight.py _mla_pt_to_ms, undone: the view of the HF tensor and the index in it
     where MindFormers half `half` lies."""
@@ -182,13 +204,13 @@ def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Weigh
             out = [Piece(base + hf_parts[0].format(e=e), w.transpose(0, 1).contiguous())
                    for e, w in enumerate(tensor.unbind(0))]
         elif kind == "weight1":  # [E*H, 2I] -> per expert [2I, H] = [gate; up]
-            for e, w in enumerate(tensor.reshape(config.num_experts, -1, tensor.shape[-1]).unbind(0)):
+            for e, w in enumerate(tensor.reshape(_num_experts(config), -1, tensor.shape[-1]).unbind(0)):
                 gate, up = w.transpose(0, 1).chunk(2)
                 out += [Piece(base + hf_parts[0].format(e=e), gate.contiguous()),
                         Piece(base + hf_parts[1].format(e=e), up.contiguous())]
         else:  # weight2: [E*I, H] -> per expert down [H, I]
             out = [Piece(base + hf_parts[0].format(e=e), w.transpose(0, 1).contiguous())
-                   for e, w in enumerate(tensor.reshape(config.num_experts, -1, tensor.shape[-1]).unbind(0))]
+                   for e, w in enumerate(tensor.reshape(_num_experts(config), -1, tensor.shape[-1]).unbind(0))]
         return out
     split = names.split_kind(mf_name, family)
     if split:
@@ -197,9 +219,15 @@ def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: Weigh
     for part, (kind, hf_parts) in names.fused_parts(family).items():
         if part in stem:
             mcore = names.is_mcore(family)
+            if kind == "mla_qkv":  # [q_lora; kv_lora + rope] rows
+                q_a, kv_a = tensor.split([config.q_lora_rank, tensor.shape[0] - config.q_lora_rank])
+                return [Piece(stem.replace(part, hf_parts[0]), q_a.contiguous()),
+                        Piece(stem.replace(part, hf_parts[1]), _mla_rope(hf_parts[1], kv_a, config, True))]
             pieces = (_split_qkv(tensor, config, kind == "qkv_cat" or (mcore and layout.qkv_contiguous))
                       if kind.startswith("qkv") else _split_gate_up(tensor, not mcore or layout.ffn_interleaved))
             return [Piece(stem.replace(part, hf), p.contiguous()) for hf, p in zip(hf_parts, pieces, strict=True)]
+    if names.style(family) == "mcore_mla":
+        return [Piece(stem, _mla_rope(stem, tensor, config, True))]
     return [Piece(stem, tensor)]
 
 
@@ -220,8 +248,8 @@ def mindformers_names(hf_names: list[str], family: str, layout: WeightLayout = D
     out: dict[str, list[str]] = {}
     # mcore checkpoints always hold q/k/v and gate/up fused; legacy ones when the YAML says qkv_concat: True (the
     # network then has only w_qkv / w_gate_hidden, and MindFormers loads nothing else into them).
-    fused = {hf: part for part, (_, hf_parts) in names.fused_parts(family).items() for hf in hf_parts
-             if names.is_mcore(family) or layout.qkv_concat}
+    fused = {hf: part for part, (kind, hf_parts) in names.fused_parts(family).items() for hf in hf_parts
+             if (names.is_mcore(family) or layout.qkv_concat) and (kind != "mla_qkv" or layout.mla_concat)}
     experts = [(_expert_pattern(hf), part) for part, _, hf_parts in _expert_entries(family, layout) for hf in hf_parts]
     splits = {hf: v for hf, v in names.splits(family).items() if v[0] != "halves" or not layout.mlp_concat}
     for name in hf_names:
@@ -241,7 +269,7 @@ def mindformers_names(hf_names: list[str], family: str, layout: WeightLayout = D
                 for part in split[1]:
                     out[stem.replace("\0", part)] = [name]
             else:
-                out[names.hf_to_mf(name, family, layout.gmm)] = [name]
+                out[names.hf_to_mf(name, family, layout.gmm, layout.mla_concat)] = [name]
     return out
 
 
@@ -305,10 +333,14 @@ def from_hf(mf_name: str, hf_names: list[str], read: Callable[[str], torch.Tenso
                  for i, hf in enumerate(hf_parts)}
         parts = sorted(hf_names, key=lambda n: next(i for hf, i in order.items() if hf in n))
         tensors = [read(n) for n in parts]
+        if kind == "mla_qkv":
+            return torch.cat([tensors[0], _mla_rope(parts[1], tensors[1], config, False)])
         if kind.startswith("qkv"):
             return _join_qkv(*tensors, config, kind == "qkv_cat" or (mcore and layout.qkv_contiguous))
         return _join_gate_up(*tensors, not mcore or layout.ffn_interleaved)
     (name,) = hf_names
+    if names.style(family) == "mcore_mla":
+        return _mla_rope(name, read(name), config, False)
     return read(name)
 
 

@@ -10,9 +10,15 @@ import json
 import sys
 import warnings
 
+import yaml
+
+from translators.diagnose import effective, fix_text, problem_line, strict_problems, translate_all
 from translators.errors import ConfigError
 from translators.loader import DuplicateKeyWarning, apply_overrides, load_yaml
 from translators.plan import translate
+
+# The fixes `--layout` applies itself: a global batch out of reach on the asked world is planned at the nearest one
+BATCH_FIXES = {"--gradient_accumulation_steps", "training.global_batch_size"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,6 +40,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="with --layout: the layout report as JSON")
     p.add_argument("--gradient_accumulation_steps", type=int, metavar="N",
                    help="override the gradient accumulation (as MindFormers' run script does)")
+    p.add_argument("--strict", action="store_true", help="a key this translator does not know is an error, not a "
+                   "warning")
+    p.add_argument("--effective", action="store_true", help="print the YAML as MindFormers runs it (base_config "
+                   "merged, --set applied, the model's config-class defaults filled) instead of the JSON")
     p.add_argument("--mindformers-version", metavar="X.Y.Z",
                    help="the MindFormers version the YAML comes from: its config classes' defaults fill what "
                         "model_config leaves out (default: the YAML's mindformers_version, else the newest)")
@@ -66,9 +76,24 @@ def run(argv: list[str] | None = None) -> int:
             tree = apply_overrides(load_yaml(args.config), list(args.set))
         for warning in (w for w in caught if issubclass(w.category, DuplicateKeyWarning)):
             print(f"mf-translate: warning: {args.config}: {warning.message}", file=sys.stderr)
-        result = translate(tree, world_size=args.world_size,
-                           gradient_accumulation_steps=args.gradient_accumulation_steps,
-                           mindformers_version=args.mindformers_version)
+        if args.effective:
+            yaml.safe_dump(effective(tree, args.mindformers_version), sys.stdout, sort_keys=False)
+            return 0
+        diagnosis = translate_all(tree, translate, world_size=args.world_size,
+                                  gradient_accumulation_steps=args.gradient_accumulation_steps,
+                                  mindformers_version=args.mindformers_version)
+        result, problems = diagnosis.result, diagnosis.problems
+        planned = args.layout and result is not None and all(p.fix.keys() <= BATCH_FIXES for p in problems)
+        if problems and not planned:  # every problem at once, each with its fix (translators/diagnose.py)
+            for problem in problems:
+                print(f"mf-translate: error: {problem_line(problem)}", file=sys.stderr)
+            if result is None and problems[-1].fix:
+                print("mf-translate: (more problems may follow once these are fixed)", file=sys.stderr)
+            return 2
+        if args.strict and strict_problems(result):
+            for problem in strict_problems(result):
+                print(f"mf-translate: error: {problem}", file=sys.stderr)
+            return 2
         for line in result.formative:
             print(line, file=sys.stderr)
         lines = result.ledger.explain() if args.explain else [note.line() for note in result.warnings]
@@ -94,6 +119,10 @@ def run(argv: list[str] | None = None) -> int:
                 def rename(setting: str) -> str:
                     return layout_setting(setting, len(plan["layers"]))
             report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory, rename)
+            if problems:  # the asked global batch is out of reach on this world: the nearest, said
+                asked = problems[0]
+                report["data"]["planned"] = (f"{asked.path}: {asked.message}; {asked.hint}; planned the nearest: "
+                                             + " ".join(fix_text(p.fix) for p in problems))
     except ConfigError as exc:
         print(f"mf-translate: error: {exc}", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from translators.errors import ConfigError
+from translators.fixes import batch_fit
 from translators.notes import Ledger
 from translators.sections import LossScale, Optimizer, Parallel, ParallelConfig, RunnerConfig, RunnerWrapper
 
@@ -107,8 +108,7 @@ def batch(runner: RunnerConfig, pc: ParallelConfig, mbi: int, world: int, dp: in
         ranks = f"world size {world}" if dp == world else f"data-parallel degree {dp} (world {world})"
         raise ConfigError("--world-size", f"MindFormers' global batch {mf_global} (micro batch {part} x "
                           f"data_parallel {pc.data_parallel} x accumulation {mf_ga}) is not a multiple of "
-                          f"micro batch x {ranks}",
-                          "choose a world size that divides it, or set --gradient_accumulation_steps")
+                          f"micro batch x {ranks}", *batch_fit(mf_global, part * mbi * dp))
     else:
         ga = mf_global // (part * dp)
     source = "parallel_config.micro_batch_num" if pp > 1 else "runner_config.gradient_accumulation_steps"

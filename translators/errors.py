@@ -16,10 +16,13 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]+")
 class ConfigError(ValueError):
     """A MindFormers YAML that cannot be translated: `path` is the dotted key path (or a file name)."""
 
-    def __init__(self, path: str, message: str, hint: str | None = None):
+    def __init__(self, path: str, message: str, hint: str | None = None, fix: dict | None = None):
         self.path = path
         self.message = message
         self.hint = hint
+        # {dotted key or CLI option: value} that removes this problem, for `mf-translate` to print and then look past
+        # (translators/diagnose.py); None where the fix is the user's choice
+        self.fix = fix
         text = f"{path}: {message}" if path else message
         if hint:
             text += f" ({hint})"

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from translators.errors import ConfigError, join, show
+from translators.fixes import offset_for
 
 NUM_LAYERS_PATH = "model.model_config.num_layers"
 PP_PATH = "parallel_config.pipeline_stage"
@@ -71,30 +72,31 @@ def _check_positive(value: object, path: str) -> int:
     return value
 
 
-def _offset_table(offset: object, pp: int, vpp: int, path: str) -> tuple[list[list[int]], int]:
+def _offset_table(offset: object, pp: int, vpp: int, path: str, fix: dict | None = None,
+                  ) -> tuple[list[list[int]], int]:
     """Broadcast `offset` to [vpp][pp] and return it with the sum of the un-broadcast value (what r1.5.0 checks)."""
     if isinstance(offset, list) and offset and all(isinstance(row, list) for row in offset):
         if len(offset) != vpp:
             hint = None
             if vpp == 1:
                 hint = "pp_interleave_num only takes effect with parallel.pipeline_config.pipeline_interleave: True"
-            raise ConfigError(path, f"2-D offset has {len(offset)} rows but pp_interleave_num is {vpp}", hint)
-        rows = [_offset_row(row, pp, join(path, v)) for v, row in enumerate(offset)]
+            raise ConfigError(path, f"2-D offset has {len(offset)} rows but pp_interleave_num is {vpp}", hint, fix)
+        rows = [_offset_row(row, pp, join(path, v), fix) for v, row in enumerate(offset)]
         return rows, sum(map(sum, rows))
     if isinstance(offset, list):
-        row = _offset_row(offset, pp, path)
+        row = _offset_row(offset, pp, path, fix)
         return [list(row) for _ in range(vpp)], sum(row)
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise ConfigError(path, f"expected an int, a list of {pp} ints or a [{vpp}][{pp}] list, got {show(offset)}")
     return [[offset] * pp for _ in range(vpp)], offset
 
 
-def _offset_row(row: list, pp: int, path: str) -> list[int]:
+def _offset_row(row: list, pp: int, path: str, fix: dict | None = None) -> list[int]:
     for s, item in enumerate(row):
         if isinstance(item, bool) or not isinstance(item, int):
             raise ConfigError(join(path, s), f"expected int, got {show(item)}")
     if len(row) != pp:
-        raise ConfigError(path, f"has {len(row)} entries but pipeline_stage is {pp}")
+        raise ConfigError(path, f"has {len(row)} entries but pipeline_stage is {pp}", fix=fix)
     return list(row)
 
 
@@ -109,11 +111,12 @@ def build_layout(num_layers: int, pp: int, vpp: int, offset, *, offset_path: str
     if pp * vpp > MAX_LAYERS:
         raise ConfigError(PP_PATH, f"pipeline_stage {pp} x pp_interleave_num {vpp} = {pp * vpp} mini-stages: "
                           f"expected at most {MAX_LAYERS}")
-    offsets, offset_sum = _offset_table(offset, pp, vpp, offset_path)
+    fix = {offset_path: offset_for(num_layers, pp, vpp)}  # the nearest offset LayerSetting takes (translators/fixes.py)
+    offsets, offset_sum = _offset_table(offset, pp, vpp, offset_path, fix)
     slots = pp * vpp
     if offset_sum != num_layers % slots:
         raise ConfigError(offset_path, f"sum of offset is {offset_sum}, but num_layers {num_layers} % "
-                          f"(pipeline_stage {pp} * pp_interleave_num {vpp}) = {num_layers % slots}")
+                          f"(pipeline_stage {pp} * pp_interleave_num {vpp}) = {num_layers % slots}", fix=fix)
     avg = num_layers // slots
     layer_list = [[avg + o for o in row] for row in offsets]
     for v, row in enumerate(layer_list):

@@ -75,6 +75,38 @@ MCORE = (
     (".linear_fc2.", ".down_proj."),
     (".pre_mlp_layernorm.", ".post_attention_layernorm."),
 )
+# mcore DeepSeek-V3 (TrainingDeepseekV3ForCausalLM, 1.7.0 to 2.1.0: GPTModel with multi-latent attention and MoE):
+# deepseek3/utils.py weight_mapping (HF -> mcore, MindFormers side first here) for the names it shares with the
+# network, and the network's own names where its training layers fuse (checked against the network built on CPU:
+# tests/fixtures/deepseek3_mcore). mla_qkv_concat False (the wheels' graph-mode YAMLs) names the MLA projections apart;
+# the rope rows of q_b_proj and kv_a_proj_with_mqa are in halves (evens, then odds): MindFormers rotates halves
+# (rotary_interleaved False) where HF DeepSeek-V3 de-interleaves pairs (rope_interleave), as in the legacy DEEPSEEK.
+MCORE_MLA = (
+    ("embedding.word_embeddings.", "model.embed_tokens."),
+    ("decoder.final_layernorm.", "model.norm."),
+    ("output_layer.", "lm_head."),
+    ("decoder.layers.", "model.layers."),
+    (".self_attention.linear_q_down_proj.", ".self_attn.q_a_proj."),
+    (".self_attention.q_layernorm.", ".self_attn.q_a_layernorm."),
+    (".self_attention.linear_q_up_proj.", ".self_attn.q_b_proj."),
+    (".self_attention.linear_kv_down_proj.", ".self_attn.kv_a_proj_with_mqa."),
+    (".self_attention.kv_layernorm.", ".self_attn.kv_a_layernorm."),
+    (".self_attention.linear_kv_up_proj.", ".self_attn.kv_b_proj."),
+    (".self_attention.linear_proj.", ".self_attn.o_proj."),
+    (".mlp.router.expert_bias", ".mlp.gate.e_score_correction_bias"),  # moe_router_enable_expert_bias
+    (".mlp.router.weight", ".mlp.gate.weight"),
+    (".linear_fc2.", ".down_proj."),
+    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
+)
+# mla_qkv_concat True (TransformerConfig's default; the 2.1.0 PyNative YAML) names them otherwise (gpt_layer_specs.py
+# `linear_qb`, `linear_kvb`, `k_layernorm`), and fuses the two down projections in `linear_qkv` (FUSED "mcore_mla"):
+# (name apart, name with mla_qkv_concat).
+MCORE_MLA_CONCAT = ((".self_attention.linear_q_up_proj.", ".self_attention.linear_qb."),
+                    (".self_attention.linear_kv_up_proj.", ".self_attention.linear_kvb."),
+                    (".self_attention.kv_layernorm.", ".self_attention.k_layernorm."))
+# The HF tensors whose rope rows MindFormers keeps in halves: HF part -> its rows (q_b: per head nope then rope;
+# kv_a: the latent rows then the shared k rope rows).
+MCORE_MLA_ROPE = {".self_attn.q_b_proj.": "q_b", ".self_attn.kv_a_proj_with_mqa.": "kv_a"}
 # research/deepseek3/convert_weight.py (1.7.0): plain_name_replace, mla_name_replace, mlp_name_replace with
 # use_grouped_gemm (its default; DEEPSEEK_BMM below for the other).
 DEEPSEEK = (
@@ -253,6 +285,13 @@ FUSED = {
     # glm2/convert_weight.py attn_split: query_key_value is q, k, v one after the other (np.split on axis 0)
     "glm": {".self_attention.query_key_value.": ("qkv_cat", _QKV)},
     "deepseek4": DEEPSEEK4_FUSED,
+    # multi_latent_attention.py: linear_qkv = concat(linear_q_down_proj, linear_kv_down_proj), split back into
+    # [q_lora_rank, kv_lora_rank, qk_rope_head_dim] rows
+    "mcore_mla": {".self_attention.linear_qkv.": ("mla_qkv", (".self_attn.q_a_proj.",
+                                                              ".self_attn.kv_a_proj_with_mqa.")),
+                  ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj.")),
+                  ".mlp.shared_experts.linear_fc1.": ("gate_up", (".mlp.shared_experts.gate_proj.",
+                                                                  ".mlp.shared_experts.up_proj."))},
 }
 # Stacked experts: (MindFormers name part, kind, HF per-expert name parts, `{e}` the expert).
 MIXTRAL_EXPERTS = {
@@ -289,7 +328,8 @@ GLM_PREFIXES = ("transformer.",)
 # every step (wrapper.py _reset_accu_gbs_fi; mf-ds: MFMoE.reset_step). A checkpoint written after the step end holds
 # zeros; one written before the callback ran (CheckpointMonitor listed first) holds the step's load, which
 # MindFormers would add into the first bias update after a resume and mf-ds does not.
-NOT_WEIGHTS = (".paged_attention_mgr.", ".expert_load", ".router.fi_accu", ".mlp.tokens_per_expert")
+NOT_WEIGHTS = (".paged_attention_mgr.", ".expert_load", ".router.fi_accu", ".mlp.tokens_per_expert",
+               "_dropout.seed", "_dropout.offset")  # mcore's dropout RNG state (Int64 scalars beside the weights)
 # HF -> MindFormers: beside each router bias, its expert_load as zeros (what the network holds after every step).
 EXPERT_LOAD = {".topk_bias": ".expert_load", ".expert_bias": ".expert_load"}
 
@@ -297,10 +337,11 @@ EXPERT_LOAD = {".topk_bias": ".expert_load", ".expert_bias": ".expert_load"}
 # model.model_config switches that say how a MindFormers checkpoint of the model lays out its fused weights, with
 # MindFormers' defaults (LlamaConfig: qkv_concat False, which also fuses gate/up: llama_transformer.py passes
 # ffn_concat=qkv_concat; TransformerConfig: use_contiguous_weight_layout_attention False,
-# use_interleaved_weight_layout_mlp True); moe_config.use_gmm: experts [E, in, out].
+# use_interleaved_weight_layout_mlp True, mla_qkv_concat True); moe_config.use_gmm: experts [E, in, out].
 # qkv_concat / mlp_concat: None when the YAML does not say (the default is the family's: ChatGLM2Config True).
 LAYOUT_KEYS = {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,
-               "use_contiguous_weight_layout_attention": False, "use_interleaved_weight_layout_mlp": True}
+               "use_contiguous_weight_layout_attention": False, "use_interleaved_weight_layout_mlp": True,
+               "mla_qkv_concat": True}
 
 
 def _flag(value, default: bool | None) -> bool | None:
@@ -379,6 +420,8 @@ def style(family: str) -> str:
     found = registry.weights(family)
     if found is not None and found.names is DEEPSEEK4:
         return "deepseek4"
+    if found is not None and found.names is MCORE_MLA:
+        return "mcore_mla"
     return "mcore" if is_mcore(family) else "glm" if found is not None and found.names is GLM else "legacy"
 
 
@@ -395,7 +438,8 @@ def strip(name: str, family: str) -> str:
 
 def is_weight(name: str, family: str = "llama") -> bool:
     """True for a model parameter; False for optimizer state and counters saved beside it."""
-    prefixes = {"mcore": MCORE_PREFIXES, "deepseek4": (*MCORE_PREFIXES, "mtp."), "glm": GLM_PREFIXES}.get(
+    prefixes = {"mcore": MCORE_PREFIXES, "deepseek4": (*MCORE_PREFIXES, "mtp."), "mcore_mla": (*MCORE_PREFIXES, "mtp."),
+                "glm": GLM_PREFIXES}.get(
         style(family), LEGACY_PREFIXES)
     return strip(name, family).startswith(prefixes) and not any(part in name for part in NOT_WEIGHTS)
 
@@ -425,7 +469,7 @@ def split_kind(name: str, family: str) -> tuple[str, str, str, int] | None:
 def mtp_layer(name: str, family: str, num_layers: int) -> bool:
     """A weight of DeepSeek's multi-token-prediction layers (research/deepseek3 mtp_name_replace: the fusers and
     norms, and layers num_layers and up), which transformers' DeepseekV3 does not build."""
-    if family == "deepseek_v4/mcore":  # GPTModel's `mtp.layers.N` (MultiTokenPrediction)
+    if family in ("deepseek_v4/mcore", "deepseek_v3/mcore"):  # GPTModel's `mtp.layers.N` (MultiTokenPrediction)
         return strip(name, family).startswith("mtp.")
     if family != "deepseek_v3":
         return False
@@ -450,6 +494,9 @@ def mf_to_hf(name: str, family: str) -> str | None:
     if not is_weight(name, family):
         return None
     name = strip(name, family)
+    if style(family) == "mcore_mla":
+        for apart, concat in MCORE_MLA_CONCAT:
+            name = name.replace(concat, apart)
     for gmm, bmm in _bmm_names(family):
         name = name.replace(bmm, gmm)
     for moev2, moev3 in _gmm_names(family):
@@ -459,10 +506,14 @@ def mf_to_hf(name: str, family: str) -> str | None:
     return name
 
 
-def hf_to_mf(name: str, family: str, gmm: bool = True) -> str:
-    """The MindFormers name of HF parameter `name` (the table backwards); `gmm`: the router's use_gmm names."""
+def hf_to_mf(name: str, family: str, gmm: bool = True, mla_concat: bool = False) -> str:
+    """The MindFormers name of HF parameter `name` (the table backwards); `gmm`: the router's use_gmm names;
+    `mla_concat`: an mcore MLA model's mla_qkv_concat names."""
     for mf, hf in reversed(name_map(family)):
         name = name.replace(hf, mf)
+    if mla_concat and style(family) == "mcore_mla":
+        for apart, concat in MCORE_MLA_CONCAT:
+            name = name.replace(apart, concat)
     for gmm_name, bmm_name in () if gmm else _bmm_names(family):
         name = name.replace(gmm_name, bmm_name)
     return name

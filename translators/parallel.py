@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from translators.errors import ConfigError
+from translators.fixes import divisor_at_most
 
 
 def _tp_rule(hf_model_type: str | None):
@@ -121,8 +122,9 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
             raise ConfigError("--world-size", f"expected an int >= 1, got {world}")
         if world % (tp * cp):
             key = "parallel_config.model_parallel" if tp > 1 else "parallel_config.context_parallel"
+            fixed = divisor_at_most(world, tp) if tp > 1 else divisor_at_most(world, cp)
             raise ConfigError(key, f"{tp * cp} ({'tensor' if tp > 1 else 'context'} parallel) does not divide "
-                              f"the world size {world}")
+                              f"the world size {world}", fix={key: fixed})
     dp = world // (tp * cp)
     ep = _expert_parallel(pc.expert_parallel, dims, dp, world_size is not None, folded)
     return ParallelLayout(world, dp, tp, cp, ep, ("hf_tp_plan" if _tp_rule(hf_model_type) == "hf_tp_plan"
@@ -138,7 +140,8 @@ def _tp_support(hf_model_type: str | None, tp: int, dims: Dims | None) -> tuple[
                    "GPT-2's Conv1D layers have no partition rule)")
     if dims is not None:
         if dims.heads % tp:
-            raise ConfigError("parallel_config.model_parallel", f"{tp} must divide num_heads {dims.heads}")
+            raise ConfigError("parallel_config.model_parallel", f"{tp} must divide num_heads {dims.heads}",
+                              fix={"parallel_config.model_parallel": divisor_at_most(dims.heads, tp)})
         if dims.kv_heads % tp and tp % dims.kv_heads:
             raise ConfigError("parallel_config.model_parallel", f"{tp} and the {dims.kv_heads} KV heads: one must "
                               "divide the other (AutoTP splits or replicates whole KV heads)")
@@ -149,13 +152,15 @@ def _check_ulysses(cp: int, dims: Dims) -> None:
     """UlyssesSPAttentionHF's own checks, and the sequence split, as one-line errors before any rank starts."""
     if dims.heads % cp:
         raise ConfigError("parallel_config.context_parallel", f"{cp} must divide num_heads {dims.heads} (Ulysses "
-                          "gives each rank whole heads)")
+                          "gives each rank whole heads)",
+                          fix={"parallel_config.context_parallel": divisor_at_most(dims.heads, cp)})
     if dims.kv_heads % cp and cp % dims.kv_heads:
         raise ConfigError("parallel_config.context_parallel", f"{cp} and the {dims.kv_heads} KV heads: one must "
                           "divide the other (Ulysses splits or replicates whole KV heads)")
     if dims.seq_length % cp:
         raise ConfigError("parallel_config.context_parallel", f"{cp} must divide seq_length {dims.seq_length} "
-                          "(each rank holds seq_length / cp tokens)")
+                          "(each rank holds seq_length / cp tokens)",
+                          fix={"parallel_config.context_parallel": divisor_at_most(dims.seq_length, cp)})
 
 
 def _expert_parallel(ep: int, dims: Dims | None, dp: int, world_given: bool, folded: dict[str, str]) -> int:
@@ -165,12 +170,14 @@ def _expert_parallel(ep: int, dims: Dims | None, dp: int, world_given: bool, fol
     if ep == 1:
         return 1
     if dims.experts % ep:
-        raise ConfigError("parallel_config.expert_parallel", f"{ep} must divide the {dims.experts} routed experts")
+        raise ConfigError("parallel_config.expert_parallel", f"{ep} must divide the {dims.experts} routed experts",
+                          fix={"parallel_config.expert_parallel": divisor_at_most(dims.experts, ep)})
     if dp % ep == 0:
         return ep
     if world_given:
         raise ConfigError("parallel_config.expert_parallel", f"{ep} does not divide the data-parallel degree {dp} "
-                          "(DeepSpeed builds expert-parallel groups inside data parallelism)")
+                          "(DeepSpeed builds expert-parallel groups inside data parallelism)",
+                          fix={"parallel_config.expert_parallel": math.gcd(ep, dp)})
     # mcore spreads experts over TP ranks too (data_parallel 1, expert_parallel 4 in the Qwen3-MoE config);
     # here the degree that fits the default world is used.
     fitted = math.gcd(ep, dp)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, hfdata, layout, mf_defaults, names, pynative, recompute, recompute_ops
+from translators import families, fixes, hfdata, layout, mf_defaults, names, pynative, recompute, recompute_ops
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
@@ -297,6 +297,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         **attention,  # pad_attention_mask, pad_token_id
         "checkpoint_layout": names.checkpoint_layout(tree),
         "mindformers_version": version,
+        "log_line": "graph",  # MFLossMonitor's step line (mf_ds/log_line.py)
     }
     run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
     if pet_config is not None:
@@ -554,13 +555,17 @@ def _check_model_parallel(pc: ParallelConfig, shape: Any) -> None:
         return
     if pc.model_parallel > 1 and shape.num_heads % pc.model_parallel:
         raise ConfigError("parallel_config.model_parallel", f"{pc.model_parallel} must divide "
-                          f"model.model_config num_heads {shape.num_heads}")
+                          f"model.model_config num_heads {shape.num_heads}",
+                          fix={"parallel_config.model_parallel": fixes.divisor_at_most(shape.num_heads,
+                                                                                       pc.model_parallel)})
     if pc.pipeline_stage > 1 and pc.micro_batch_num < pc.pipeline_stage:
         raise ConfigError("parallel_config.micro_batch_num", f"{pc.micro_batch_num} is fewer than pipeline_stage "
-                          f"{pc.pipeline_stage} (MindFormers needs at least one micro batch per stage)")
+                          f"{pc.pipeline_stage} (MindFormers needs at least one micro batch per stage)",
+                          fix={"parallel_config.micro_batch_num": pc.pipeline_stage})
     if pc.pipeline_stage > shape.num_layers + shape.mtp_depth:
         raise ConfigError("parallel_config.pipeline_stage", f"{pc.pipeline_stage} stages for "
-                          f"{shape.num_layers + shape.mtp_depth} layers")
+                          f"{shape.num_layers + shape.mtp_depth} layers", fix={"parallel_config.pipeline_stage": fixes.
+                          divisor_at_most(shape.num_layers + shape.mtp_depth, pc.pipeline_stage)})
 
 
 def _dims(shape: Any, hf_config: dict | None, tree: dict, mcore: bool) -> Dims | None:
@@ -595,7 +600,8 @@ def _check_world(pc: ParallelConfig, parallel: Parallel) -> None:
             raise ConfigError("parallel.dataset_strategy[0]", f"expected [dp, 1], got {show(first)}")
         if first[0] != pc.data_parallel:
             raise ConfigError("parallel.dataset_strategy[0][0]", f"{first[0]} does not match "
-                              f"parallel_config.data_parallel {pc.data_parallel} (MindFormers checks this too)")
+                              f"parallel_config.data_parallel {pc.data_parallel} (MindFormers checks this too)",
+                              fix={"parallel.dataset_strategy": fixes.strategy_for(strategy, pc.data_parallel)})
 
 
 def _check_callbacks(callbacks: dict, moe: dict | None, ledger: Ledger) -> None:

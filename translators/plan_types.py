@@ -332,6 +332,7 @@ class CheckpointLayout:
     use_contiguous_weight_layout_attention: bool = False
     use_interleaved_weight_layout_mlp: bool = True
     use_gmm: bool = False
+    mla_qkv_concat: bool = True
 
 
 @dataclass(frozen=True)
@@ -426,6 +427,9 @@ class Run:
     """LoRA adapters (translators/lora.py); None: every weight trains."""
     evaluation: Evaluation | None = field(default=None, metadata=_OMIT_NONE)
     """do_eval (translators/evaluation.py); None: no evaluation during training."""
+    log_line: str = "graph"
+    """The step line the run prints: `graph` (MindFormers' Trainer, MFLossMonitor: epochs and steps) or `pynative`
+    (the 2.x PyNative trainer, pynative/callback/loss_callback.py: steps, consumed samples; it has no epochs)."""
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,21 @@ def _fixes(plan: dict, deg: memory.Degrees, zero: dict, micro: int, limit: float
     return out
 
 
+def more_ranks(plan: dict, deg: memory.Degrees, zero: dict, micro: int, layers: list, limit: float,
+               ) -> dict | None:
+    """The smallest world (the asked one times 2, 4, ... up to 1024, the same tp / cp / ep, data parallel growing)
+    whose peak fits `limit`, as the YAML stands, else with ZeRO-3 (where it applies), full recompute and micro batch
+    1; with its peak. None when none does (what ZeRO does not shard, the activations, stays)."""
+    strongest = ({**zero, "stage": 3} if deg.ep == 1 else zero, 1, _recompute_all(layers, "full"))
+    for z, mb, lay, changes in ((zero, micro, layers, ""), (*strongest, "ZeRO-3, full recompute, micro batch 1")):
+        for k in (2 ** i for i in range(1, 11)):
+            wider = memory.Degrees(deg.world * k, deg.dp * k, deg.tp, deg.cp, deg.ep)
+            peak = _budget(plan, wider, z, mb, lay)["peak"]
+            if peak <= limit:
+                return {"world_size": deg.world * k, "peak": peak, "with": changes}
+    return None
+
+
 def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None,
                   rename: Callable[[str], str | None] | None = None) -> dict:
     """The layout report for the Plan's world size (raw_pc: the YAML's parallel_config, for what was folded).
@@ -238,6 +253,9 @@ def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None,
                 fixes = [{**fix, "set": [rename(s) for s in fix["set"]]} for fix in fixes]
                 fixes = [fix for fix in fixes if None not in fix["set"]]
             report["memory"]["what_if"] = fixes
+            if not any(f["fits"] for f in fixes):
+                report["memory"]["more_ranks"] = more_ranks(plan, deg, zero, run["micro_batch_size"], plan["layers"],
+                                                            0.9 * gpu_memory)
     return report
 
 
@@ -277,7 +295,8 @@ def render(r: dict) -> list[str]:
             f"batch: micro {data['micro_batch']} x accumulation {data['accumulation']} x data parallel "
             f"{data['shards']} = {data['global_batch']} (MindFormers' global batch: {data['mindformers_global_batch']}"
             f"{', kept' if data['global_batch'] == data['mindformers_global_batch'] else ', NOT kept'}), "
-            f"seq_length {data['seq_length']}", "", "checks:"]
+            f"seq_length {data['seq_length']}"] + ([f"  {data['planned']}"] if "planned" in data else []) + [
+            "", "checks:"]
     out += [f"  {'ok ' if c['ok'] else 'BAD'} {c['what']:<20} {c['detail']}" for c in r["checks"]]
     out += ["", f"memory per device ({mem['dtype']}, ZeRO-{mem['zero_stage']}, "
             f"{mem['local_parameters'] / 1e9:.2f} B parameters computed per rank):"]
@@ -310,5 +329,11 @@ def render(r: dict) -> list[str]:
                     s for s in first["set"] if not s.startswith("--"))
                     + "".join(f" {s}" for s in first["set"] if s.startswith("--")))
             else:
-                out.append("  no single change fits: more ranks (--world-size) or a larger device")
+                wider = mem.get("more_ranks")
+                out.append("  no single change fits: " + (
+                    f"more ranks (--world-size {wider['world_size']}"
+                    + (f" with {wider['with']}" if wider["with"] else "")
+                    + f": peak {wider['peak'] / memory.GiB:.1f} GiB) "
+                    "or a larger device" if wider else "a larger device (more ranks, up to 1024 times these, do not "
+                    "bring the peak within 90%: the activations stay)"))
     return out

@@ -31,6 +31,7 @@ from translators import pynative_account as account
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.data import parse_data
 from translators.errors import ConfigError, show
+from translators.fixes import batch_fit
 from translators.lora import parse_lora_config
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
@@ -150,7 +151,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     elif deg.global_batch % (micro * lay.data_parallel):
         raise ConfigError("--world-size", f"MindFormers' global batch {deg.global_batch} is not a multiple of "
                           f"local_batch_size {micro} x {lay.data_parallel} data-parallel ranks here",
-                          "choose a world size that divides it, or set --gradient_accumulation_steps")
+                          *batch_fit(deg.global_batch, micro * lay.data_parallel))
     else:
         ga = deg.global_batch // (micro * lay.data_parallel)
     global_batch = micro * ga * lay.data_parallel
@@ -250,7 +251,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         "ignore_data_skip": False,
         "deterministic": cfg["training"]["deterministic"],
         "print_separate_loss": True,
-        "model_name": cfg["checkpoint"]["prefix"] or family.name,
+        "model_name": family.name,  # the model's name (the layout's title); checkpoint.prefix names the files
+        "log_line": "pynative",
         "family": family.name,
         "layer_style": family.layer_style,
         "tokenizer_dir": extra.tokenizer_dir,
@@ -261,7 +263,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         **attention,
         "checkpoint_layout": {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,
                               "use_contiguous_weight_layout_attention": False,
-                              "use_interleaved_weight_layout_mlp": True, "use_gmm": False},
+                              "use_interleaved_weight_layout_mlp": True, "use_gmm": False,
+                              "mla_qkv_concat": (tree.get("model") or {}).get("mla_qkv_concat") is not False},
         "mindformers_version": version,
     }
     run["trailing_pads_inert"] = trailing_pads_inert(run, moe)

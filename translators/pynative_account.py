@@ -377,7 +377,7 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         ("dropped", "enable_save is false"),
         "save_interleaved_steps": ("runtime", "run.callbacks.checkpoint.save_checkpoint_steps") if c["enable_save"]
         else ("dropped", "enable_save is false"),
-        "prefix": ("runtime", "run.callbacks.checkpoint.prefix and run.model_name"),
+        "prefix": ("runtime", "run.callbacks.checkpoint.prefix"),
         "no_save_optim": ("differs", "true: mf-ds' checkpoints always hold the optimizer state (a resume needs it)")
         if c["no_save_optim"] else ("dropped", "false: mf-ds' checkpoints hold the optimizer state, as asked"),
         "async_save": ("dropped", "checkpoints are written synchronously (never left half-written)"),

@@ -17,6 +17,7 @@ from typing import Any
 
 from translators import recompute_ops
 from translators.errors import ConfigError, join, show
+from translators.fixes import global_fit
 from translators.notes import Ledger
 
 _LAYER_SPEC = re.compile(r"^(\d+)(?:-(\d+))?$")  # activation_checkpoint.py _LAYER_ID_SPEC_PATTERN
@@ -81,12 +82,12 @@ def degrees(cfg: dict, version: str, world_size: int | None, ledger: Ledger) -> 
         if dp * local > global_:
             raise ConfigError("training.global_batch_size", f"{global_} is smaller than data_parallel {dp} x "
                               f"local_batch_size {local} (MindFormers 2.0.0: \"The product of data_parallel and "
-                              "local_batch_size exceeds global_batch_size\")")
+                              "local_batch_size exceeds global_batch_size\")", *global_fit(global_, dp * local))
         ga = global_ // (dp * local)  # 2.0.0 floors: the run takes ga x dp x local samples a step
     else:
         if global_ % (dp * local):
             raise ConfigError("training.global_batch_size", f"{global_} must be divisible by data_parallel {dp} x "
-                              f"local_batch_size {local} (MindFormers refuses it)")
+                              f"local_batch_size {local} (MindFormers refuses it)", *global_fit(global_, dp * local))
         ga = global_ // (dp * local)
     return Degrees(world, dp, dp_shard, replicate, tp, cp, pp, ep, ga, ga * dp * local)
 

@@ -29,11 +29,14 @@ def write_metrics(path, moe: bool, estimate: bool = True, steps: int = 10) -> li
 def test_plots_follow_the_metrics(tmp_path, moe):
     rows = write_metrics(tmp_path / "metrics.jsonl", moe)
     plotted = plot_run(tmp_path)
-    expected = {"loss.png", "throughput.png"} | ({"drop_rate.png", "expert_load.png"} if moe else set())
+    expected = {"loss.png", "throughput.png", "grad_norm.png"} | ({"drop_rate.png", "expert_load.png"} if moe
+                                                                 else set())
     assert set(plotted) == expected
     assert plotted["loss.png"]["loss"] == [r["loss"] for r in rows]
     assert plotted["loss.png"]["lr"] == [r["lr"] for r in rows]
     assert plotted["throughput.png"]["tokens_per_s"] == [r["tokens_per_s"] for r in rows]
+    assert plotted["throughput.png"]["ylim"][0] == 0  # rates of 1001-1010 drawn from 0, not from 1001
+    assert plotted["grad_norm.png"]["grad_norm"] == [r["grad_norm"] for r in rows]
     if moe:
         assert plotted["drop_rate.png"]["drop_rate"]["3"] == [r["moe"]["3"]["drop_rate"] for r in rows]
         assert plotted["expert_load.png"]["layers"] == ["1", "3"]
@@ -67,3 +70,21 @@ def test_cli_errors(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1}\nnot json\n')
     assert main([str(tmp_path)]) == 2
     assert "metrics.jsonl:2: not JSON" in capsys.readouterr().err
+
+
+def test_a_resume_is_marked(tmp_path):
+    """The monitor marks the first row after a resume; every plot over steps draws it (issue 33 item 14)."""
+    from mf_ds.monitor import Monitor
+
+    rows = write_metrics(tmp_path / "metrics.jsonl", moe=False, steps=6)
+    monitor = Monitor(tmp_path, resume_step=4)  # a resume from step 4: rows 5 and 6 are dropped, then written again
+    for row in rows[4:]:
+        monitor.record(row)
+    written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in written] == [1, 2, 3, 4, 5, 6]
+    assert [r.get("resumed_from") for r in written] == [None, None, None, None, 4, None]
+    plotted = monitor.close()
+    assert "grad_norm.png" in plotted
+    drawn = plot_run(tmp_path)
+    assert drawn["loss.png"]["resumes"] == drawn["throughput.png"]["resumes"] == drawn["grad_norm.png"]["resumes"] \
+        == [5]

@@ -19,12 +19,15 @@ MF = ROOT / "tests" / "fixtures" / "mindformers"
 def test_checkpoint_layout_defaults_and_yaml_values():
     assert names.checkpoint_layout({}) == {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,
                                            "use_contiguous_weight_layout_attention": False,
-                                           "use_interleaved_weight_layout_mlp": True, "use_gmm": False}
+                                           "use_interleaved_weight_layout_mlp": True, "mla_qkv_concat": True,
+                                           "use_gmm": False}
     tree = {"model": {"model_config": {"qkv_concat": True, "use_contiguous_weight_layout_attention": "True",
-                                       "use_interleaved_weight_layout_mlp": False}}, "moe_config": {"use_gmm": True}}
+                                       "use_interleaved_weight_layout_mlp": False, "mla_qkv_concat": False}},
+            "moe_config": {"use_gmm": True}}
     assert names.checkpoint_layout(tree) == {"qkv_concat": True, "mlp_concat": None, "use_rearrange_rope": False,
                                              "use_contiguous_weight_layout_attention": True,
-                                             "use_interleaved_weight_layout_mlp": False, "use_gmm": True}
+                                             "use_interleaved_weight_layout_mlp": False, "mla_qkv_concat": False,
+                                             "use_gmm": True}
 
 
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="needs ../shared (the reference corpus)")

@@ -88,8 +88,9 @@ def test_tiny_config_layout_and_bad_input(capsys):
     assert states["parameters"] == 4 * report["parameters"] == 2 * states["master"]
     code, _, err = _layout(capsys, CONFIGS / "tiny_llama.yaml", "--world-size", 2, "--gpu-memory", "lots")
     assert code == 2 and err.strip().splitlines() == [err.strip()] and "--gpu-memory" in err
-    code, _, err = _layout(capsys, CONFIGS / "tiny_llama.yaml", "--world-size", 3)
-    assert code == 2 and err.count("\n") == 1 and "--world-size" in err
+    # a global batch 3 ranks cannot reach is planned at the nearest one, said (issue 33 item 9)
+    code, out, err = _layout(capsys, CONFIGS / "tiny_llama.yaml", "--world-size", 3)
+    assert code == 0 and "planned the nearest: --gradient_accumulation_steps" in out
 
 
 def test_parse_size():

@@ -232,5 +232,6 @@ RECORDS = (
                                       moe_block="Qwen3MoeSparseMoeBlock")),
     FamilyRecord("deepseek_v3", "deepseek_v3", "mcore", True, model_types=("deepseek_v3",),
                  architectures=("DeepseekV3ForCausalLM",), tp=parts.MLA + parts.MLP,
+                 weights=Weights(names.MCORE_MLA, experts=names.MCORE_EXPERTS),
                  memory_defaults=DEEPSEEK_V3_MEMORY, runtime=DEEPSEEK_V3_RUNTIME),
 )
