@@ -1,6 +1,7 @@
-"""Refusals that need no model come before the model is built (mf_ds/startup.refusal, called first by mf_ds/loop.py
-and mf_ds/hf.py; the data set first in mf_ds/model.prepare): fp16 on a machine without a GPU, a data path that is
-not there (issue 33 item 12). Each run replaces the model build with an exit that says it happened, so a refusal that comes late fails the test."""
+"""Refusals that need no model come before the model is built (mf_ds/startup.refusal, called first by mf_ds/loop.py and
+mf_ds/hf.py; the data set first in mf_ds/model.prepare): fp16 on a machine without a GPU, a data path that is not
+there (issue 33 item 12). Each run replaces the model build with an exit that says it happened, so a refusal that
+comes late fails the test."""
 
 from __future__ import annotations
 
