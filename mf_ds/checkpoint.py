@@ -339,6 +339,7 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
         fault_point("save.latest", step)
         old = final.with_name(final.name + durable.REPLACED)
         if final.exists():  # the same step saved again (a run restarted from an earlier checkpoint): the old one
+            shutil.rmtree(old, ignore_errors=True)  # (a stale copy: `final` is whole)
             os.replace(final, old)  # is set aside, never removed before the new one is in place
             fault_point("save.aside", step)
         os.replace(tmp, final)

@@ -349,10 +349,10 @@ def write(root: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tensor]], 
                        f"{iteration} there would move its tracker back: write into another directory")
     final = root / f"iteration_{iteration:08d}"
     tmp = final.with_name(final.name + durable.TMP)
+    model = {name: t.contiguous() for name, t in tensors}  # every tensor built (and checked) before a file is made
     if tmp.exists():
         shutil.rmtree(tmp)  # left by an interrupted save
     tmp.mkdir(parents=True)
-    model = {name: t.contiguous() for name, t in tensors}
     save_file(model, str(tmp / "model-0000000-0000001.safetensors"), metadata={"format": "ms"})
     fault_point("save2.model", iteration)
     if optimizer is not None:
@@ -368,6 +368,7 @@ def write(root: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tensor]], 
     fault_point("save2.tracker", iteration)
     old = final.with_name(final.name + durable.REPLACED)
     if final.exists():  # the same iteration saved again: the old one stays until the new one is in place
+        shutil.rmtree(old, ignore_errors=True)  # (a stale copy: `final` is whole)
         os.replace(final, old)
         fault_point("save2.aside", iteration)
     os.replace(tmp, final)
