@@ -118,7 +118,8 @@ def _run(out: Path, kill: Kill | None, resume: bool) -> Run:
         proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=300)
     complete, damaged = _newest_complete(out / "checkpoint")
-    return Run(kill, proc.returncode, log.read_text(), complete, damaged, _named(out / "checkpoint"))
+    return Run(kill, proc.returncode, log.read_text(), complete=complete, damaged=damaged,
+               named=_named(out / "checkpoint"))
 
 
 def _named(root: Path) -> int | None:
