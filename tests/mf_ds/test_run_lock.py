@@ -137,12 +137,16 @@ def _checkpoint2_kill_and_lost_tracker(base: Path) -> dict:
     killed = _finish(out, *sets, env={"MF_DS_TEST_KILL_AT": "save2.tracker@4"})
     root = out / "checkpoint"
     state = sorted(p.name for p in root.iterdir())
-    resumed = _finish(out, "--resume_training", *sets)
+    tmp = root / "iteration_00000004.tmp"
+    files = {p.relative_to(tmp): (p.stat().st_ino, p.stat().st_mtime_ns) for p in tmp.rglob("*")}
+    resumed = _finish(out, "--resume_training", *sets)  # at its last step: completes iteration 4, trains nothing
+    final = root / "iteration_00000004"
+    kept = {p.relative_to(final): (p.stat().st_ino, p.stat().st_mtime_ns) for p in final.rglob("*")} == files
     (root / checkpoint2.TRACKER).unlink()
     lost = _finish(out, "--resume_training", "--max_steps", "6", *_callbacks(2, legacy=False))
     fresh = _finish(out, "--max_steps", "6", *_callbacks(2, legacy=False))
     return {"root": root, "killed": killed, "state": state, "resumed": resumed, "lost": lost, "fresh": fresh,
-            "rows": _rows(out)}
+            "rows": _rows(out), "kept": kept}
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +189,7 @@ def test_checkpoint2_kill_between_tracker_and_rename_resumes_from_it(runs):
     assert code == 0, err[-3000:]
     assert f"{r['root'] / 'iteration_00000004'}: completed from iteration_00000004.tmp/" in err
     assert "(Checkpoint 2.0: weights, optimizer state, LR schedule) at step 4" in err
+    assert r["kept"], "the iteration resumed from at the last step was written again"
 
 
 def test_checkpoint2_root_without_its_tracker_is_refused_not_restarted(runs):
