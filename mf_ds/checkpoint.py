@@ -8,10 +8,12 @@ Layout of `<output_dir>/checkpoint/`:
         trainer_state.json               step, consumed micro batches: it marks the checkpoint complete
         checksums.json                   size and sha256 of every other file, written last
     latest                       the name of the newest checkpoint (a name in this directory, nothing else)
-A checkpoint is written into `<name>.tmp/`; `latest` then names it and the directory is renamed into place, so a
-crash at any moment leaves every earlier checkpoint intact and `<name>` either complete or absent. Resume takes
-`latest` when it names a complete checkpoint, else the complete one with the highest step. A checkpoint whose
-files no longer match checksums.json (truncated, bit-flipped, missing) is refused with the file named: loading
+A checkpoint is written into `<name>.tmp/` and fsynced; `latest` then names it and the directory is renamed into
+place (a checkpoint of the same step saved again is first set aside as `<name>.replaced/`, and removed only once the
+new one is in place), so a crash at any moment leaves every earlier checkpoint intact and `<name>` either complete or
+absent; `mf_ds/durable.py` `recover`, at the next run's start, finishes a save cut short after `latest` named it.
+Resume takes `latest` when it names a complete checkpoint, else the complete one with the highest step. A checkpoint
+whose files no longer match checksums.json (truncated, bit-flipped, missing) is refused with the file named: loading
 a damaged optimizer state would not fail, it would train on garbage (torch.load checks no CRC).
 
 What is trusted on resume (issue 23). Nothing in a checkpoint can run code: mf-ds writes JSON and safetensors
@@ -24,8 +26,9 @@ checkpoint whose files do not match it, and one without it unless the caller tru
 
 Test-only fault injection: `MF_DS_TEST_KILL_AT=<point>@<step>` makes the process SIGKILL itself when it reaches
 `fault_point(<point>, <step>)` (points: step.backward, step.update, step.record in loop.py; save.engine,
-save.weights, save.manifest, save.state, save.latest, save.rename and load.engine here). tests/mf_ds/test_kill.py
-uses it to land a kill exactly inside a save; unset, it costs one dictionary lookup.
+save.weights, save.manifest, save.state, save.latest, save.aside, save.rename and load.engine here; save2.* in
+checkpoint2.py). tests/mf_ds/test_kill.py and test_durable.py use it to land a kill exactly inside a save; unset, it
+costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from mf_ds import durable
 
 STATE = "trainer_state.json"
 CHECKSUMS = "checksums.json"
@@ -125,7 +130,7 @@ def _load_rng(path: Path) -> None:
     if (path / RNG).is_file():
         try:
             state = json.loads((path / RNG).read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise CheckpointError(path / RNG, f"unreadable ({type(exc).__name__}: {exc})") from None
         where = path / RNG
     elif (path / LEGACY_RNG).is_file():
@@ -252,7 +257,7 @@ def verify(directory: Path, only: set[str] | None = None, required: bool = False
         files = json.loads(listing.read_text())["files"]
         entries = sorted((name, files[name]["size"], files[name]["sha256"]) for name in files
                          if only is None or name in only)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return listing, f"unreadable ({type(exc).__name__}: {exc})"
     problems = {}
     if required:
@@ -327,14 +332,20 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
     write_checksums(tmp)  # trainer_state.json included: a changed step is damage like any other
     fault_point("save.manifest", step)
     if _rank() == 0:
-        # `latest` names the checkpoint before it exists: until the rename, resume falls back to the newest
-        # complete one, and after it `latest` is right with no further write.
+        durable.fsync_tree(tmp)  # on disk before anything names it: a power cut after the rename finds it whole
+        # `latest` names the checkpoint before it exists: from here `recover` completes the save (tmp is whole), and
+        # after the rename `latest` is right with no further write.
         _atomic_write(root / LATEST, final.name + "\n")
         fault_point("save.latest", step)
-        if final.exists():
-            shutil.rmtree(final)  # the same step saved again (a run restarted from an earlier checkpoint)
+        old = final.with_name(final.name + durable.REPLACED)
+        if final.exists():  # the same step saved again (a run restarted from an earlier checkpoint): the old one
+            shutil.rmtree(old, ignore_errors=True)  # (a stale copy: `final` is whole)
+            os.replace(final, old)  # is set aside, never removed before the new one is in place
+            fault_point("save.aside", step)
         os.replace(tmp, final)
+        durable.fsync_dir(root)
         fault_point("save.rename", step)
+        shutil.rmtree(old, ignore_errors=True)
         _prune(root, prefix, keep, final)
     _barrier()
     return final
@@ -379,9 +390,18 @@ def latest(root: Path) -> Path | None:
                                   "only checkpoints inside its checkpoint directory")
         candidate = root / name
         if name and (candidate / STATE).is_file():
-            return candidate
+            return _own(root, candidate)
     done = complete(root)
-    return max(done, key=_step) if done else None
+    return _own(root, max(done, key=_step)) if done else None
+
+
+def _own(root: Path, path: Path) -> Path:
+    """`path`, a checkpoint folder of `root`, unless it is a link to a folder elsewhere (refused as `latest`
+    naming a path is: a resume reads only the run's own checkpoints)."""
+    if path.is_symlink() or path.resolve().parent != root.resolve():
+        raise CheckpointError(path, f"is a link to {path.resolve()}, outside {root}; a resume reads only "
+                              "checkpoints inside its checkpoint directory")
+    return path
 
 
 def check_hf_checkpoint(path: Path, trust: bool = False) -> None:
@@ -417,7 +437,7 @@ def load(engine: Any, path: Path, trust: bool = False) -> dict[str, Any]:
     try:
         state = json.loads(state_file.read_text())
         step = state["step"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise CheckpointError(state_file, f"unreadable ({type(exc).__name__}: {exc})") from None
     if not isinstance(step, int) or step < 0:
         raise CheckpointError(state_file, f"step {step!r} is not a step count")

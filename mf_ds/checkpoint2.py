@@ -31,12 +31,14 @@ import json
 import math
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from mf_ds import durable
 from mf_ds.errors import RunError
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -49,6 +51,17 @@ _DTYPES = {"Float32": "F32", "Float16": "F16", "BFloat16": "BF16", "Float64": "F
            "Int16": "I16", "Int32": "I32", "Int64": "I64", "Bool": "BOOL"}
 _TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64, "I8": torch.int8,
           "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
+
+
+def read_json(file: Path, what: str = "JSON") -> object:
+    """A checkpoint's JSON file, or one RunError naming it. json.loads recurses once per nesting level: a file
+    nested 100k deep raised RecursionError, which is refused here like any other malformed file."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise RunError(f"{file}: not {what} ({type(exc).__name__}: {exc})") from None
+    except RecursionError:
+        raise RunError(f"{file}: not {what} (nested too deeply)") from None
 
 
 def iteration_dir(path: Path) -> Path:
@@ -67,6 +80,9 @@ def iteration_dir(path: Path) -> Path:
     found = path / f"iteration_{iteration:08d}"
     if not found.is_dir():
         raise RunError(f"{tracker}: names iteration {iteration}, but {found.name}/ does not exist")
+    if found.is_symlink() or found.resolve().parent != path.resolve():
+        raise RunError(f"{found}: a link to {found.resolve()}, outside {path}; a checkpoint's iterations are its own "
+                       "folders (a file linked out is refused the same way)")
     return found
 
 
@@ -185,10 +201,7 @@ class Checkpoint2:
         file = self.directory / COMMON
         if not file.is_file():
             return {}
-        try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise RunError(f"{file}: not JSON ({exc})") from None
+        data = read_json(file)
         if not isinstance(data, dict):
             raise RunError(f"{file}: not a mapping")
         return data
@@ -224,8 +237,8 @@ class Checkpoint2:
         return entries
 
     def _from_metadata(self, meta: Path) -> dict[str, Entry]:
+        data = read_json(meta, "Checkpoint 2.0 metadata")
         try:
-            data = json.loads(meta.read_text(encoding="utf-8"))
             tensors, storage = data["state_dict_metadata"], data["storage_data"]
             if not isinstance(tensors, dict) or not isinstance(storage, dict):
                 raise TypeError("state_dict_metadata and storage_data must be mappings")
@@ -320,25 +333,55 @@ def write(root: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tensor]], 
           common: dict | None = None, optimizer: Iterator[tuple[str, torch.Tensor]] | None = None) -> int:
     """A one-card Checkpoint 2.0 as MindFormers' save_checkpoint writes it (model-0000000-0000001.safetensors with
     {"format": "ms"}, opt-... when optimizer state is given, common.json, no metadata.json, then the tracker);
-    MindFormers' load_checkpoint reshards it onto any layout. Returns the number of model tensors."""
+    MindFormers' load_checkpoint reshards it onto any layout. Returns the number of model tensors.
+
+    Written as mf_ds/durable.py says: whole into iteration_N.tmp/ and fsynced, the tracker then names it, then the
+    rename (an earlier iteration_N set aside until the new one is in place). A root whose tracker names a later
+    iteration holds a run's checkpoints: writing there would move its tracker back, and is refused."""
     from safetensors.torch import save_file
 
+    from mf_ds.checkpoint import fault_point
+
     root = Path(root)
-    directory = root / f"iteration_{iteration:08d}"
-    directory.mkdir(parents=True, exist_ok=True)
-    model = {name: t.contiguous() for name, t in tensors}
-    save_file(model, str(directory / "model-0000000-0000001.safetensors"), metadata={"format": "ms"})
+    newer = _tracked(root)
+    if newer is not None and newer > iteration:
+        raise RunError(f"{root}: holds a run's checkpoints ({TRACKER} names iteration {newer}); writing iteration "
+                       f"{iteration} there would move its tracker back: write into another directory")
+    final = root / f"iteration_{iteration:08d}"
+    tmp = final.with_name(final.name + durable.TMP)
+    model = {name: t.contiguous() for name, t in tensors}  # every tensor built (and checked) before a file is made
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by an interrupted save
+    tmp.mkdir(parents=True)
+    save_file(model, str(tmp / "model-0000000-0000001.safetensors"), metadata={"format": "ms"})
+    fault_point("save2.model", iteration)
     if optimizer is not None:
-        save_file({name: t.contiguous() for name, t in optimizer}, str(directory / "opt-0000000-0000001.safetensors"),
+        save_file({name: t.contiguous() for name, t in optimizer}, str(tmp / "opt-0000000-0000001.safetensors"),
                   metadata={"format": "ms"})
+        fault_point("save2.optimizer", iteration)
     info = {"epoch_num": 0, "step_num": iteration, "global_step": iteration, "loss_scale": 1.0,
             "global_batch_size": None, "ckpt_status": 0, **(common or {})}
-    _atomic(directory / COMMON, json.dumps(info, indent=4))
-    _atomic(root / TRACKER, str(iteration))  # last: the iteration is complete (iter_finalize_func)
+    durable.atomic_write(tmp / COMMON, json.dumps(info, indent=4))  # last into tmp/: it marks it whole
+    durable.fsync_tree(tmp)
+    fault_point("save2.common", iteration)
+    durable.atomic_write(root / TRACKER, str(iteration))  # names it before the rename: durable.recover completes it
+    fault_point("save2.tracker", iteration)
+    old = final.with_name(final.name + durable.REPLACED)
+    if final.exists():  # the same iteration saved again: the old one stays until the new one is in place
+        shutil.rmtree(old, ignore_errors=True)  # (a stale copy: `final` is whole)
+        os.replace(final, old)
+        fault_point("save2.aside", iteration)
+    os.replace(tmp, final)
+    durable.fsync_dir(root)
+    fault_point("save2.rename", iteration)
+    shutil.rmtree(old, ignore_errors=True)
     return len(model)
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def _tracked(root: Path) -> int | None:
+    """The iteration `root`'s tracker names, if it names one."""
+    try:
+        text = (root / TRACKER).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and len(text) <= 8 else None

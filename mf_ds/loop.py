@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, checkpoint2, optim_state, reporters, resume2, startup
+from mf_ds import checkpoint, checkpoint2, optim_state, reporters, resume2, run_lock, startup
 from mf_ds import loss_model as fused_loss
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
@@ -150,6 +150,7 @@ class Trainer:
         for path, what in ((self.output_dir, "output_dir"), (self.ckpt_root, "the checkpoint directory")):
             if path.exists() and not path.is_dir():
                 raise RunError(f"{path}: {what} is a file; it must be a directory (or not exist yet)")
+        self.lock = run_lock.acquire(self.output_dir, self.ckpt_root)  # one run per directory; repairs a cut save
         self.trust_checkpoint = trust_checkpoint
         self.checkpoint2 = bool(self.ckpt) and not self.ckpt.use_legacy_format  # saves as Checkpoint 2.0
         weights = load_checkpoint or run.load_checkpoint
@@ -318,6 +319,7 @@ class Trainer:
     def fit(self, should_stop: Callable[[], bool] = lambda: False) -> list[float]:
         """Train to total_steps; returns the losses of the steps run here."""
         losses = []
+        start_step = self.step  # the checkpoint resumed from is never saved again in place
         data = self._batches()
         tokens_per_step = self.run.global_batch_size * self.run.seq_length
         nan_losses = 0  # consecutive steps with a non-finite loss
@@ -396,7 +398,7 @@ class Trainer:
                 break
         else:
             # the last step, unless just saved; save_checkpoint_steps 0 saves nothing by steps, nor at the end
-            if self._save_every() and self.step % self._save_every():
+            if self._save_every() and self.step % self._save_every() and self.step > start_step:
                 self.save()
             if self.plan.run.lora is not None:  # the adapters (PEFT) and the merged model (mf_ds/lora.py)
                 from mf_ds import lora_export
@@ -537,3 +539,4 @@ class Trainer:
             _log(f"mf-ds: report: {self.output_dir / 'report' / name}")
         if dist.is_initialized():
             dist.barrier()
+        self.lock.release()

@@ -130,6 +130,9 @@ def read(ckpt, model: torch.nn.Module, family: str, layout, keys: dict[str, tupl
     if step < 0:
         raise Unmapped(f"{where}: global_step {step} is negative")
     consumed, saved_gbs = common.get("consumed_samples"), common.get("global_batch_size")
+    if isinstance(saved_gbs, int) and not isinstance(saved_gbs, bool) and saved_gbs > MAX_COUNT:
+        raise Unmapped(f"{where / 'common.json'}: global_batch_size {str(saved_gbs)[:40]}... is not a batch size "
+                       f"(at most {MAX_COUNT})")
     if type(consumed) is int and type(saved_gbs) is int and consumed != trainer_step * saved_gbs:
         notes.append(f"consumed_samples {consumed} is not global_step x global_batch_size ({trainer_step} x "
                      f"{saved_gbs}; a dynamic batch size?): mf-ds continues the data at step {trainer_step}")
@@ -196,11 +199,16 @@ def _counter(ckpt) -> int:
     return int(ckpt.tensor("global_step").reshape(-1)[0])
 
 
+# MindSpore keeps global_step and the batch size as int32; a larger number in common.json is damage, and a 400-digit
+# one overflowed the float rescaling below.
+MAX_COUNT = 2**31 - 1
+
+
 def _int(value, where, what: str) -> int | None:
     if value is None:
         return None
-    if type(value) is not int or value < 0:
-        raise Unmapped(f"{where}: {what} {str(value)[:40]!r} is not a step count")
+    if type(value) is not int or not 0 <= value <= MAX_COUNT:
+        raise Unmapped(f"{where}: {what} {str(value)[:40]!r} is not a step count (an int from 0 to {MAX_COUNT})")
     return value
 
 

@@ -71,8 +71,10 @@ def mindformers_tensors(state: dict[str, torch.Tensor], model: torch.nn.Module, 
 
 
 def is_root(path: Path) -> bool:
-    """A directory this run saved Checkpoint 2.0 into (its tracker exists)."""
-    return (path / checkpoint2.TRACKER).is_file()
+    """A directory a run saved Checkpoint 2.0 into: its tracker exists, or an iteration_N/ folder does (a root
+    whose tracker is gone is refused on resume, as mf-convert refuses it, rather than trained over from step 0)."""
+    return (path / checkpoint2.TRACKER).is_file() or (path.is_dir() and any(
+        _ITERATION.match(p.name) and p.is_dir() for p in path.iterdir()))
 
 
 def resume(engine: Any, path: Path, model_keys: dict[str, tuple[str, ...]], family: str, layout,

@@ -63,13 +63,26 @@ class _Loader(yaml.SafeLoader):
         """Refuse a document whose aliases expand past MAX_NODES before building it (PyYAML shares an aliased
         object, but every walk of the result sees it once per alias)."""
         sizes: dict[int, int] = {}
+        walking: set[int] = set()  # the nodes above this one: an alias of one of them is a cycle
 
-        def size(n: yaml.Node) -> int:
+        def size(n: yaml.Node, path: str = "") -> int:
+            if id(n) in walking:
+                # PyYAML would build a self-containing dict, on which every walk of the tree (the notes, the
+                # model section, MindFormers' own MindFormerConfig) recurses without end.
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{path or 'the document'}: an alias of a node that contains it (a cycle); "
+                    "write the values out", n.start_mark)
             if id(n) not in sizes:
-                sizes[id(n)] = 1  # a recursive alias counts once here; PyYAML builds it as a cycle
-                children = n.value if isinstance(n, yaml.SequenceNode) else \
-                    [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else []
-                sizes[id(n)] = min(MAX_NODES + 1, 1 + sum(size(c) for c in children))
+                walking.add(id(n))
+                if isinstance(n, yaml.SequenceNode):
+                    children = [(c, join(path, i)) for i, c in enumerate(n.value)]
+                elif isinstance(n, yaml.MappingNode):
+                    children = [(c, join(path, k.value if isinstance(k, yaml.ScalarNode) else "?"))
+                                for k, v in n.value for c in (k, v)]
+                else:
+                    children = []
+                sizes[id(n)] = min(MAX_NODES + 1, 1 + sum(size(c, p) for c, p in children))
+                walking.discard(id(n))
             return sizes[id(n)]
 
         if size(node) > MAX_NODES:

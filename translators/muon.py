@@ -34,6 +34,7 @@ arguments). It takes no eps, ns_coefficients or adamw_include (its filter is the
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from translators.errors import ConfigError
@@ -74,6 +75,10 @@ def _number(section: dict, key: str, low: float | None = None) -> float:
     return float(value)
 
 
+# More Newton-Schulz steps than this is a typo, not a schedule (MindFormers' YAMLs use 5 to 10).
+MAX_NS_STEPS = 100
+
+
 def schedule(coefficients: Any, ns_steps: Any) -> list[list[float]]:
     """Muon._normalize_ns_schedule and _verify_config, with MindFormers' refusals (its words)."""
     path = "optimizer.ns_coefficients"
@@ -85,6 +90,10 @@ def schedule(coefficients: Any, ns_steps: Any) -> list[list[float]]:
             raise ConfigError(path, f"flat ns_coefficients must have 3 elements, got {coefficients!r}.")
         if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps <= 0:
             raise ConfigError("optimizer.ns_steps", f"ns_steps must be positive, got {ns_steps!r}.")
+        _finite(coefficients, path)
+        if ns_steps > MAX_NS_STEPS:  # checked before the list is built: 1e9 steps would fill memory first
+            raise ConfigError("optimizer.ns_steps", f"{ns_steps} Newton-Schulz steps: more than {MAX_NS_STEPS} is "
+                              "a typo, not a schedule")
         return [[float(v) for v in coefficients] for _ in range(ns_steps)]
     out: list[list[float]] = []
     for i, segment in enumerate(coefficients):
@@ -96,12 +105,21 @@ def schedule(coefficients: Any, ns_steps: Any) -> list[list[float]]:
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in triple):
             raise ConfigError(path, f"segmented ns_coefficients entry {i} must hold a 3-element triple, got "
                               f"{triple!r}.")
-        if isinstance(count, bool) or not isinstance(count, (int, float)) or int(count) <= 0:
+        _finite(triple, f"{path}[{i}][0]")
+        if isinstance(count, bool) or not isinstance(count, (int, float)) or not math.isfinite(count) or \
+                int(count) <= 0:
             raise ConfigError(path, f"segmented ns_coefficients entry {i} count must be positive, got {count!r}.")
+        if len(out) + int(count) > MAX_NS_STEPS:  # before extending: a count of 1e9 would fill memory first
+            raise ConfigError(path, f"segmented ns_coefficients entry {i} count {count!r} makes more than "
+                              f"{MAX_NS_STEPS} Newton-Schulz steps: a typo, not a schedule")
         out.extend([float(v) for v in triple] for _ in range(int(count)))
-    if len(out) > 100:
-        raise ConfigError(path, f"{len(out)} Newton-Schulz steps: more than 100 is a typo, not a schedule")
     return out
+
+
+def _finite(triple: Any, path: str) -> None:
+    """An inf or NaN coefficient turns every Muon update into NaN (MindFormers checks only the shape)."""
+    if not all(math.isfinite(v) for v in triple):
+        raise ConfigError(path, f"Newton-Schulz coefficients must be finite numbers, got {list(triple)!r}")
 
 
 def zero_block(zero: dict[str, Any]) -> dict[str, Any]:

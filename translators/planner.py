@@ -21,6 +21,10 @@ from typing import Any
 from translators import memory
 from translators.errors import ConfigError
 
+# The layout lists every rank of every process group. 2^20 ranks is beyond any DeepSpeed job run so far (the largest
+# published runs use ~10^5 GPUs) and still lists in well under a second; a 2^40 world ran out of memory building them.
+MAX_LAYOUT_WORLD = 2**20
+
 
 def _groups(world: int, tp: int, cp: int, ep: int) -> dict[str, list[list[int]]]:
     m = tp * cp
@@ -210,6 +214,9 @@ def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None,
         raise ConfigError("model.model_config.seq_length", "--layout needs the sequence length for the activations")
     world, tp, cp, ep, dp = (par[k] for k in ("world_size", "tensor_parallel", "context_parallel",
                                                 "expert_parallel", "data_parallel"))
+    if world > MAX_LAYOUT_WORLD:
+        raise ConfigError("--world-size", f"{world:,} ranks: --layout lists every rank's process groups, for worlds of "
+                          f"at most {MAX_LAYOUT_WORLD:,} ranks")
     deg = _degrees(par)
     zero = ds.get("zero_optimization", {"stage": 0})
     budget = _budget(plan, deg, zero, run["micro_batch_size"], plan["layers"])

@@ -222,7 +222,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     callbacks = account.callbacks(cfg, moe, ledger, account.output_dir(tree))
     run = {
         "run_mode": "train",
-        "seed": cfg["training"]["seed"],
+        "seed": account.seed(cfg),
         "output_dir": account.output_dir(tree),
         # MindFormers' PyNative trainer counts steps, not epochs: as many passes over the data as the steps need
         "epochs": steps,

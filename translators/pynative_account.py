@@ -15,6 +15,7 @@ from typing import Any
 from translators.errors import ConfigError, join, show
 from translators.notes import Ledger
 from translators.pynative_trainer import spans
+from translators.schema import MAX_INT
 from translators.sections import MfDs
 
 _PIPELINE = "no pipeline runs here: pipeline_parallel folds into data parallel"
@@ -63,6 +64,15 @@ def max_nan_steps(cfg: dict, tree: dict, extra: Any) -> int:
         return extra.max_nan_steps
     guard = cfg["training"].get("max_consecutive_skipped_steps", 0)
     return guard if guard > 0 else extra.max_nan_steps
+
+
+def seed(cfg: dict) -> int:
+    """run.seed, bounded as graph mode bounds its `seed` (translators/schema.py MAX_INT): TrainConfig checks only
+    that it is an int, and 2^80 reached torch.manual_seed ("Overflow when unpacking long long")."""
+    value = cfg["training"]["seed"]
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_INT:
+        raise ConfigError("training.seed", f"expected an int within +-{MAX_INT}, got {show(value)}")
+    return value
 
 
 def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | None, ledger: Ledger) -> dict:

@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mf_ds import checkpoint
+from mf_ds import checkpoint, run_lock
 from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT
 
 STEPS = 8
@@ -48,6 +48,7 @@ class Kill:
     tmp_step: int | None = None    # SIGKILL from outside as soon as t-step<N>.tmp/ exists
     term_after: int | None = None  # SIGTERM once metrics.jsonl holds this many rows
     expect: int | None = None      # resume step the moment implies; None with tmp_step: whatever was complete
+    completed: int | None = None   # the save `latest` already named, which the next run completes and resumes from
 
 
 CHAIN_A = [
@@ -56,7 +57,7 @@ CHAIN_A = [
     Kill("after the HF weights of save 4", hook="save.weights@4", expect=2),
     Kill("after the checksums of save 4", hook="save.manifest@4", expect=2),
     Kill("after trainer_state.json of save 4", hook="save.state@4", expect=2),
-    Kill("after `latest` names save 4, before its rename", hook="save.latest@4", expect=2),
+    Kill("after `latest` names save 4, before its rename", hook="save.latest@4", expect=2, completed=4),
 ]
 CHAIN_B = [
     Kill("after the rename of save 2, before pruning", hook="save.rename@2", expect=2),
@@ -75,6 +76,7 @@ class Run:
     returncode: int
     stderr: str
     complete: int | None = None  # newest complete checkpoint after the run ended
+    named: int | None = None  # the step of a whole t-step<N>.tmp/ that `latest` names (the next run completes it)
     damaged: list[str] = field(default_factory=list)  # complete checkpoints that no longer verify
 
 
@@ -116,7 +118,16 @@ def _run(out: Path, kill: Kill | None, resume: bool) -> Run:
         proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=300)
     complete, damaged = _newest_complete(out / "checkpoint")
-    return Run(kill, proc.returncode, log.read_text(), complete, damaged)
+    return Run(kill, proc.returncode, log.read_text(), complete=complete, damaged=damaged,
+               named=_named(out / "checkpoint"))
+
+
+def _named(root: Path) -> int | None:
+    """The oracle of mf_ds/durable.py recover: `latest` names t-step<N>, which is absent, and t-step<N>.tmp/ holds
+    checksums.json (written last): that save is complete but for its rename."""
+    name = (root / checkpoint.LATEST).read_text().strip() if (root / checkpoint.LATEST).is_file() else ""
+    whole = name and not (root / name).exists() and (root / f"{name}.tmp" / checkpoint.CHECKSUMS).is_file()
+    return int(name.split("-step")[1]) if whole else None
 
 
 def _chain(out: Path, kills: list[Kill]) -> list[Run]:
@@ -156,7 +167,9 @@ def test_each_kill_resumes_from_the_last_complete_checkpoint(runs, chain, i):
     if successor.kill and successor.kill.hook and successor.kill.hook.startswith("load."):
         return  # killed before it could say where it resumed from; its own successor is checked instead
     root = runs["dirs"][chain] / "checkpoint"
-    expected = f"mf-ds: resumed from {root / f't-step{victim.complete}'} at step {victim.complete}"
+    assert victim.named == kill.completed or kill.completed is None, f"{kill.name}: {victim.named}"
+    step = victim.named or victim.complete  # mf_ds/durable.py recover completes a whole save `latest` names
+    expected = f"mf-ds: resumed from {root / f't-step{step}'} at step {step}"
     assert expected in successor.stderr, f"after '{kill.name}':\n{successor.stderr[-3000:]}"
 
 
@@ -184,7 +197,7 @@ def test_losses_after_the_kills_equal_an_uninterrupted_run(runs, chain):
 
 def test_a_fresh_run_never_overwrites_an_earlier_runs_checkpoints(runs):
     out = runs["dirs"]["ref"]
-    files = [p for p in out.rglob("*") if p.is_file() and p.suffix != ".log"]
+    files = [p for p in out.rglob("*") if p.is_file() and p.suffix != ".log" and p.name != run_lock.LOCK]
     before = {p: p.read_bytes() for p in files}
     proc, log = _start(out, resume=False, env=ENV)
     assert proc.wait(timeout=300) == 2
