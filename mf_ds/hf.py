@@ -351,7 +351,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     # The thread count is set (its share of the cores, mf_ds/threads.py) unless OMP_NUM_THREADS says otherwise.
     from mf_ds.threads import configure
 
-    configure()
+    threads = configure()
+    if threads:
+        report += startup.say([threads], _log)
     prepared = prepare(plan, weights=run.load_checkpoint, max_steps=max_steps,
                        log=lambda line: report.extend(startup.say([line], _log)),
                        full_reason="the HF Trainer path builds the model before TrainingArguments starts "
