@@ -12,7 +12,7 @@ causal_language_model_dataset.py r1.5.0). Here only the data itself matters:
     (legacy models unless input_sliced_sig; mcore models take rows as they are);
   * HFDataLoader: `datasets.load_dataset` and MindFormers' handlers (translators/hfdata.py, mf_ds/data/hfloader.py);
   * another loader: `refused` (the run stops before the model unless --train_dataset_dir / mf_ds.builtin_corpus);
-  * no path at all: the runtime's built-in corpus (documented in the README), with a note.
+  * no path at all: the runtime's built-in corpus (documented in docs/data.md), with a note.
 The pipeline knobs (workers, prefetch, NUMA) have no meaning for a PyTorch DataLoader and are dropped.
 """
 

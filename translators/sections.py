@@ -290,7 +290,7 @@ class LrSchedule(Section):
 
 @dataclass(frozen=True)
 class MfDs(Section):
-    """mf_ds: mf-ds' own settings, for what MindFormers has no key for (README, "The mf_ds section")."""
+    """mf_ds: mf-ds' own settings, for what MindFormers has no key for (docs/translation.md, "The mf_ds section")."""
 
     PATH = "mf_ds"
     STRICT = True

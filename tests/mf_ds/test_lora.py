@@ -268,4 +268,4 @@ def test_what_lora_cannot_place_is_one_line():
     with pytest.raises(RunError, match="matches no Linear layer"):
         targets(model, Lora(style="mcore", target_modules="wq"), plan.weights_family, plan)
     with pytest.raises(RunError, match="no MindFormers weight-name table"):
-        targets(model, Lora(style="pynative", target_modules="x"), "deepseek_v3/mcore")
+        targets(model, Lora(style="pynative", target_modules="x"), "glm4_moe/mcore")

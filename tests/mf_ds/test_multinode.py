@@ -1,5 +1,5 @@
 """Two machines, as far as one allows: two deepspeed launchers on localhost, one node each (`--no_ssh --num_nodes 2
---node_rank i`, the README's recipe), train the losses of one launcher's two ranks (issue 33 item 15)."""
+--node_rank i`, docs/layout.md's recipe), train the losses of one launcher's two ranks (issue 33 item 15)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`mf-translate --layout`: the corpus' Llama2-70B on 64 ranks and DeepSeek-V3-671B on 256 (the README's examples),
+"""`mf-translate --layout`: the corpus' Llama2-70B on 64 ranks and DeepSeek-V3-671B on 256 (docs/layout.md's examples),
 the groups as DeepSpeed builds them, and bad input as one line naming the key."""
 
 from __future__ import annotations
