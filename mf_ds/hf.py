@@ -328,6 +328,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     refusal = context_parallel_refusal(plan)
     if refusal:
         raise RunError(refusal)
+    if (plan.parallel.pipeline_stage or 1) > 1:  # mf_ds/pipeline.py runs DeepSpeed's PipelineEngine, not HF's
+        raise RunError(f"parallel_config.pipeline_stage {plan.parallel.pipeline_stage}: the HF Trainer path has no "
+                       "pipeline; train with mf_ds/train.py, or --set parallel_config.pipeline_stage=1")
     if run.compute_dtype == "float16" and not torch.cuda.is_available():
         raise RunError("model_config.compute_dtype float16 needs a GPU (DeepSpeed's CPU accelerator has no fp16)")
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in

@@ -16,6 +16,7 @@ inside each stage's data-parallel group. docs/DESIGN.md "Pipeline parallelism" s
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -158,10 +159,11 @@ def build(plan: Plan, weights: str | None, log) -> nn.Module:
 
     module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=causal_lm_loss,
                     partition_method="uniform")
-    stage = dist.get_rank() // dp
+    rank = dist.get_rank()
     held = sum(p.numel() for p in module.parameters())
-    log(f"mf-ds: pipeline: stage {stage} of {pp} holds decoder layers "
-        f"{[i for i, s in enumerate(stages) if s == stage]} ({held:,} parameters)")
+    # every rank says what it holds (the proof that no rank built the whole model: tests/mf_ds/test_pipeline.py)
+    print(f"mf-ds: pipeline: rank {rank} (stage {rank // dp} of {pp}) holds decoder layers "
+          f"{[i for i, s in enumerate(stages) if s == rank // dp]} ({held} parameters)", file=sys.stderr, flush=True)
     return module
 
 
@@ -198,17 +200,28 @@ def train_step(trainer, data, poison: bool) -> torch.Tensor:
 
 
 def record_norm(engine) -> None:
-    """The fp32 ZeRO-0 engine clips without keeping the norm (engine.clip_fp32_gradients): keep it (before
-    clipping, over every stage: the grid is the mpu), and skip a step whose gradients hold inf/NaN as the loop's
-    _skippable does. Without clipping the same call runs with max_norm inf: the norm is measured, nothing scaled."""
-    from deepspeed.runtime.utils import clip_grad_norm_
+    """Clipping for the fp32 ZeRO-0 engine by the norm over every stage, kept for the log, and the skip of a step
+    whose gradients hold inf/NaN (as the loop's _skippable).
 
+    DeepSpeed's own fp32 path (engine.clip_fp32_gradients -> runtime/utils.clip_grad_norm_ with the grid as mpu)
+    counts a parameter only on model-parallel rank 0 or when it is a tensor-parallel one; the grid's model-parallel
+    group spans the stages, so every stage but the first drops out of the norm (seen: 1.415 where one rank measures
+    1.862, tests/mf_ds/test_pipeline.py). Here: the squares of this stage's (already data-parallel averaged)
+    gradients summed over the stages, and the coefficient of ZeRO's and DeepSpeed's clipping, max / (norm + 1e-6)."""
     max_norm = engine.gradient_clipping() or math.inf
     engine.gradient_clipping = lambda: max_norm  # _take_model_step calls clip_fp32_gradients when > 0
+    group = engine.grid.get_pipe_parallel_group()
 
     def clip():
-        norm = clip_grad_norm_(parameters=engine.module.parameters(), max_norm=max_norm, mpu=engine.mpu)
-        engine._global_grad_norm = float(norm)
-        engine.optimizer.overflow = not math.isfinite(float(norm))
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else \
+            torch.zeros((), device=engine.device)
+        dist.all_reduce(squares, group=group)
+        norm = float(squares.sqrt())
+        engine._global_grad_norm = norm
+        engine.optimizer.overflow = not math.isfinite(norm)
+        if math.isfinite(norm) and max_norm / (norm + 1e-6) < 1:
+            for g in grads:
+                g.mul_(max_norm / (norm + 1e-6))
 
     engine.clip_fp32_gradients = clip

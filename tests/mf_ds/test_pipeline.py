@@ -1,0 +1,92 @@
+"""Pipeline parallelism (mf_ds/pipeline.py, translators/pipeline.py): the stages MindFormers' LayerSetting assigns,
+each rank holding only its stage, and a pipelined run equal to one rank (losses and global norms, clipping active)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mf_ds.pipeline import refusal
+from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, free_port
+from tests.mf_ds.test_train import LLAMA, metrics
+from translators.plan import translate_file
+
+PIPE = ["parallel_config.data_parallel=1", "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=4"]
+FOUR = ["model.model_config.num_layers=4"]
+PRINT = "callbacks=[{type: MFLossMonitor, per_print_times: 1}]"
+
+
+def plan_of(*overrides: str, config: str = LLAMA, world_size: int | None = None):
+    return translate_file(config, list(overrides), world_size=world_size)
+
+
+def test_layers_carry_layersetting_stages_and_the_note_is_runtime():
+    t = plan_of(*PIPE, *FOUR, "model.model_config.offset=[1, -1]")
+    assert [(x.stage, x.chunk) for x in t.plan.layers] == [(0, 0), (0, 0), (0, 0), (1, 0)]
+    assert t.plan.parallel.pipeline_stage == 2 and t.plan.parallel.data_parallel == 1
+    assert t.plan.deepspeed["train_batch_size"] == 2 * 4  # batch_size x data_parallel x micro_batch_num
+    note = next(n for n in t.plan.notes if n.key == "parallel_config.pipeline_stage")
+    assert note.kind == "runtime" and "PipelineEngine" in note.message
+    # 4 ranks: 2 stages x 2 data-parallel ranks, the same global batch (GA halves)
+    four = plan_of(*PIPE, *FOUR, world_size=4).plan
+    assert (four.parallel.data_parallel, four.deepspeed["gradient_accumulation_steps"]) == (2, 2)
+
+
+def test_what_does_not_compose_folds_or_is_refused():
+    moe = plan_of("parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2",
+                  config=str(CONFIGS / "tiny_qwen3_moe.yaml"))
+    assert moe.plan.parallel.pipeline_stage is None
+    assert "dense models only" in moe.plan.parallel.folded["parallel_config.pipeline_stage"]
+    assert all(x.stage is None for x in moe.plan.layers)
+    base = ["callbacks=[{type: MFLossMonitor}]"]
+    assert refusal(plan_of(*PIPE, *base).plan, resume=False) is None
+    assert "ZeRO-1 at most" in refusal(plan_of(*PIPE, *base, "mf_ds.zero_stage=2").plan, resume=False)
+    assert "CheckpointMonitor" in refusal(plan_of(*PIPE).plan, resume=False)
+    assert "--resume_training" in refusal(plan_of(*PIPE, *base).plan, resume=True)
+    interleaved = plan_of(*PIPE, *FOUR, *base, "model.model_config.pp_interleave_num=2",
+                          "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: 1f1b}").plan
+    assert "interleaved" in refusal(interleaved, resume=False)
+
+
+def _run(out: Path, *sets: str, ranks: int = 1) -> subprocess.CompletedProcess:
+    launcher = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()),
+                str(ROOT / "mf_ds" / "train.py"), "--mf-config", LLAMA]
+    args = ["--output_dir", str(out), "--max_steps", "3", "--load_checkpoint", str(out.parent / "init")]
+    for item in (*FOUR, PRINT, *sets):
+        args += ["--set", item]
+    proc = subprocess.run(launcher + args, cwd=ROOT, env=QUIET_CPU_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.deepspeed
+def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
+    """pp 2 on 2 ranks == 1 rank with the same global batch (8 = 2 x 4 micro batches), fp32, clipping at 1.0
+    active (the norms exceed it): ZeRO-1 with even stages, ZeRO-0 with LayerSetting's uneven offset [1, -1]."""
+    from mf_ds.model import build_model
+
+    model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR).plan)
+    model.save_pretrained(str(tmp_path / "init"))  # the same weights for every run
+    _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4")
+    one = metrics(tmp_path / "one")
+    assert max(m["grad_norm"] for m in one) > 1.0  # max_grad_norm 1.0 clips
+    sizes = {name: p.numel() for name, p in model.named_parameters()}
+    ends = {0: sizes["model.embed_tokens.weight"], 1: sizes["model.norm.weight"] + sizes["lm_head.weight"]}
+    layer = sum(n for name, n in sizes.items() if name.startswith("model.layers.0."))
+    for name, sets, per_stage in (("even", ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]),
+                                  ("uneven", ["mf_ds.zero_stage=0", "model.model_config.offset=[1, -1]"],
+                                   [[0, 1, 2], [3]])):
+        proc = _run(tmp_path / name, *PIPE, *sets, ranks=2)
+        two = metrics(tmp_path / name)
+        assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5), name
+        assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5), name
+        held = {int(r): (eval(layers), int(n)) for r, layers, n in  # noqa: S307 (a list of ints we printed)
+                re.findall(r"rank (\d) \(stage \d of 2\) holds decoder layers (\[[\d, ]*\]) \((\d+) parameters\)",
+                           proc.stderr)}
+        for rank, layers in enumerate(per_stage):
+            assert held[rank] == (layers, ends[rank] + layer * len(layers)), (name, rank)
+        assert sum(n for _, n in held.values()) == sum(sizes.values())
+        assert "Pipeline id list: " + str([s for s, layers in enumerate(per_stage) for _ in layers]) in proc.stderr
