@@ -3,6 +3,7 @@ each rank holding only its stage, and a pipelined run equal to one rank (losses 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -65,7 +66,8 @@ def _run(out: Path, *sets: str, ranks: int = 1) -> subprocess.CompletedProcess:
 @pytest.mark.deepspeed
 def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
     """pp 2 on 2 ranks == 1 rank with the same global batch (8 = 2 x 4 micro batches), fp32, clipping at 1.0
-    active (the norms exceed it): ZeRO-1 with even stages, ZeRO-0 with LayerSetting's uneven offset [1, -1]."""
+    active (the norms exceed it): ZeRO-1 with even stages, ZeRO-0 with LayerSetting's uneven offset [1, -1], and
+    pp 2 x dp 2 on 4 ranks (ZeRO-1 inside each stage's data-parallel group). Each rank holds its stage only."""
     from mf_ds.model import build_model
 
     model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR).plan)
@@ -76,17 +78,20 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
     sizes = {name: p.numel() for name, p in model.named_parameters()}
     ends = {0: sizes["model.embed_tokens.weight"], 1: sizes["model.norm.weight"] + sizes["lm_head.weight"]}
     layer = sum(n for name, n in sizes.items() if name.startswith("model.layers.0."))
-    for name, sets, per_stage in (("even", ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]),
-                                  ("uneven", ["mf_ds.zero_stage=0", "model.model_config.offset=[1, -1]"],
-                                   [[0, 1, 2], [3]])):
-        proc = _run(tmp_path / name, *PIPE, *sets, ranks=2)
+    cases = (("even", 2, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]),
+             ("uneven", 2, ["mf_ds.zero_stage=0", "model.model_config.offset=[1, -1]"], [[0, 1, 2], [3]]),
+             ("pp2xdp2", 4, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]))  # 2 stages x 2 data-parallel ranks, GA 2
+    for name, ranks, sets, per_stage in cases:
+        proc = _run(tmp_path / name, *PIPE, *sets, ranks=ranks)
         two = metrics(tmp_path / name)
         assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5), name
         assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5), name
-        held = {int(r): (eval(layers), int(n)) for r, layers, n in  # noqa: S307 (a list of ints we printed)
+        held = {int(r): (json.loads(layers), int(n)) for r, layers, n in
                 re.findall(r"rank (\d) \(stage \d of 2\) holds decoder layers (\[[\d, ]*\]) \((\d+) parameters\)",
                            proc.stderr)}
-        for rank, layers in enumerate(per_stage):
-            assert held[rank] == (layers, ends[rank] + layer * len(layers)), (name, rank)
-        assert sum(n for _, n in held.values()) == sum(sizes.values())
+        dp = ranks // 2
+        for rank in range(ranks):  # stage-major ranks: rank // dp is the stage
+            layers = per_stage[rank // dp]
+            assert held[rank] == (layers, ends[rank // dp] + layer * len(layers)), (name, rank)
+        assert sum(n for _, n in held.values()) == dp * sum(sizes.values())
         assert "Pipeline id list: " + str([s for s, layers in enumerate(per_stage) for _ in layers]) in proc.stderr
