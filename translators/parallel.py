@@ -90,7 +90,8 @@ class ParallelLayout:
         return rank // (self.tensor_parallel * self.context_parallel)
 
 
-def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: int | None) -> ParallelLayout:
+def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: int | None,
+            pipeline_reason: str | None = None) -> ParallelLayout:
     """The degrees for `world_size` ranks (None: the YAML's dp x tp x cp) from the parsed parallel_config `pc`
     (data_parallel, model_parallel, context_parallel, expert_parallel, pipeline_stage), the family's HF model type
     (None: no transformers architecture) and the model's dims (None: no model section). Raises ConfigError, one
@@ -101,7 +102,7 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
     if pc.pipeline_stage > 1:
         from translators.pipeline import fold_reason
 
-        why = fold_reason(pc, hf_model_type, dims)
+        why = fold_reason(pc, hf_model_type, dims, pipeline_reason)
         if why:
             folded["parallel_config.pipeline_stage"] = why
         else:

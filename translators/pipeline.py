@@ -17,9 +17,12 @@ from translators import layout
 STAGES = "parallel_config.pipeline_stage"
 
 
-def fold_reason(pc: Any, hf_model_type: str | None, dims: Any) -> str | None:
-    """Why `pipeline_stage` folds into data parallel here, or None when DeepSpeed's PipelineEngine runs it."""
+def fold_reason(pc: Any, hf_model_type: str | None, dims: Any, caller: str | None = None) -> str | None:
+    """Why `pipeline_stage` folds into data parallel here, or None when DeepSpeed's PipelineEngine runs it.
+    `caller`: a reason of the caller's own (the PyNative schema)."""
     head = f"{pc.pipeline_stage} stages fold into data parallel"
+    if caller:
+        return f"{head}: {caller}; ZeRO shards the model states instead"
     if hf_model_type is None or dims is None:
         return f"{head}: no transformers architecture to cut into stages"
     if dims.experts > 1:

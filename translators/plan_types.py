@@ -446,7 +446,7 @@ class Parallel:
     folded: Mapping[str, str] = field(default_factory=dict)
     """YAML key -> why its degree folds into data parallel."""
     pipeline_stage: int | None = field(default=None, metadata={"omit_none": True})
-    """Pipeline stages DeepSpeed's PipelineEngine runs (None: no pipeline) (mf_ds/pipeline.py); each layer's in plan.layers."""
+    """Pipeline stages DeepSpeed's PipelineEngine runs (mf_ds/pipeline.py; None: none); each layer's: plan.layers."""
 
 
 @dataclass(frozen=True)
