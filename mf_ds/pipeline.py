@@ -157,8 +157,10 @@ def build(plan: Plan, weights: str | None, log) -> nn.Module:
             stage = self._topo.get_coord(self.global_rank).pipe
             self._set_bounds(start=parts[stage], stop=parts[stage + 1])
 
+    # seed_layers: each DeepSpeed layer's fresh weights drawn after seeding with seed + its index, so a fresh run
+    # starts from the same weights whatever the stage layout (they differ from a one-rank run's sequential draws)
     module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=causal_lm_loss,
-                    partition_method="uniform")
+                    partition_method="uniform", seed_layers=True, base_seed=plan.run.seed)
     rank = dist.get_rank()
     held = sum(p.numel() for p in module.parameters())
     # every rank says what it holds (the proof that no rank built the whole model: tests/mf_ds/test_pipeline.py)
