@@ -135,8 +135,10 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
             key = "parallel_config.model_parallel" if tp > 1 else "parallel_config.context_parallel"
             raise ConfigError(key, f"{tp * cp} ({'tensor' if tp > 1 else 'context'} parallel) does not divide "
                               f"the world size {world}")
-    if world % (tp * cp * pp):
-        raise ConfigError("parallel_config.pipeline_stage", f"{pp} stages do not divide the world size {world}")
+    if world % (tp * cp * pp):  # fewer ranks than a whole pipeline (a big YAML tried on one device): fold, as before
+        folded["parallel_config.pipeline_stage"] = (f"{pp} stages fold into data parallel: the world size {world} is "
+                                                    f"not a multiple of the {pp} stages")
+        pp = 1
     dp = world // (tp * cp * pp)
     ep = _expert_parallel(pc.expert_parallel, dims, dp, world_size is not None, folded)
     return ParallelLayout(world, dp, tp, cp, ep, ("hf_tp_plan" if _tp_rule(hf_model_type) == "hf_tp_plan"

@@ -34,6 +34,20 @@ def test_layers_carry_layersetting_stages_and_the_note_is_runtime():
     # 4 ranks: 2 stages x 2 data-parallel ranks, the same global batch (GA halves)
     four = plan_of(*PIPE, *FOUR, world_size=4).plan
     assert (four.parallel.data_parallel, four.deepspeed["gradient_accumulation_steps"]) == (2, 2)
+    # one rank holds no whole pipeline: the stages fold into data parallel, with the reason
+    one = plan_of(*PIPE, world_size=1).plan
+    assert one.parallel.pipeline_stage is None
+    assert "world size 1" in one.parallel.folded["parallel_config.pipeline_stage"]
+
+
+def test_the_hf_trainer_path_refuses_a_pipeline(monkeypatch):
+    from mf_ds.errors import RunError
+    from mf_ds.hf import from_mf_yaml
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RunError, match="the HF Trainer path has no pipeline"):
+        from_mf_yaml(LLAMA, **{"parallel_config.data_parallel": 1, "parallel_config.pipeline_stage": 2,
+                               "parallel_config.micro_batch_num": 2})
 
 
 def test_what_does_not_compose_folds_or_is_refused():
