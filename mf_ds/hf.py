@@ -345,6 +345,9 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     refusal = context_parallel_refusal(plan) or startup.refusal(plan, torch.cuda.is_available())
     if refusal:
         raise RunError(refusal)
+    if (plan.parallel.pipeline_stage or 1) > 1:  # mf_ds/pipeline.py runs DeepSpeed's PipelineEngine, not HF's
+        raise RunError(f"parallel_config.pipeline_stage {plan.parallel.pipeline_stage}: the HF Trainer path has no "
+                       "pipeline; train with mf_ds/train.py, or --set parallel_config.pipeline_stage=1")
     report = startup.say(startup.translation_lines(result), _log)  # what mf-train prints, from the same place
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
     # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.

@@ -181,16 +181,27 @@ class Trainer:
         self.inject_nan = {int(s) for s in os.environ.get(INJECT_NAN, "").split(",") if s.strip()}
         self.parallel = plan.parallel
         self.tp, self.cp = self.parallel.tensor_parallel, self.parallel.context_parallel
+        self.pipe = (plan.parallel.pipeline_stage or 1) > 1  # DeepSpeed's PipelineEngine (mf_ds/pipeline.py)
+        if self.pipe:
+            from mf_ds import pipeline
+
+            why = pipeline.refusal(plan, resume or resume_from is not None or self.resume2_from is not None)
+            if why:
+                raise RunError(why)
+            for line in pipeline.stage_table(plan):
+                _log(f"mf-ds: pipeline: {line}")
         # The model with the Plan's MoE layer, fused kernels and recompute, before DeepSpeed partitions the
         # parameters (ZeRO-3 partitions what exists at initialize).
-        prepared = prepare(plan, weights=weights, max_steps=max_steps, dataset_dir=dataset_dir, log=_log)
+        prepared = prepare(plan, weights=weights, max_steps=max_steps, dataset_dir=dataset_dir, log=_log,
+                           stage_builder=pipeline.build if self.pipe else None)
         startup.say(startup.prepared_lines((), prepared.notes, prepared.report), _log)
         model = prepared.model
         self.moe = plan.moe is not None
         self.moe_logs = plan.logs_drop_rate
         model.train()
-        _log(f"mf-ds: {fused_loss.install(model, run.fused_loss, plan.parallel.tensor_parallel)}")
-        self.attn_implementation = model.config._attn_implementation
+        if not self.pipe:  # the last stage computes its own loss (mf_ds/pipeline.py causal_lm_loss)
+            _log(f"mf-ds: {fused_loss.install(model, run.fused_loss, plan.parallel.tensor_parallel)}")
+        self.attn_implementation = "sdpa" if self.pipe else model.config._attn_implementation
         self.mpu = None
         if self.cp > 1:
             from mf_ds.parallel import register_ulysses
@@ -234,6 +245,8 @@ class Trainer:
             mla_rope_key_grads(self.engine.module)
         if not self._engine_records_norm:
             _skippable(self.engine.optimizer)
+            if self.pipe:
+                pipeline.record_norm(self.engine)
         self._check_checkpoint2()
         monitor = run.callbacks.loss_monitor
         self.print_every = monitor.per_print_times if monitor else 1
@@ -316,6 +329,36 @@ class Trainer:
         grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
         return torch.stack(grads).norm().item() if grads else 0.0
 
+    def forward_backward(self, batch: dict[str, torch.Tensor], poison: bool = False) -> torch.Tensor:
+        """One micro batch: forward, loss, engine.backward; returns the loss (MoE balance losses included). The
+        seam a pipeline schedule replaces (mf_ds/pipeline.py runs DeepSpeed's PipelineEngine instead)."""
+        batch = {name: t.to(self.engine.device, non_blocking=True) for name, t in batch.items()}
+        labels = batch["labels"]
+        if self.pad_id is not None:
+            labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
+        # The labels are already the next tokens (Megatron / MindFormers samples): shift_labels stops HF's
+        # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
+        # MindFormers' attention mask and positions (pad keys, per-document attention): mf_ds/attention.py
+        # Under Ulysses the batch carries this rank's shard of the positions.
+        # With mf_ds.fused_loss the forward's loss never holds the whole logits (mf_ds/loss_model.py).
+        attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation,
+                                 batch.get("doc_ids"), batch.get("position_ids") if self.cp == 1 else None)
+        if self.cp > 1:
+            attention = {**attention, "position_ids": batch["position_ids"]}
+        out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels, **attention)
+        loss = out.loss
+        if self.cp > 1:
+            from mf_ds.parallel import ulysses_loss
+
+            loss = ulysses_loss(loss, labels, self.mpu.get_sequence_parallel_group())
+        loss = loss * math.nan if poison else loss
+        if self.moe:
+            extra = moe_layer.aux_loss(self.engine.module)  # MindFormers adds the balance losses
+            loss = loss if extra is None else loss + extra
+        # x interleave: MicroBatchInterleaved sums the parts' losses, where DeepSpeed divides by GA
+        self.engine.backward(loss * self.interleave)
+        return loss
+
     def fit(self, should_stop: Callable[[], bool] = lambda: False) -> list[float]:
         """Train to total_steps; returns the losses of the steps run here."""
         losses = []
@@ -331,36 +374,16 @@ class Trainer:
             skipped_before = self.engine.skipped_steps
             poison = self.step + 1 in self.inject_nan
             self.data_s = 0.0  # seconds this step waited for its micro batches (metrics.jsonl data_s, the log line)
-            for _ in range(self.ga):
+            if self.pipe:  # PipelineEngine.train_batch runs the micro batches, 1F1B and the step (mf_ds/pipeline.py)
+                from mf_ds.pipeline import train_step
+
+                total = train_step(self, data, poison)
+            for _ in range(0 if self.pipe else self.ga):
                 self._beat()
                 fetched = time.perf_counter()
                 batch = next(data)
                 self.data_s += time.perf_counter() - fetched
-                batch = {name: t.to(self.engine.device, non_blocking=True) for name, t in batch.items()}
-                labels = batch["labels"]
-                if self.pad_id is not None:
-                    labels = labels.masked_fill(batch["input_ids"] == self.pad_id, -100)
-                # The labels are already the next tokens (Megatron / MindFormers samples): shift_labels stops HF's
-                # loss from shifting them a second time (transformers loss_utils.ForCausalLMLoss).
-                # MindFormers' attention mask and positions (pad keys, per-document attention): mf_ds/attention.py
-                # Under Ulysses the batch carries this rank's shard of the positions.
-                # With mf_ds.fused_loss the forward's loss never holds the whole logits (mf_ds/loss_model.py).
-                attention = model_inputs(batch["input_ids"], self.run, self.attn_implementation,
-                                         batch.get("doc_ids"), batch.get("position_ids") if self.cp == 1 else None)
-                if self.cp > 1:
-                    attention = {**attention, "position_ids": batch["position_ids"]}
-                out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels, **attention)
-                loss = out.loss
-                if self.cp > 1:
-                    from mf_ds.parallel import ulysses_loss
-
-                    loss = ulysses_loss(loss, labels, self.mpu.get_sequence_parallel_group())
-                loss = loss * math.nan if poison else loss
-                if self.moe:
-                    extra = moe_layer.aux_loss(self.engine.module)  # MindFormers adds the balance losses
-                    loss = loss if extra is None else loss + extra
-                # x interleave: MicroBatchInterleaved sums the parts' losses, where DeepSpeed divides by GA
-                self.engine.backward(loss * self.interleave)
+                loss = self.forward_backward(batch, poison)
                 total += loss.detach().double()  # logged: the parts' mean, as MFLossMonitor's loss / interleave
                 if not self.engine.is_gradient_accumulation_boundary():
                     checkpoint.fault_point("step.backward", self.step + 1)

@@ -51,7 +51,7 @@ class Prepared:
 
 def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = None, dataset_dir: str | None = None,
             full_reason: str | None = None, log: Callable[[str], None] | None = None,
-            checkpoint_fn: Callable | None = None) -> Prepared:
+            checkpoint_fn: Callable | None = None, stage_builder: Callable | None = None) -> Prepared:
     """Seed, build (with the weights at `weights`: a file or directory, or None), patch as the Plan asks (mf_ds.patch:
     MoE, kernels, recompute), build the training data and count the steps. `log` gets the build's lines as they
     happen."""
@@ -70,9 +70,13 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
     seed_everything(run.seed)  # the model's initial weights do not depend on what reading the data drew
     lora = plan.run.lora is not None
     whole = full_reason or ("LoRA: PEFT wraps whole Linear layers (mf_ds/lora.py)" if lora else None)
-    model = build_model(plan, weights, log=log, full_reason=whole)
+    if stage_builder is not None:  # a pipeline stage (mf_ds/pipeline.py): its own modules, unpatched
+        model, report = stage_builder(plan, weights, log), ["pipeline stages run unpatched: no recompute, no fused "
+                                                            "kernels (not composed with the pipeline yet)"]
+    else:
+        model = build_model(plan, weights, log=log, full_reason=whole)
+        report = patch.apply(model, plan, checkpoint_fn=checkpoint_fn)
     notes = pending_features(plan)
-    report = patch.apply(model, plan, checkpoint_fn=checkpoint_fn)
     if lora:
         from mf_ds import lora as peft_lora
 

@@ -16,8 +16,9 @@ share it.
                         (parallel_state_sp.initialize_sequence_parallel, groups._init_tp_mesh_device) and its config
                         derives the data-parallel world from one of them; cp then folds into dp (TP kept, it saves
                         more memory) with a note. MoE models fold cp too (our MoE layer routes per rank).
-  * pipeline_stage   -> folded into dp: DeepSpeed has no pipeline for HF models, and its PipelineModule takes
-                        ZeRO-1 only (runtime/pipe/engine.py).
+  * pipeline_stage   -> DeepSpeed's PipelineEngine (1F1B) for dense models, stage-major ranks (rank = stage x dp +
+                        data rank); what does not compose with it yet folds into dp, with the reason
+                        (translators/pipeline.py fold_reason).
   * expert_parallel  -> our MoE layer's all-to-all over DeepSpeed's expert groups, inside dp (mp_size = tp).
 
 Ranks: TP (or CP) peers are consecutive, `[i*m, (i+1)*m)` with m = tp x cp, and read the same micro batch:
@@ -74,28 +75,39 @@ class ParallelLayout:
     expert_parallel: int
     tp_rule: str | None  # "hf_tp_plan" | "partition_config" | None (tp 1)
     folded: dict[str, str] = field(default_factory=dict)  # YAML key path -> one-line reason
+    pipeline_stage: int = 1  # stages DeepSpeed's PipelineEngine runs (mf_ds/pipeline.py); 1: none
 
     def as_plan(self) -> dict:
         return {"world_size": self.world_size, "data_parallel": self.data_parallel,
                 "tensor_parallel": self.tensor_parallel, "context_parallel": self.context_parallel,
-                "expert_parallel": self.expert_parallel, "tp_rule": self.tp_rule, "folded": dict(self.folded)}
+                "expert_parallel": self.expert_parallel, "tp_rule": self.tp_rule, "folded": dict(self.folded),
+                **({"pipeline_stage": self.pipeline_stage} if self.pipeline_stage > 1 else {})}  # absent: none
 
     def data_rank(self, rank: int) -> int:
-        """The data shard a global rank reads: TP / CP peers (consecutive ranks) read the same one."""
+        """The data shard a global rank reads: TP / CP peers (consecutive ranks) read the same one; under a
+        pipeline DeepSpeed's grid numbers ranks stage-major (rank = stage x dp + data rank)."""
+        if self.pipeline_stage > 1:
+            return rank % self.data_parallel
         return rank // (self.tensor_parallel * self.context_parallel)
 
 
-def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: int | None) -> ParallelLayout:
+def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: int | None,
+            pipeline_reason: str | None = None) -> ParallelLayout:
     """The degrees for `world_size` ranks (None: the YAML's dp x tp x cp) from the parsed parallel_config `pc`
     (data_parallel, model_parallel, context_parallel, expert_parallel, pipeline_stage), the family's HF model type
     (None: no transformers architecture) and the model's dims (None: no model section). Raises ConfigError, one
     line naming the key, for a layout that cannot run."""
     folded: dict[str, str] = {}
     tp, cp = pc.model_parallel, pc.context_parallel
+    pp = 1
     if pc.pipeline_stage > 1:
-        folded["parallel_config.pipeline_stage"] = (
-            f"{pc.pipeline_stage} stages fold into data parallel: DeepSpeed has no pipeline for HF models (its "
-            "PipelineModule takes ZeRO-1 only); ZeRO shards the model states instead")
+        from translators.pipeline import fold_reason
+
+        why = fold_reason(pc, hf_model_type, dims, pipeline_reason)
+        if why:
+            folded["parallel_config.pipeline_stage"] = why
+        else:
+            pp = pc.pipeline_stage
     if tp > 1:
         tp, why = _tp_support(hf_model_type, tp, dims)
         if why:
@@ -115,7 +127,7 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
         elif dims is not None:
             _check_ulysses(cp, dims)
     if world_size is None:
-        world = pc.data_parallel * tp * cp
+        world = pc.data_parallel * tp * cp * pp
     else:
         world = world_size
         if world < 1:
@@ -125,10 +137,14 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
             fixed = divisor_at_most(world, tp) if tp > 1 else divisor_at_most(world, cp)
             raise ConfigError(key, f"{tp * cp} ({'tensor' if tp > 1 else 'context'} parallel) does not divide "
                               f"the world size {world}", fix={key: fixed})
-    dp = world // (tp * cp)
+    if world % (tp * cp * pp):  # fewer ranks than a whole pipeline (a big YAML tried on one device): fold, as before
+        folded["parallel_config.pipeline_stage"] = (f"{pp} stages fold into data parallel: the world size {world} is "
+                                                    f"not a multiple of the {pp} stages")
+        pp = 1
+    dp = world // (tp * cp * pp)
     ep = _expert_parallel(pc.expert_parallel, dims, dp, world_size is not None, folded)
     return ParallelLayout(world, dp, tp, cp, ep, ("hf_tp_plan" if _tp_rule(hf_model_type) == "hf_tp_plan"
-                                          else "partition_config") if tp > 1 else None, folded)
+                                          else "partition_config") if tp > 1 else None, folded, pp)
 
 
 def _tp_support(hf_model_type: str | None, tp: int, dims: Dims | None) -> tuple[int, str | None]:

@@ -17,7 +17,18 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, fixes, hfdata, layout, mf_defaults, names, pynative, recompute, recompute_ops
+from translators import (
+    families,
+    fixes,
+    hfdata,
+    layout,
+    mf_defaults,
+    names,
+    pipeline,
+    pynative,
+    recompute,
+    recompute_ops,
+)
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
@@ -139,6 +150,11 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     rc = RecomputeConfig.parse(tree.get("recompute_config"), ledger)
     swap = recompute.swap_mode(tree.get("swap_config"))
     layers, formative = _layers(rc, pc, pipe, shape, family, ledger, swap=swap)
+    if lay.pipeline_stage > 1:  # each layer's stage and chunk (mf_ds/pipeline.py builds only its stage's)
+        layers = pipeline.staged(layers, shape.num_layers + (shape.mtp_depth if family.layer_style == "deepseek"
+                                                             else 0), lay.pipeline_stage,
+                                 shape.pp_interleave_num if pipe.pipeline_interleave else 1, shape.offset,
+                                 pipe.pipeline_scheduler)
 
     # MoE.
     ep = lay.expert_parallel
@@ -417,7 +433,7 @@ def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po
         "parallel_config.data_parallel": ("mapped", f"data parallel {lay.data_parallel} of the world "
                                                     f"{lay.world_size} (plan.parallel)"),
         "parallel_config.micro_batch_num": ("mapped", "gradient accumulation when pipeline_stage > 1"),
-        "parallel_config.pipeline_stage": _axis(lay, "parallel_config.pipeline_stage", pc.pipeline_stage, None),
+        "parallel_config.pipeline_stage": pipeline.note(lay),
         "parallel_config.model_parallel": _axis(lay, "parallel_config.model_parallel", pc.model_parallel, (
             f"deepspeed.tensor_parallel.autotp_size = {lay.tensor_parallel} (AutoTP shards inside "
             "deepspeed.initialize; " + ("the HF tp_plan" if lay.tp_rule == "hf_tp_plan" else

@@ -42,6 +42,10 @@ class Layer:
     """Ops kept out of a full recompute (MindFormers' recompute exclude)."""
     mtp: bool = False
     """A multi-token-prediction layer (no HF module to wrap)."""
+    stage: int | None = field(default=None, metadata={"omit_none": True})
+    """The pipeline stage that holds the layer (LayerSetting's pp_ids); None without a pipeline."""
+    chunk: int | None = field(default=None, metadata={"omit_none": True})
+    """Its interleave chunk (LayerSetting's interleave_ids); None without a pipeline."""
 
 
 @dataclass(frozen=True)
@@ -445,6 +449,8 @@ class Parallel:
     """hf_tp_plan | partition_config | None (no TP)."""
     folded: Mapping[str, str] = field(default_factory=dict)
     """YAML key -> why its degree folds into data parallel."""
+    pipeline_stage: int | None = field(default=None, metadata={"omit_none": True})
+    """Pipeline stages DeepSpeed's PipelineEngine runs (mf_ds/pipeline.py; None: none); each layer's: plan.layers."""
 
 
 @dataclass(frozen=True)

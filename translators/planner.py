@@ -209,6 +209,10 @@ def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None,
         raise ConfigError("--layout", "the Plan has no parallel section")
     if plan["hf_config"] is None:
         raise ConfigError("model", "--layout needs a model with an HF architecture (see the note on 'model')")
+    if par.get("pipeline_stage"):  # mf_ds/pipeline.py runs it; the memory model and groups here have no stages
+        raise ConfigError("parallel_config.pipeline_stage", f"{par['pipeline_stage']} stages run as a pipeline, and "
+                          "--layout does not plan pipelines yet (per-stage memory, 1F1B's in-flight micro batches); "
+                          "--set parallel_config.pipeline_stage=1 shows the layout without one")
     run, ds = plan["run"], plan["deepspeed"]
     if not run["seq_length"]:
         raise ConfigError("model.model_config.seq_length", "--layout needs the sequence length for the activations")

@@ -131,7 +131,9 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                 seq_length=shape.seq_length, layers=shape.num_layers,
                 experts=_experts(model.config))
     with _renamed(view):
-        lay = resolve(pc, family.hf_model_type, dims, deg.world)
+        lay = resolve(pc, family.hf_model_type, dims, deg.world, pipeline_reason=(
+            "the PyNative schema's layers per stage (pipeline_parallel_layers_per_stage) are not read into "
+            "plan.layers yet"))
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
     moe = None
     if not family.moe_plan and hf_config is not None:

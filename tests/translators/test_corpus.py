@@ -82,11 +82,12 @@ def test_deepspeed_accepts_the_json(path, ds_world):
 
     plan = translate_file(str(path)).json
     config = plan["deepspeed"]
-    # DeepSpeed's data-parallel world: the whole world less TP / CP peers (its AutoTP mesh, its Ulysses mpu)
+    # DeepSpeed's data-parallel world: the whole world less TP / CP peers (its AutoTP mesh, its Ulysses mpu) and
+    # pipeline stages (its pipe grid)
     parsed = DeepSpeedConfig(json.loads(json.dumps(config)), mpu=_MPU(plan["run"]["data_parallel"]))
     assert parsed.train_batch_size == plan["run"]["global_batch_size"]
     assert plan["parallel"]["data_parallel"] * plan["parallel"]["tensor_parallel"] \
-        * plan["parallel"]["context_parallel"] == plan["run"]["world_size"]
+        * plan["parallel"]["context_parallel"] * plan["parallel"].get("pipeline_stage", 1) == plan["run"]["world_size"]
     assert parsed.gradient_accumulation_steps == config["gradient_accumulation_steps"]
     assert parsed.gradient_clipping == config["gradient_clipping"]
     assert parsed.zero_optimization_stage == config["zero_optimization"]["stage"]
