@@ -143,7 +143,12 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
             and (pc.data_parallel * pc.context_parallel) % pc.expert_parallel:
         raise ConfigError("parallel_config.expert_parallel", f"{pc.expert_parallel} must divide data_parallel x "
                           f"context_parallel {pc.data_parallel * pc.context_parallel} (MindFormers' _check_moe_config)")
-    lay = resolve(pc, family.hf_model_type, _dims(shape, hf_config, built, family.mcore), world_size)
+    lay = resolve(pc, family.hf_model_type, _dims(shape, hf_config, built, family.mcore), world_size,
+                  pipeline_reason=None if extra.pipeline else pipeline.OPT_IN)
+    if extra.pipeline:
+        ledger.runtime("mf_ds.pipeline", f"plan.parallel.pipeline_stage = {lay.pipeline_stage} (mf_ds/pipeline.py)"
+                       if lay.pipeline_stage > 1 else "no pipeline runs: " + lay.folded.get(
+                           pipeline.STAGES, "parallel_config.pipeline_stage is 1"))
     _account_parallel(ledger, pc, parallel, po, lay, shape)
 
     # Recompute and the per-layer plan.

@@ -15,7 +15,8 @@ from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, free_port
 from tests.mf_ds.test_train import LLAMA, metrics
 from translators.plan import translate_file
 
-PIPE = ["parallel_config.data_parallel=1", "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=4"]
+PIPE = ["parallel_config.data_parallel=1", "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=4",
+        "mf_ds.pipeline=true"]
 FOUR = ["model.model_config.num_layers=4"]
 PRINT = "callbacks=[{type: MFLossMonitor, per_print_times: 1}]"
 
@@ -40,6 +41,16 @@ def test_layers_carry_layersetting_stages_and_the_note_is_runtime():
     assert "world size 1" in one.parallel.folded["parallel_config.pipeline_stage"]
 
 
+def test_without_mf_ds_pipeline_the_stages_fold_as_before():
+    """Real stages are asked for by name (mf_ds.pipeline: true) until a pipelined run saves and resumes: a YAML's
+    pipeline_stage alone keeps the run it had (folded into data parallel, checkpoints saved), with the reason."""
+    t = plan_of(*[s for s in PIPE if not s.startswith("mf_ds.pipeline")])
+    assert t.plan.parallel.pipeline_stage is None and all(x.stage is None for x in t.plan.layers)
+    assert "mf_ds.pipeline: true" in t.plan.parallel.folded["parallel_config.pipeline_stage"]
+    note = next(n for n in t.plan.notes if n.key == "parallel_config.pipeline_stage")
+    assert note.kind == "differs"
+
+
 def test_the_hf_trainer_path_refuses_a_pipeline(monkeypatch):
     from mf_ds.errors import RunError
     from mf_ds.hf import from_mf_yaml
@@ -47,11 +58,11 @@ def test_the_hf_trainer_path_refuses_a_pipeline(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RunError, match="the HF Trainer path has no pipeline"):
         from_mf_yaml(LLAMA, **{"parallel_config.data_parallel": 1, "parallel_config.pipeline_stage": 2,
-                               "parallel_config.micro_batch_num": 2})
+                               "parallel_config.micro_batch_num": 2, "mf_ds.pipeline": True})
 
 
 def test_what_does_not_compose_folds_or_is_refused():
-    moe = plan_of("parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2",
+    moe = plan_of("parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2", "mf_ds.pipeline=true",
                   config=str(CONFIGS / "tiny_qwen3_moe.yaml"))
     assert moe.plan.parallel.pipeline_stage is None
     assert "dense models only" in moe.plan.parallel.folded["parallel_config.pipeline_stage"]
