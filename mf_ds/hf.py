@@ -328,6 +328,8 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     refusal = context_parallel_refusal(plan)
     if refusal:
         raise RunError(refusal)
+    if plan.mtp is not None:  # HF's Trainer computes the model's own loss; the MTP term is mf_ds/mtp.py's
+        raise RunError("model.model_config.mtp_depth: MTP layers and their loss train with mf-train, not HF's Trainer")
     if run.compute_dtype == "float16" and not torch.cuda.is_available():
         raise RunError("model_config.compute_dtype float16 needs a GPU (DeepSpeed's CPU accelerator has no fp16)")
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, hfdata, layout, mf_defaults, names, pynative, recompute, recompute_ops
+from translators import families, hfdata, layout, mf_defaults, mtp, names, pynative, recompute, recompute_ops
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
@@ -305,7 +305,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                                          bool(shape and shape.input_sliced_sig))
     notes = ledger.finish()
     plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
-                           "kernels": kernels, "run": run, "parallel": lay.as_plan(), "notes": notes})
+                           "kernels": kernels, "run": run, "parallel": lay.as_plan(), "notes": notes,
+                           "mtp": mtp.plan(family, shape)})
     return Translation(plan, formative, ledger)
 
 
