@@ -24,12 +24,15 @@ def account(family: Any, shape: Any, paths: dict[str, str], ledger: Ledger) -> N
     """Notes model_config.mtp_depth / mtp_loss_factor (`paths`: name -> YAML path, the keys the YAML spells)."""
     built = variant(family) is not None
     if "mtp_depth" in paths and built:
-        ledger.runtime(paths["mtp_depth"], f"{shape.mtp_depth} MTP layer(s) of research/deepseek3 built beside the "
-                       "model (Plan.mtp, mf_ds/mtp.py)" if shape.mtp_depth else "no MTP layers (Plan.mtp None)")
+        if shape.mtp_depth:
+            ledger.runtime(paths["mtp_depth"], f"{shape.mtp_depth} MTP layer(s) of research/deepseek3 "
+                           "(plan.mtp.depth, mf_ds/mtp.py), built beside the model after its decoder layers")
+        else:
+            ledger.dropped(paths["mtp_depth"], "0: no MTP layers")
     if "mtp_loss_factor" in paths:
         if built and shape.mtp_depth:
-            ledger.runtime(paths["mtp_loss_factor"], f"MTP loss weight: loss += {shape.mtp_loss_factor} / "
-                           f"mtp_depth x each depth's masked CE (Plan.mtp.loss_factor, mf_ds/mtp.py)")
+            ledger.runtime(paths["mtp_loss_factor"], "MTP loss weight (plan.mtp.loss_factor, mf_ds/mtp.py): "
+                           f"loss += {shape.mtp_loss_factor} / depth x each depth's masked CE")
         else:
             ledger.dropped(paths["mtp_loss_factor"], "no MTP layers are built, so no MTP loss is weighted")
 

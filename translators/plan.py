@@ -149,6 +149,10 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         moe, _ = moe_plan(built, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep, pc, extra, ledger)
     elif ledger.present("moe_config"):
         ledger.dropped("moe_config", "no model section to build experts in")
+    if moe is None and hf_config is not None and family.layer_style == "deepseek":
+        # A dense research DeepSeek (expert_num 1: DeepseekV2DecoderLayer builds its plain FFN everywhere); HF's
+        # DeepseekV2/V3 build MoE blocks from first_k_dense_replace on, so every layer (MTP included) goes below it
+        hf_config["first_k_dense_replace"] = shape.num_layers + shape.mtp_depth
 
     # DeepSpeed.
     runner = RunnerConfig.parse(tree.get("runner_config"), ledger)
