@@ -37,8 +37,11 @@ def account(family: Any, shape: Any, paths: dict[str, str], ledger: Ledger) -> N
             ledger.dropped(paths["mtp_loss_factor"], "no MTP layers are built, so no MTP loss is weighted")
 
 
-def plan(family: Any, shape: Any) -> dict | None:
-    """Plan.mtp: {variant, depth, loss_factor}, None without MTP layers built."""
+def plan(family: Any, shape: Any, hf_config: dict | None) -> dict | None:
+    """Plan.mtp: {variant, depth, loss_factor}, None without MTP layers built; the HF config gets DeepSeek's
+    num_nextn_predict_layers (its checkpoints' config.json name for the depth)."""
     if shape is None or not shape.mtp_depth or variant(family) is None:
         return None
+    if hf_config is not None:
+        hf_config["num_nextn_predict_layers"] = shape.mtp_depth
     return {"variant": variant(family), "depth": shape.mtp_depth, "loss_factor": float(shape.mtp_loss_factor)}

@@ -310,7 +310,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     notes = ledger.finish()
     plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
                            "kernels": kernels, "run": run, "parallel": lay.as_plan(), "notes": notes,
-                           "mtp": mtp.plan(family, shape)})
+                           "mtp": mtp.plan(family, shape, hf_config)})
     return Translation(plan, formative, ledger)
 
 

@@ -471,8 +471,8 @@ class Plan:
     parallel: Parallel = field(default_factory=Parallel)
     notes: tuple[Note, ...] = ()
     """Every YAML key and what it became (the ledger)."""
-    mtp: Mtp | None = field(default=None, metadata={"omit_none": True})
-    """None: no MTP layers built (absent from the JSON)."""
+    mtp: Mtp | None = None
+    """None: no MTP layers built."""
 
     @property
     def estimate_capacity_factor(self) -> float | None:
