@@ -124,6 +124,7 @@ def _shift(x: torch.Tensor, k: int, fill: int) -> torch.Tensor:
 def depth_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
     """Each depth's masked CE (fp32), from the forward the model just ran. `labels`: the main loss's targets with
     -100 where MindFormers' mask is 0 (pads)."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT (LoRA) wraps it
     capture = model._mf_mtp
     n = model.config.num_hidden_layers
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()

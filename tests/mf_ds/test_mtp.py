@@ -140,11 +140,31 @@ def test_refusals_are_one_line():
         build_model(plan)
 
 
-def test_hf_trainer_path_refuses(tmp_path):
-    from mf_ds.hf import from_mf_yaml
+def test_hf_trainer_and_mf_train_train_the_same_mtp_loss(tmp_path):
+    """The HF Trainer path (MFTrainer.compute_loss) adds the same MTP term as mf-train: equal losses over 2 steps
+    from MindFormers' weights."""
+    import yaml
 
-    with pytest.raises(RunError, match="model.model_config.mtp_depth"):
-        from_mf_yaml(str(YAML), output_dir=str(tmp_path))
+    from mf_ds.data import write_indexed
+
+    rng = torch.Generator().manual_seed(0)  # documents of the tiny vocabulary (the built-in corpus needs 259 ids)
+    write_indexed(str(tmp_path / "docs"), [torch.randint(1, 64, (20,), generator=rng).tolist() for _ in range(8)])
+    tree = yaml.safe_load(YAML.read_text())
+    tree["load_checkpoint"] = str(FIX / "model.ckpt")  # MindFormers' weights for both (hf_trainer.py has no flag)
+    tree["train_dataset"]["data_loader"] = {
+        "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": [8, 0, 0],
+        "config": {"seq_length": 8, "data_path": ["1", str(tmp_path / "docs")]}}
+    yaml_file = tmp_path / "ds3_mtp_tiny.yaml"
+    yaml_file.write_text(yaml.safe_dump(tree))
+    runs = {}
+    for name, cmd in (("hf", [sys.executable, "examples/hf_trainer.py", str(yaml_file)]),
+                      ("ds", [sys.executable, "-m", "mf_ds.cli", str(yaml_file)])):
+        out = tmp_path / name
+        proc = subprocess.run([*cmd, "--max_steps", "2", "--output_dir", str(out)], cwd=ROOT, env=CPU_ENV,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(runs["ds"]) == 2 and runs["hf"] == pytest.approx(runs["ds"], rel=1e-5)
 
 
 def test_mf_train_logs_the_mtp_loss(tmp_path):
