@@ -48,14 +48,11 @@ def refusal(plan: Plan) -> str | None:
         return None
     if plan.mtp.variant != "research":
         return f"MTP variant {plan.mtp.variant!r} is not built by mf-ds"
-    if plan.parallel.context_parallel > 1 or plan.parallel.tensor_parallel > 1:
-        return "MTP layers with context or tensor parallel: the shifted ids and the fuser are not sharded here"
+    if plan.parallel.context_parallel > 1:
+        return "MTP with context parallel: the ids are shifted along the sequence that Ulysses shards"
+    if plan.parallel.tensor_parallel > 1:
+        return "MTP with tensor parallel: its loss reads the whole LM head, which AutoTP may shard by vocabulary"
     return None
-
-
-def block_names(num_layers: int, depth: int) -> list[str]:
-    """Parameter-name prefixes of the MTP blocks (HF layout)."""
-    return [f"model.layers.{num_layers + k}." for k in range(depth)]
 
 
 def configure(config, plan: Plan) -> None:

@@ -179,3 +179,20 @@ def test_mf_train_logs_the_mtp_loss(tmp_path):
     assert len(rows) == 2 and all(0 < row["mtp_loss"] < row["loss"] for row in rows)
     assert "mtp_loss: " in proc.stdout + proc.stderr
     assert "MTP block(s) of research/deepseek3" in proc.stdout + proc.stderr
+
+
+def test_resume_gives_the_straight_runs_losses(tmp_path):
+    """mf-train's own checkpoint (HF-layout weights + DeepSpeed state) resumes the MTP block exactly."""
+    base = [sys.executable, "-m", "mf_ds.cli", str(CONFIGS / "tiny_deepseek_v3.yaml"), "--set", "use_parallel=False",
+            "--set", "parallel_config.data_parallel=1", "--set", "model.model_config.seq_length=32"]
+
+    def run(out: Path, steps: int, *extra: str) -> list[tuple[float, float]]:
+        proc = subprocess.run([*base, "--max_steps", str(steps), "--output_dir", str(out), *extra], cwd=ROOT,
+                              env=CPU_ENV, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [(row["loss"], row["mtp_loss"]) for row in rows]
+
+    straight = run(tmp_path / "a", 3)
+    run(tmp_path / "b", 2)
+    assert run(tmp_path / "b", 3, "--resume_training") == straight
