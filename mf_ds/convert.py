@@ -120,7 +120,8 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
     state = model.state_dict()
     files = weight_files(Path(src))  # checks the files (index, shards, checksums) first
     # the names transformers' modules hold (save_pretrained may write others: DeepSeek-V4's own) -> the file's name
-    saved = {names.hf_module_name(name, family): name for name in files}
+    saved = {names.hf_module_name(name, family): name for name in files
+             if not names.mtp_shared_copy(name, model.config.num_hidden_layers)}
     owners = {name: files[saved[name]] for name in saved}
     for name in sorted(owners):
         slot = model_slot(name, state)
@@ -146,7 +147,7 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
         return tensor
 
     def tensors():
-        groups = mindformers_names(sorted(owners), family, layout)
+        groups = mindformers_names(sorted(owners), family, layout, model.config.num_hidden_layers)
         with _progress(sum(f.stat().st_size for f in set(owners.values())), "mf-convert") as bar:
             for mf_name in sorted(groups):
                 tensor = from_hf(mf_name, groups[mf_name], read, family, model.config, layout)

@@ -37,6 +37,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from mf_ds import startup
 from mf_ds.errors import RunError
+from mf_ds.mtp import MtpLoss
 from mf_ds.parallel import release_shm_names
 from translators.lr import Schedule
 from translators.plan_types import Plan, Run
@@ -163,6 +164,7 @@ class MFTrainer(Trainer):
         # MicroBatchInterleaved adds, so each part keeps its own mean (not a share of the window's token mean) and
         # its loss is multiplied by the count (compute_loss); the logged loss is the parts' mean (training_step).
         self.interleave = plan.run.micro_batch_interleave_num
+        self.mtp = MtpLoss(plan) if plan.mtp is not None else None
         if self.interleave > 1:
             self.model_accepts_loss_kwargs = False
 
@@ -215,8 +217,14 @@ class MFTrainer(Trainer):
 
         result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                       num_items_in_batch=num_items_in_batch)
-        extra = aux_loss(model)
         loss = result[0] if return_outputs else result
+        if self.mtp is not None:  # DeepSeek's MTP term from this forward (mf_ds/mtp.py), added before the aux losses
+            term = self.mtp.add(self.accelerator.unwrap_model(model), torch.zeros_like(loss), inputs["input_ids"],
+                                inputs["shift_labels"])
+            # a micro batch's own mean, as MindFormers takes it: its 1/GA share where the LM loss is the window's
+            window = self.model_accepts_loss_kwargs and num_items_in_batch is not None
+            loss = loss + (term / self.args.gradient_accumulation_steps if window else term)
+        extra = aux_loss(model)
         if extra is not None:
             if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
                 # The LM loss is already normalised over the whole accumulation window (the Trainer will not

@@ -41,6 +41,7 @@ from mf_ds.attention import model_inputs
 from mf_ds.errors import RunError
 from mf_ds.log_line import step_line
 from mf_ds.monitor import Monitor
+from mf_ds.mtp import MtpLoss
 from mf_ds.parallel import release_shm_names
 from mf_ds.weights import layout_of
 from translators.plan_types import Plan
@@ -213,6 +214,7 @@ class Trainer:
             _log(f"mf-ds: parallel: AutoTP tensor parallel {self.tp} ({self.parallel.tp_rule})")
         self.dataset = prepared.dataset
         self.pad_id = run.loss_mask_pad_id
+        self.mtp = MtpLoss(plan) if plan.mtp is not None else None
         self.micro = run.micro_batch_size
         self.ga = run.gradient_accumulation_steps
         self.interleave = run.micro_batch_interleave_num  # micro batches are parts whose losses MindFormers adds
@@ -347,6 +349,8 @@ class Trainer:
             attention = {**attention, "position_ids": batch["position_ids"]}
         out = self.engine(input_ids=batch["input_ids"], labels=labels, shift_labels=labels, **attention)
         loss = out.loss
+        if self.mtp is not None:  # DeepSeek's MTP term, from this forward (mf_ds/mtp.py)
+            loss = self.mtp.add(self.engine.module, loss, batch["input_ids"], labels)
         if self.cp > 1:
             from mf_ds.parallel import ulysses_loss
 
@@ -396,6 +400,7 @@ class Trainer:
             dist.all_reduce(total)
             # TP peers hold the same loss (counted tp times); Ulysses ranks hold shares that sum to their group's.
             loss = (total / (self.ga * self.world // self.cp)).item()
+            mtp_loss = self.mtp.take(self.ga * self.world // self.cp) if self.mtp is not None else None
             self.step += 1
             checkpoint.fault_point("step.update", self.step)
             elapsed = time.perf_counter() - start
@@ -405,7 +410,7 @@ class Trainer:
                      f"({self.engine.skipped_steps} skipped so far)")
             moe_metrics = self._moe_step()
             evaluated = self._evaluate()
-            self._record(loss, lr, grad_norm, tokens_per_step / elapsed, moe_metrics, evaluated)
+            self._record(loss, lr, grad_norm, tokens_per_step / elapsed, moe_metrics, evaluated, mtp_loss)
             checkpoint.fault_point("step.record", self.step)
             nan_losses = 0 if math.isfinite(loss) else nan_losses + 1
             if nan_losses >= self.max_nan_steps:
@@ -484,7 +489,7 @@ class Trainer:
         return result
 
     def _record(self, loss: float, lr: float, grad_norm: float, tokens_per_s: float, moe: dict,
-                evaluated: dict | None = None) -> None:
+                evaluated: dict | None = None, mtp_loss: float | None = None) -> None:
         if self.rank != 0:
             return
         epoch = (self.step - 1) // self.steps_per_epoch + 1
@@ -492,6 +497,8 @@ class Trainer:
                "grad_norm": _finite_or_none(grad_norm), "tokens_per_s": tokens_per_s,
                "skipped_steps": self.engine.skipped_steps, "data_s": getattr(self, "data_s", 0.0)}
         row.update(evaluated or {})
+        if mtp_loss is not None:  # the MTP term inside `loss` (mf_ds/mtp.py)
+            row["mtp_loss"] = _finite_or_none(mtp_loss)
         if moe:
             row["moe"] = {str(layer): stats for layer, stats in moe.items()}
         self.bar.update(1)
@@ -500,11 +507,12 @@ class Trainer:
         self.monitor.record(row)
         if self.step % self.print_every == 0 or self.step == self.total_steps:
             # MindFormers' step line: MFLossMonitor's, or the PyNative trainer's (mf_ds/log_line.py)
+            mtp_shown = "" if mtp_loss is None else f", mtp_loss: {mtp_loss:.6f}"
             shown = f", eval_loss: {evaluated['eval_loss']:.6f}, eval_ppl: {evaluated['eval_ppl']:.4f}" \
                 if evaluated else ""
             _log(step_line(self.run, epoch=epoch, step=self.step, total=self.total_steps, loss=loss, lr=lr,
                            grad_norm=grad_norm, tokens_per_s=tokens_per_s,
-                           extra=f", data: {row['data_s']:.4f} s{shown}"))
+                           extra=f"{mtp_shown}, data: {row['data_s']:.4f} s{shown}"))
 
     def save(self) -> Path | None:
         if not self.ckpt:

@@ -308,6 +308,7 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
     filled: dict[str, int] = {}  # parameter -> elements written
     partial: dict[str, tuple[torch.Tensor, int]] = {}  # HF tensor assembled from parts (write mode): buffer, filled
     loaded, skipped, mtp = 0, 0, 0
+    mtp_built = getattr(model.config, "mtp_variant", None) is not None
     for mf_name, file, load in mindformers_weights(path):
         if not names.is_weight(mf_name, family):  # optimizer state, counters: not read
             skipped += 1
@@ -318,8 +319,8 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
                                "lora_config) to train with it, or convert the checkpoint with its adapters merged")
             skipped += 1
             continue
-        if names.mtp_layer(mf_name, family, model.config.num_hidden_layers):
-            mtp += 1  # transformers' DeepseekV3 builds no MTP layers (the Plan notes it)
+        if names.mtp_layer(mf_name, family, model.config.num_hidden_layers) and not mtp_built:
+            mtp += 1  # no MTP layers built for this YAML (mf_ds/mtp.py builds the research variant's)
             continue
         tensor = load()
         for piece in to_hf(mf_name, tensor, family, model.config, layout):

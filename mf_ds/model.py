@@ -93,6 +93,8 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
 
 
 def hf_config(plan: Plan):
+    from mf_ds import mtp
+
     cfg = plan.hf_config
     if cfg is None:
         notes = plan.notes_on("model")
@@ -100,6 +102,7 @@ def hf_config(plan: Plan):
     kwargs = dict(cfg)
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     config.use_cache = False  # training: no KV cache
+    mtp.configure(config, plan)  # DeepSeek's MTP blocks, built by new_model (mf_ds/mtp.py)
     return config
 
 
@@ -107,10 +110,11 @@ def new_model(config, log=None) -> torch.nn.Module:
     """`AutoModelForCausalLM.from_config` (fp32), then what transformers' class cannot express, before any weight is
     loaded: a DeepSeek-V4 shared expert of its own width (mf_ds/shared_expert.py). Every model mf-ds builds comes
     from here (under torch.device("meta") or zero.construction as the caller sets up)."""
-    from mf_ds import shared_expert
+    from mf_ds import mtp, shared_expert
 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _report(shared_expert.apply(model), log)
+    _report(mtp.attach(model), log)
     return model
 
 
@@ -152,7 +156,8 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
         model = new_model(config, log)
         load_into(model, path, plan.weights_family, layout=layout_of(plan), adapters=plan.run.lora is not None)
         return model
-    if shared_expert.width(config) is not None:  # from_pretrained would build transformers' widths: load ourselves
+    # from_pretrained would build transformers' widths, and no MTP blocks: load ourselves
+    if shared_expert.width(config) is not None or getattr(config, "mtp_variant", None):
         model = new_model(config, log)
         _load_hf(model, path, plan.weights_family)
         return model
@@ -307,7 +312,7 @@ def weight_files(path: Path) -> dict[str, Path]:
 def pending_features(plan: Plan) -> list[str]:
     """Plan features this runtime does not apply, each as a report line (a note, not a silent no-op)."""
     lines = []
-    if any(layer.mtp for layer in plan.layers):
+    if plan.mtp is None and any(layer.mtp for layer in plan.layers):
         model_type = (plan.hf_config or {}).get("model_type", "model")
         lines.append(f"mtp: transformers' {model_type} builds no MTP layers; the MTP loss is not trained")
     return lines

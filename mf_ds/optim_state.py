@@ -163,7 +163,9 @@ def _assemble(ckpt, prefix: str, targets: list[str], model, family: str, layout,
         if not prefix and name.startswith(state_prefixes):
             continue
         mf_name = name[len(prefix) + 1:] if prefix else name
-        if not names.is_weight(mf_name, family) or names.mtp_layer(mf_name, family, model.config.num_hidden_layers):
+        mtp_built = getattr(model.config, "mtp_variant", None) is not None  # mf_ds/mtp.py built the MTP blocks
+        if not names.is_weight(mf_name, family) or (not mtp_built and names.mtp_layer(
+                mf_name, family, model.config.num_hidden_layers)):
             continue
         for piece in to_hf(mf_name, ckpt.tensor(name).float(), family, model.config, layout) or []:
             slot = model_slot(piece.name, buffers)

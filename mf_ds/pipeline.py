@@ -38,6 +38,9 @@ def refusal(plan: Plan, resume: bool) -> str | None:
     if (plan.hf_config or {}).get("tie_word_embeddings"):
         return ("tie_word_embeddings with pipeline_stage > 1: the embedding (first stage) and the LM head (last) "
                 "are not summed across stages yet")
+    if plan.mtp is not None:
+        return ("model_config.mtp_depth with pipeline_stage > 1: the MTP layers are not placed on the last stage "
+                "yet; set mf_ds.pipeline: false (the stages fold into data parallel) or mtp_depth: 0")
     if run.lora is not None or run.evaluation is not None:
         return "LoRA or do_eval with pipeline_stage > 1: not composed with the pipeline yet"
     if resume:

@@ -61,7 +61,8 @@ def mindformers_tensors(state: dict[str, torch.Tensor], model: torch.nn.Module, 
         param, index = slot
         return state[param][index] if index else state[param]
 
-    groups = mindformers_names(checkpoint_names({n: tuple(t.shape) for n, t in state.items()}), family, layout)
+    groups = mindformers_names(checkpoint_names({n: tuple(t.shape) for n, t in state.items()}), family, layout,
+                               model.config.num_hidden_layers)
     for mf_name in sorted(groups):
         tensor = from_hf(mf_name, groups[mf_name], read, family, model.config, layout).contiguous()
         yield mf_name, tensor

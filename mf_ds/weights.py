@@ -175,7 +175,7 @@ def _split_piece(kind: str, half: int, hf_name: str, tensor: torch.Tensor, confi
 def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: WeightLayout) -> list[Piece] | None:
     """The HF checkpoint tensors (or parts of them) that MindFormers tensor `mf_name` holds; None when it is not a
     model weight."""
-    stem = names.mf_to_hf(mf_name, family)
+    stem = names.mf_to_hf(names.mtp_to_hf(mf_name, config.num_hidden_layers), family)
     if stem is None:
         return None
     for part, (_, constant, _) in names.frozen(family).items():
@@ -243,8 +243,10 @@ def _expert_pattern(hf: str) -> re.Pattern:
     return re.compile(re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$")
 
 
-def mindformers_names(hf_names: list[str], family: str, layout: WeightLayout = DEFAULT_LAYOUT) -> dict[str, list[str]]:
-    """{MindFormers name: the HF names it is built from, in order} for the HF checkpoint names given."""
+def mindformers_names(hf_names: list[str], family: str, layout: WeightLayout = DEFAULT_LAYOUT,
+                      num_layers: int | None = None) -> dict[str, list[str]]:
+    """{MindFormers name: the HF names it is built from, in order} for the HF checkpoint names given; `num_layers`:
+    the main layers, past which DeepSeek's MTP fusers and norms take MindFormers' MTP names (names.mtp_to_mf)."""
     out: dict[str, list[str]] = {}
     # mcore checkpoints always hold q/k/v and gate/up fused; legacy ones when the YAML says qkv_concat: True (the
     # network then has only w_qkv / w_gate_hidden, and MindFormers loads nothing else into them).
@@ -269,7 +271,8 @@ def mindformers_names(hf_names: list[str], family: str, layout: WeightLayout = D
                 for part in split[1]:
                     out[stem.replace("\0", part)] = [name]
             else:
-                out[names.hf_to_mf(name, family, layout.gmm, layout.mla_concat)] = [name]
+                mtp = name if num_layers is None else names.mtp_to_mf(name, num_layers)
+                out[names.hf_to_mf(mtp, family, layout.gmm, layout.mla_concat)] = [name]
     return out
 
 

@@ -60,7 +60,8 @@ CALLBACKS: dict[str, dict[str, tuple[Any, Any, str, str]]] = {
         "balance_via_topk_bias": (bool, None, "runtime", "must mirror moe_config.balance_via_topk_bias"),
         "topk_bias_update_rate": (float, None, "runtime", "bias step u (default: moe_config's)"),
         "num_layers": (int, None, "dropped", "the plan's MoE layers are updated, whatever layers this names"),
-        "mtp_depth": (int, None, "dropped", "no MTP layers are built here"),
+        "mtp_depth": (int, None, "dropped", "the plan's MoE layers are updated (MTP layers among them where "
+                                            "built: translators/mtp.py), whatever depth this names"),
         "expert_num": (int, None, "dropped", "checked: must equal the routed expert count (an error otherwise)"),
         "micro_batch_num": (int, 1, "differs", "the update's sign compares each load with the mean load of the "
                                                "step; MindFormers' target micro_batch_num x GA / E is not used "
@@ -74,7 +75,8 @@ CALLBACKS: dict[str, dict[str, tuple[Any, Any, str, str]]] = {
         "capacity_factor": (float, None, "runtime", "MindFormers' estimate sum_i max(0, f_i - cf/E) "
                                                     "(default: moe_config's)"),
         "num_layers": (int, None, "dropped", "every MoE layer of the plan logs, whatever layers this names"),
-        "mtp_depth": (int, None, "dropped", "no MTP layers are built here"),
+        "mtp_depth": (int, None, "dropped", "every MoE layer of the plan logs (MTP layers among them where built: "
+                                            "translators/mtp.py), whatever depth this names"),
     },
 }
 _CHECKED = ("expert_num", "checkpoint_format")  # checked against the rest of the YAML, not read at run time

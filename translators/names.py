@@ -34,6 +34,8 @@ Names outside the model (optimizer moments `adam_m.*` / `adam_v.*`, `global_step
 
 from __future__ import annotations
 
+import re
+
 # (MindFormers substring, HF substring), applied in order, as MindFormers' name_replace does.
 LLAMA = (
     ("model.tok_embeddings.embedding_weight", "model.embed_tokens.weight"),
@@ -477,6 +479,42 @@ def mtp_layer(name: str, family: str, num_layers: int) -> bool:
         return True
     parts = name.split(".")
     return len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) >= num_layers
+
+
+# research/deepseek3/convert_weight.py mtp_name_replace (1.5.0 = 1.7.0): the MTP fuser and head norm of depth k,
+# MindFormers <-> DeepSeek's HF layout at model.layers.{num_layers + k} (its decoder-layer part uses the table).
+MTP_PARTS = (("norm_emb", "enorm"), ("norm", "hnorm"), ("dense", "eh_proj"))
+_MF_MTP = re.compile(r"^model\.(?:mtp_hidden_fusers\.(\d+)\.(norm_emb|norm|dense)|mtp_norms\.(\d+))\.")
+_HF_MTP = re.compile(r"^model\.layers\.(\d+)\.(enorm|hnorm|eh_proj|shared_head\.norm)\.")
+
+
+def mtp_to_hf(name: str, num_layers: int) -> str:
+    """A MindFormers MTP fuser / head-norm name in DeepSeek's HF layout; any other name unchanged."""
+    m = _MF_MTP.match(name)
+    if not m:
+        return name
+    if m.group(3) is not None:
+        return f"model.layers.{num_layers + int(m.group(3))}.shared_head.norm." + name[m.end():]
+    return f"model.layers.{num_layers + int(m.group(1))}.{dict(MTP_PARTS)[m.group(2)]}." + name[m.end():]
+
+
+def mtp_to_mf(name: str, num_layers: int) -> str:
+    """The MindFormers name of an HF MTP fuser / head-norm weight (model.layers.{num_layers + k}.enorm, ...)."""
+    m = _HF_MTP.match(name)
+    if not m or int(m.group(1)) < num_layers:
+        return name
+    k = int(m.group(1)) - num_layers
+    if m.group(2) == "shared_head.norm":
+        return f"model.mtp_norms.{k}." + name[m.end():]
+    return f"model.mtp_hidden_fusers.{k}.{dict((h, mf) for mf, h in MTP_PARTS)[m.group(2)]}." + name[m.end():]
+
+
+def mtp_shared_copy(name: str, num_layers: int) -> bool:
+    """DeepSeek's HF checkpoints repeat the embedding and head in each MTP layer (model.layers.{n}.embed_tokens,
+    .shared_head.head); MindFormers' converter drops them (_mtp_pt_to_ms), the model shares the main ones."""
+    parts = name.split(".")
+    return len(parts) > 3 and parts[:2] == ["model", "layers"] and parts[2].isdigit() \
+        and int(parts[2]) >= num_layers and ".".join(parts[3:5]) in ("embed_tokens.weight", "shared_head.head")
 
 
 def frozen(family: str) -> dict[str, tuple[str, str, int]]:

@@ -23,6 +23,7 @@ from translators import (
     hfdata,
     layout,
     mf_defaults,
+    mtp,
     names,
     pipeline,
     pynative,
@@ -170,6 +171,10 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         moe, _ = moe_plan(built, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep, pc, extra, ledger)
     elif ledger.present("moe_config"):
         ledger.dropped("moe_config", "no model section to build experts in")
+    if moe is None and hf_config is not None and family.layer_style == "deepseek":
+        # A dense research DeepSeek (expert_num 1: DeepseekV2DecoderLayer builds its plain FFN everywhere); HF's
+        # DeepseekV2/V3 build MoE blocks from first_k_dense_replace on, so every layer (MTP included) goes below it
+        hf_config["first_k_dense_replace"] = shape.num_layers + shape.mtp_depth
 
     # DeepSpeed.
     runner = RunnerConfig.parse(tree.get("runner_config"), ledger)
@@ -327,7 +332,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                                          bool(shape and shape.input_sliced_sig))
     notes = ledger.finish()
     plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
-                           "kernels": kernels, "run": run, "parallel": lay.as_plan(), "notes": notes})
+                           "kernels": kernels, "run": run, "parallel": lay.as_plan(), "notes": notes,
+                           "mtp": mtp.plan(family, shape, hf_config)})
     return Translation(plan, formative, ledger)
 
 

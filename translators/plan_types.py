@@ -454,6 +454,18 @@ class Parallel:
 
 
 @dataclass(frozen=True)
+class Mtp:
+    """DeepSeek's multi-token prediction as MindFormers computes it (translators/mtp.py, mf_ds/mtp.py)."""
+
+    variant: str
+    """research: research/deepseek3 of MindFormers 1.5-1.7 (the only one built)."""
+    depth: int
+    """model_config.mtp_depth: MTP layers, each predicting one token further."""
+    loss_factor: float
+    """model_config.mtp_loss_factor: loss += loss_factor / depth x each depth's masked CE."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """What a MindFormers YAML became: the runtime reads this, never the YAML."""
 
@@ -469,6 +481,8 @@ class Plan:
     parallel: Parallel = field(default_factory=Parallel)
     notes: tuple[Note, ...] = ()
     """Every YAML key and what it became (the ledger)."""
+    mtp: Mtp | None = None
+    """None: no MTP layers built."""
 
     @property
     def estimate_capacity_factor(self) -> float | None:

@@ -280,7 +280,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     notes = ledger.finish()
     plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
                            "kernels": Kernels(fused_rope=shape.use_fused_rope, fused_swiglu=shape.use_fused_swiglu),
-                           "run": run, "parallel": lay.as_plan(), "notes": notes})
+                           "run": run, "parallel": lay.as_plan(), "notes": notes, "mtp": None})
     asked = {"data_parallel": deg.data_parallel, "model_parallel": deg.tp, "context_parallel": deg.cp,
              "expert_parallel": deg.ep, "pipeline_stage": deg.pp, "micro_batch_num": deg.gradient_accumulation_steps}
     return Translation(plan, (), ledger, asked)

@@ -233,7 +233,7 @@ def _resolve(model_name: str, prefix: str, decoder: nn.ModuleList, layers: tuple
     """(layer index, path) -> _route's answer for every planned path; raises for a path no planned layer has."""
     routes = {}
     for entry in layers:
-        if not entry.mtp:
+        if entry.index < len(decoder):  # MTP entries too, where mf_ds/mtp.py built the block there
             for path in (*entry.select_recompute, *entry.comm_recompute):
                 routes[entry.index, path] = _route(decoder[entry.index], path)
     for path in dict.fromkeys(path for _, path in routes):
@@ -287,7 +287,7 @@ def patch_layers(model: nn.Module, layers: tuple[Layer, ...], recorder: Recorder
 
     `checkpoint_fn` checkpoints the fully recomputed layers (default: torch's non-reentrant checkpoint, as HF).
     A path a layer lacks (an MoE layer has `mlp.experts`, not `mlp.gate_proj`) is reported as not applicable
-    there; MTP entries are reported and skipped (transformers' causal LMs do not build MTP layers).
+    there; MTP entries apply to the MTP blocks mf_ds/mtp.py built, and are reported and skipped where none is.
     Raises ValueError for a malformed plan, a planned path that exists in none of the layers it is planned for,
     or a model already under activation checkpointing; a bad plan changes nothing.
     """
@@ -304,7 +304,7 @@ def patch_layers(model: nn.Module, layers: tuple[Layer, ...], recorder: Recorder
     full_fn = checkpoint_fn or functools.partial(checkpoint, use_reentrant=False)  # HF's default
     for entry in sorted(layers, key=lambda e: e.index):
         name = f"{prefix}.{entry.index}"
-        if entry.mtp:
+        if entry.index >= len(decoder):
             report.append(f"{name}: MTP layer, not built by {model_name}; its recompute plan is skipped")
         elif entry.full_recompute:
             layer = decoder[entry.index]
@@ -317,7 +317,7 @@ def patch_layers(model: nn.Module, layers: tuple[Layer, ...], recorder: Recorder
                        for path in entry.full_recompute_exclude]
         else:
             report += _apply_select(recorder, name, decoder[entry.index], entry, routes)
-    if any(entry.full_recompute and not entry.mtp for entry in layers):
+    if any(entry.full_recompute and entry.index < len(decoder) for entry in layers):
         # as HF's activation_checkpointing_enable: a reentrant checkpoint_fn needs an input that requires grad
         embeddings = model.get_input_embeddings()
         recorder.hooks.append(embeddings.register_forward_hook(lambda module, args, out: out.requires_grad_(True)))

@@ -80,10 +80,10 @@ def test_moe_callbacks_fire_under_the_trainer_with_the_loop_lines(tmp_path):
     def lines(proc):  # the Trainer's progress bar shares stderr (\r, no newline): find the lines anywhere
         return re.findall(r"layer: \d+, drop_rate: \d+\.\d{5}", proc.stderr)
 
-    assert len(lines(ds)) == 4  # 2 steps x MoE layers 1 and 2 (the MTP layer is not built by transformers)
+    assert len(lines(ds)) == 6  # 2 steps x MoE layers 1, 2 and 3 (the MTP layer: mf_ds/mtp.py)
     assert lines(hf) == lines(ds)
     rows = [json.loads(line) for line in (tmp_path / "hf" / "metrics.jsonl").read_text().splitlines()]
-    assert set(rows[-1]["moe"]) == {"1", "2"} and len(rows[-1]["moe"]["1"]["expert_load"]) == 8
+    assert set(rows[-1]["moe"]) == {"1", "2", "3"} and len(rows[-1]["moe"]["1"]["expert_load"]) == 8
 
 
 def test_save_checkpoint_steps_0_turns_the_trainers_saving_off(tmp_path):

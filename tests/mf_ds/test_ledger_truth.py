@@ -25,7 +25,7 @@ from translators.plan import translate_file
 MF = ROOT / "tests" / "fixtures" / "mindformers"
 PYNATIVE = ROOT / "tests" / "fixtures" / "pynative" / "tiny_deepseek3_pynative.yaml"
 PACKED = MF / "finetune_qwen2_5_packed.yaml"
-NAMED = re.compile(r"\b(?:plan\.)?((?:run|moe|kernels|layers|deepspeed|hf_config)(?:\.[A-Za-z_]+)*)")
+NAMED = re.compile(r"\b(?:plan\.)?((?:run|moe|kernels|layers|deepspeed|hf_config|mtp)(?:\.[A-Za-z_]+)*)")
 # Ledger keys (list indices as [*]) whose message names no Plan entry -> the entry they became. Translator-side
 # decisions name the entry they shape (the layer layout keys -> layers).
 ENTRY = {
@@ -39,7 +39,6 @@ ENTRY = {
     "model.model_config.seq_length": "run.seq_length",
     "model.model_config.offset": "layers",
     "model.model_config.pp_interleave_num": "layers",
-    "model.model_config.mtp_loss_factor": "layers",
     "model.model_config.mtp_loss_scaling_factor": "layers",
     "model.model_config.return_extra_loss": "moe.aux_loss",
     "model.model_config.moe_router_load_balancing_type": "moe.aux_loss",

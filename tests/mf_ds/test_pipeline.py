@@ -75,6 +75,10 @@ def test_what_does_not_compose_folds_or_is_refused():
     interleaved = plan_of(*PIPE, *FOUR, *base, "model.model_config.pp_interleave_num=2",
                           "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: 1f1b}").plan
     assert "interleaved" in refusal(interleaved, resume=False)
+    mtp = plan_of(*PIPE, *base, "use_parallel=True", "model.model_config.offset=[1, 0]",
+                  config=str(ROOT / "tests" / "fixtures" / "mindformers" / "mtp" / "ds3_mtp_tiny.yaml"))
+    assert mtp.plan.mtp is not None and mtp.plan.parallel.pipeline_stage == 2
+    assert "MTP layers" in refusal(mtp.plan, resume=False)
 
 
 def _run(out: Path, *sets: str, ranks: int = 1) -> subprocess.CompletedProcess:

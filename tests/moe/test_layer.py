@@ -56,7 +56,8 @@ def test_dropless_equals_hf(family):
 
 
 def test_plan_from_a_mindformers_yaml_equals_hf():
-    """The tiny DeepSeek-V3 YAML through translators (sigmoid, bias, shared expert, dense layer 0, MTP reported),
+    """The tiny DeepSeek-V3 YAML through translators (sigmoid, bias, shared expert, dense layer 0, the MTP layer's MoE
+    patched as well: mf_ds/mtp.py builds it),
     made dropless, builds a model whose patched logits and gradients equal HF's."""
     from mf_ds.model import build_model
     from translators.plan import translate
@@ -71,7 +72,7 @@ def test_plan_from_a_mindformers_yaml_equals_hf():
             layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(8) * 0.3)
     ours = copy.deepcopy(hf)
     report = mf_ds.patch.apply(ours, plan)
-    assert any("MTP" in line for line in report)
+    assert any(line.startswith("model.layers.3.mlp: DeepseekV3MoE -> MFMoE") for line in report), report
     ids = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(1))
     logits_hf, grads_hf = _loss_and_grads(hf, ids)
     logits, grads_ours = _loss_and_grads(ours, ids)

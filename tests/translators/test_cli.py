@@ -63,7 +63,7 @@ def test_files_and_plan_keys(tmp_path, capsys):
     hf_config = json.loads(hf.read_text())
     assert hf_config["model_type"] == "llama" and hf_config["num_hidden_layers"] == 2
     assert list(json.loads(plan.read_text())) == list(PLAN_KEYS) == ["deepspeed", "hf_config", "layers", "moe",
-                                                                      "kernels", "run", "parallel", "notes"]
+                                                                      "kernels", "run", "parallel", "notes", "mtp"]
 
 
 @needs_shared

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from translators import mtp
 from translators.errors import ConfigError, join, show
 from translators.families.base import (
     _ARCH_FAMILY,
@@ -196,6 +197,7 @@ def model_shape(tree: dict, family: FamilyRecord, ledger: Ledger, version: str =
     for name, message in _SHAPE_NOTES.items():
         if name in m.spelling:
             ledger.runtime(m.path(name), message(getattr(shape, name)))
+    mtp.account(family, shape, {k: m.path(k) for k in ("mtp_depth", "mtp_loss_factor") if k in m.spelling}, ledger)
     return shape
 
 
@@ -207,7 +209,6 @@ _SHAPE_NOTES: dict[str, Callable[[Any], str]] = {
     "use_fused_swiglu": lambda v: "the fused SwiGLU kernel" if v else "plain SwiGLU (no fused kernel)",
     "input_sliced_sig": lambda v: "dataset rows hold seq_length tokens and their labels" if v
     else "dataset rows hold seq_length + 1 tokens, shifted into inputs and labels",
-    "mtp_loss_factor": lambda v: f"MTP loss weight: loss += {v} / mtp_depth * MTP loss (ModelShape.mtp_loss_factor)",
     "return_extra_loss": lambda v: "MoE aux losses added to the LM loss" if v else "MoE aux losses not added",
 }
 

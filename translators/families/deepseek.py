@@ -49,10 +49,12 @@ DEEPSEEK: dict[str, Rule | str] = {
 DEEPSEEK_V3 = {
     **DEEPSEEK,
     "init_method_std": "initializer_range",
-    "mtp_depth": Expect(0, "no MTP layers", "transformers builds no MTP module from it: MindFormers' MTP layers and "
-                                            "their loss are absent unless the runtime adds them",
-                        hf="num_nextn_predict_layers"),
+    "mtp_depth": Shape(),  # the research variant's MTP layers are built by mf_ds/mtp.py (translators/mtp.py notes it)
 }
+# Variants whose MTP is not built yet (mcore, DeepSeek-V4): transformers builds nothing from mtp_depth.
+MTP_ABSENT = Expect(0, "no MTP layers", "transformers builds no MTP module from it: MindFormers' MTP layers and "
+                                        "their loss are absent unless the runtime adds them",
+                    hf="num_nextn_predict_layers")
 DEEPSEEK_V2 = {
     **DEEPSEEK,
     **_each(("pretrain_seqlen", "compute_in_2d", "use_past_shard"), DROP("deprecated DeepseekV2Config argument")),

@@ -104,7 +104,7 @@ RECORDS = (
 
 def specs() -> dict[str, tuple]:
     """config class, rules, defaults, derivations and extra spellings (imported here: the tables import base)."""
-    from translators.families.deepseek import DEEPSEEK, DEEPSEEK_V3
+    from translators.families.deepseek import DEEPSEEK, MTP_ABSENT
     from translators.families.derive import _untied
     from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES, UNTIED
     from translators.families.rules import (
@@ -169,7 +169,7 @@ def specs() -> dict[str, tuple]:
         "qk_layernorm": Expect(True, "norms on the compressed q and the kv, as HF (q_a_norm, kv_norm)",
                                "HF DeepSeek-V4 always normalises the compressed q and the kv"),
         "normalization": Expect("RMSNorm", "RMSNorm, as HF", "HF DeepSeek-V4 uses RMSNorm"),
-        "mtp_depth": DEEPSEEK_V3["mtp_depth"],
+        "mtp_depth": MTP_ABSENT,
         "topk_method": Drop("not read by the PyNative router (it limits groups by moe_router_num_groups)"),
         "actual_vocab_size": Drop("DeepseekV4Config's copy of vocab_size (the hash table's rows)"),
         "moe_router_fusion": Drop("Ascend fused-router switch (performance only)"),

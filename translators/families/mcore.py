@@ -7,10 +7,10 @@ from translators.families import parts, registry
 from translators.families.deepseek import (
     DEEPSEEK,
     DEEPSEEK_MOE,
-    DEEPSEEK_V3,
     DEEPSEEK_V3_MEMORY,
     DEEPSEEK_V3_MOE,
     DEEPSEEK_V3_RUNTIME,
+    MTP_ABSENT,
 )
 from translators.families.glm import GLM
 from translators.families.llama import LLAMA
@@ -199,7 +199,7 @@ DEEPSEEK_MCORE: dict[str, Rule | str] = {
                            "HF DeepseekV3 always normalises the compressed q and kv"),
     "multi_latent_attention": Expect(True, "MLA, as HF DeepseekV3", "HF DeepseekV3 always uses MLA"),
     "tie_word_embeddings": UNTIED,
-    "mtp_depth": DEEPSEEK_V3["mtp_depth"],
+    "mtp_depth": MTP_ABSENT,
     "n_kv_heads": Feeds(unused="not read by MLA: every head has its own k and v (hf num_key_value_heads = "
                                "num_attention_heads)"),
     "moe_shared_expert_intermediate_size": Feeds(),  # must be n_shared_experts x moe_intermediate_size (HF's width)

@@ -1,0 +1,168 @@
+"""DeepSeek's multi-token prediction (MTP) beside transformers' DeepseekV3ForCausalLM, as MindFormers' research
+DeepSeek-V3 computes it (Plan.mtp.variant "research"; translators/mtp.py says which YAMLs get it).
+
+Source: research/deepseek3 of MindFormers 1.5.0 / 1.7.0 (identical there). deepseek2_model.py DeepseekV2Model.construct
+runs the MTP depths after the main layers, from the hidden state *before* the final norm (`output = norm_out(h)` is
+taken, then `h` itself goes on):
+
+    tokens_k = shift_and_pad(tokens_{k-1})                  # next ids, the last position padded with id 0
+    h_k = MTPHiddenFuser_k(h_{k-1}, E[tokens_k])            # dense(concat[norm(h), norm_emb(E[ids])]), E shared
+    h_k = layers[num_layers + k - 1](h_k, same mask, rope)  # an ordinary decoder layer (MoE past first_k_dense)
+    logits_k = lm_head(mtp_norms[k-1](h_k))                 # the shared head
+
+and TrainingDeepseekV3ForCausalLM.construct (deepseek3_model_train.py) adds, per depth, with labels and the
+`tokens != pad` mask shifted the same way (padded with 0: the last k positions count for nothing):
+
+    loss = CE(main) + extra_loss + sum_k CE_k(logits_k, labels_k, mask_k) * mtp_loss_factor / mtp_depth
+    CE = sum(ce x mask) / (sum(mask) + 1e-8)               (mindformers/core/loss/loss.py CrossEntropyLoss)
+
+MFLossMonitor logs that one total; mf-ds logs it as `loss` and the MTP term alone as `mtp_loss` beside it.
+
+Modules, in the layout of DeepSeek's own HF checkpoints (`num_nextn_predict_layers`; depth k's block is
+`model.layers.{num_hidden_layers + k - 1}`): the decoder layer built as transformers' own decoder-layer class, with
+`enorm`, `hnorm`, `eh_proj` and `shared_head.norm` added to it. transformers' forward runs only
+`layers[:num_hidden_layers]`, so the main model is unchanged. Embedding and head are the main model's (shared,
+not copied). Names and values map as MindFormers' own converter maps them (research/deepseek3/convert_weight.py
+mtp_name_replace / _mtp_pt_to_ms: enorm <-> mtp_hidden_fusers.k.norm_emb, hnorm <-> .norm, eh_proj <-> .dense
+copied unchanged, shared_head.norm <-> mtp_norms.k). So `eh_proj` multiplies [hnorm(h), enorm(emb)], MindFormers'
+column order; DeepSeek's own inference code concatenates [enorm(emb), hnorm(h)]: an HF release's MTP weights run
+here as they run in MindFormers after its converter, not as in DeepSeek's inference code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mf_ds.errors import RunError
+from mf_ds.loss import IGNORE_INDEX, linear_cross_entropy_sum
+from translators.plan_types import Plan
+
+EPS = 1e-8  # CrossEntropyLoss's denominator guard
+
+
+def refusal(plan: Plan) -> str | None:
+    """Why this runtime cannot build the Plan's MTP, None when it can."""
+    if plan.mtp is None:
+        return None
+    if plan.mtp.variant != "research":
+        return f"MTP variant {plan.mtp.variant!r} is not built by mf-ds"
+    if plan.parallel.context_parallel > 1:
+        return "MTP with context parallel: the ids are shifted along the sequence that Ulysses shards"
+    if plan.parallel.tensor_parallel > 1:
+        return "MTP with tensor parallel: its loss reads the whole LM head, which AutoTP may shard by vocabulary"
+    return None
+
+
+def configure(config, plan: Plan) -> None:
+    """Marks the HF config for `attach` (mtp_variant, num_nextn_predict_layers: both saved in config.json, where
+    DeepSeek's own checkpoints have the second); refuses what this runtime cannot build, in one line."""
+    if plan.mtp is None:
+        return
+    why = refusal(plan)
+    if why:
+        raise RunError(f"model.model_config.mtp_depth: {why}")
+    config.mtp_variant = plan.mtp.variant
+    config.num_nextn_predict_layers = plan.mtp.depth
+
+
+def attach(model: nn.Module) -> list[str]:
+    """Adds the config's MTP blocks to `model.model.layers` (after the main ones) and the hooks that capture what
+    they reuse from the main forward; returns the report lines (none without `mtp_variant`)."""
+    config = model.config
+    if getattr(config, "mtp_variant", None) is None:
+        return []
+    if hasattr(next(model.parameters()), "ds_id"):
+        raise RunError("model.model_config.mtp_depth: MTP layers are not added to a model built partitioned by "
+                       "ZeRO-3 (deepspeed.zero.Init); use ZeRO stage 1 or 2")
+    layers = model.model.layers
+    n, depth = config.num_hidden_layers, config.num_nextn_predict_layers
+    layer_class, norm_class = type(layers[0]), type(model.model.norm)
+    first = next(model.parameters())
+    for k in range(depth):
+        block = layer_class(config, n + k)
+        block.enorm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        block.hnorm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        block.eh_proj = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        block.shared_head = nn.Module()
+        block.shared_head.norm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        if first.device.type != "meta":
+            block.apply(model._init_weights)
+        layers.append(block.to(device=first.device, dtype=first.dtype))
+    capture = _Capture()
+    model.model.norm.register_forward_pre_hook(capture.pre_norm)
+    layers[0].register_forward_pre_hook(capture.layer_inputs, with_kwargs=True)
+    model._mf_mtp = capture
+    count = sum(p.numel() for p in layers[n:].parameters())
+    return [f"mf-ds: mtp: {depth} MTP block(s) of research/deepseek3 at model.layers.{n}..{n + depth - 1} "
+            f"({count:,} parameters; embedding and head shared)"]
+
+
+class _Capture:
+    """What the MTP blocks take from the main forward: h before the final norm, the first layer's mask and RoPE."""
+
+    def __init__(self):
+        self.hidden = None
+        self.kwargs = None
+
+    def pre_norm(self, module, args):
+        self.hidden = args[0]
+
+    def layer_inputs(self, module, args, kwargs):
+        self.kwargs = {key: kwargs.get(key) for key in ("attention_mask", "position_ids", "position_embeddings")}
+
+
+def _shift(x: torch.Tensor, k: int, fill: int) -> torch.Tensor:
+    """_shift_and_pad applied k times: x[:, k:] then k columns of `fill`."""
+    return torch.cat([x[:, k:], x.new_full((x.shape[0], k), fill)], dim=1)
+
+
+def depth_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+    """Each depth's masked CE (fp32), from the forward the model just ran. `labels`: the main loss's targets with
+    -100 where MindFormers' mask is 0 (pads)."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT (LoRA) wraps it
+    capture = model._mf_mtp
+    n = model.config.num_hidden_layers
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    h = capture.hidden
+    out = []
+    for k in range(1, model.config.num_nextn_predict_layers + 1):
+        block = model.model.layers[n + k - 1]
+        emb = embed(_shift(input_ids, k, 0))
+        h = block.eh_proj(torch.cat([block.hnorm(h), block.enorm(emb)], dim=-1))  # MTPHiddenFuser's order
+        h = block(h, **capture.kwargs)
+        h_NH = block.shared_head.norm(h).flatten(0, 1)
+        target = _shift(labels, k, IGNORE_INDEX).flatten()
+        # fp32 sum of the kept tokens' CE from h @ W^T upcast, the logits never whole (mf_ds/loss.py); ZeRO-3's
+        # gathered head weight only inside the head's own call
+        if hasattr(head.weight, "ds_id"):
+            logits = head(h_NH).float()
+            ce_sum = nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
+        else:
+            ce_sum = linear_cross_entropy_sum(h_NH, head.weight, target, IGNORE_INDEX)
+        out.append(ce_sum / ((target != IGNORE_INDEX).sum() + EPS))
+    return out
+
+
+class MtpLoss:
+    """The loop's MTP term: `add` returns loss + factor / depth x sum_k CE_k and keeps the term for the log."""
+
+    def __init__(self, plan: Plan):
+        self.factor = plan.mtp.loss_factor / plan.mtp.depth
+        self.total = None
+
+    def add(self, model: nn.Module, loss: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor):
+        term = torch.stack(depth_losses(model, input_ids, labels)).sum() * self.factor
+        value = term.detach().double()
+        self.total = value if self.total is None else self.total + value
+        return loss + term
+
+    def take(self, divisor: int) -> float | None:
+        """This step's MTP term, averaged as the loop averages the loss (summed over ranks, / divisor); resets."""
+        if self.total is None:
+            return None
+        total, self.total = self.total, None
+        if dist.is_initialized():
+            dist.all_reduce(total)
+        return (total / divisor).item()
