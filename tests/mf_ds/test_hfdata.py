@@ -10,10 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("datasets")
-
-from mf_ds.data import handlers, hfloader  # noqa: E402
-from mf_ds.data.indexed import DataError  # noqa: E402
+from mf_ds.data import handlers, hfloader
+from mf_ds.data.indexed import DataError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hfdata"
 GOLDEN = json.loads((FIX / "golden.json").read_text())

@@ -8,13 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.conftest import CPU_ENV, ROOT
 from tests.translators.test_hfdata import model_dir
-
-pytest.importorskip("datasets")
 
 FIX = ROOT / "tests" / "fixtures" / "hfdata"
 WHEELS = ROOT / "tests" / "fixtures" / "mindformers_wheels" / "2.1.0"

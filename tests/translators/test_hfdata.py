@@ -14,8 +14,6 @@ from translators.errors import ConfigError
 from translators.loader import load_yaml
 from translators.plan import translate
 
-pytest.importorskip("datasets")
-
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hfdata"
 QWEN3_MOE_JSON = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
                   "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
