@@ -138,7 +138,8 @@ def stage_activations(hf: dict, layers: list[dict], first: bool, last: bool, fli
         final = ((4 + e) * h + e * h) * T
         # each loss: fp32 log-softmax + logits kept ((4 + e) V), the last one at its peak ((12 + e) V)
         moments.append(sum(kept) + final + (mtp * (4 + e) + 12 + e) * V * T)
-        work += e * V * T
+        work += e * V * T  # the logits' gradient
+        moments.append(sum(kept) + final + work)  # the final norm's backward
     for k in range(len(layers)):
         moments.append(below + full[k] + work)
         below += kept[k]
