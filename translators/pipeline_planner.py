@@ -82,10 +82,16 @@ def candidate(plan: dict, world: int, pp: int, ep: int, yaml_pp: int, offset, li
     zero = {**plan["deepspeed"].get("zero_optimization", {}), "stage": min(zero_stage, 1)}
     stages = pm.stages(plan, stage_of(plan, pp, yaml_pp, offset), pp, deg, micro, mbn, zero)
     worst = max(stages, key=lambda s: s.peak)
+    settings = ["mf_ds.pipeline=true", f"parallel_config.pipeline_stage={pp}", f"parallel_config.data_parallel={dp}",
+                f"parallel_config.micro_batch_num={mbn}"] + (
+        [f"parallel_config.expert_parallel={ep}"] if ep != plan["parallel"]["expert_parallel"] else [])
+    if pp != yaml_pp:
+        settings.append(f"model.model_config.offset={fixes.offset_for(layout_size(plan)[0], pp)}".replace(" ", ""))
     return {"world_size": world, "pipeline_stage": pp, "data_parallel": dp, "tensor_parallel": tp,
             "context_parallel": cp, "expert_parallel": ep, "micro_batch_num": mbn,
             "bubble": pm.bubble(pp, mbn), "peak": worst.peak, "worst_stage": worst.index,
-            "fits": worst.peak <= limit, "stages": stages, "not_composed": runtime_gaps(plan, tp, cp, ep)}
+            "fits": worst.peak <= limit, "stages": stages, "not_composed": runtime_gaps(plan, tp, cp, ep),
+            "set": settings}
 
 
 def candidates(plan: dict, world: int, yaml_pp: int, yaml_ep: int, offset, limit: float) -> list[dict]:
@@ -113,19 +119,23 @@ def candidates(plan: dict, world: int, yaml_pp: int, yaml_ep: int, offset, limit
 
 def search(plan: dict, yaml_pp: int, offset, limit: float) -> dict:
     """The candidates on the Plan's world size and the layout named: the first device count (the asked one times
-    1, 2, 4, ...) where one fits; None when none does up to 2^GROWTH times."""
+    1, 2, 4, ...) where one fits under the Plan's recompute, else (as planner.more_ranks) with full recompute of
+    every layer (`with` says so); None when none does up to 2^GROWTH times."""
     world = plan["parallel"]["world_size"]
     yaml_ep = plan["parallel"]["expert_parallel"]
     asked = candidates(plan, world, yaml_pp, yaml_ep, offset, limit)
-    named = None
-    for k in (2 ** i for i in range(GROWTH + 1)):
-        found = asked if k == 1 else candidates(plan, world * k, yaml_pp, yaml_ep, offset, limit)
-        fitting = [c for c in found if c["fits"]]
-        if fitting:
-            named = next((c for c in fitting if c["pipeline_stage"] == yaml_pp), None) or \
-                min(fitting, key=lambda c: (c["bubble"], c["peak"]))
-            break
-    return {"asked": asked, "named": named, "limit": limit}
+    full = {**plan, "layers": [{**entry, "full_recompute": True} for entry in plan["layers"]]}
+    for tried, how in ((plan, ""), (full, "full recompute of every layer")):
+        if how and all(entry["full_recompute"] for entry in plan["layers"]):
+            break  # the Plan recomputes every layer already
+        for k in (2 ** i for i in range(GROWTH + 1)):
+            found = asked if k == 1 and not how else candidates(tried, world * k, yaml_pp, yaml_ep, offset, limit)
+            fitting = [c for c in found if c["fits"]]
+            if fitting:
+                named = next((c for c in fitting if c["pipeline_stage"] == yaml_pp), None) or \
+                    min(fitting, key=lambda c: (c["bubble"], c["peak"]))
+                return {"asked": asked, "named": {**named, "with": how}, "limit": limit}
+    return {"asked": asked, "named": None, "limit": limit}
 
 
 def as_json(section: dict) -> dict:
@@ -164,10 +174,14 @@ def render(section: dict) -> list[str]:
     if not asked:
         out.append("    none: no stage count divides these devices and keeps MindFormers' global batch")
     if named is None:
-        out.append(f"  no pipeline layout fits up to {2 ** GROWTH} times these devices")
+        out.append(f"  no pipeline layout fits up to {2 ** GROWTH} times these devices, even with full recompute "
+                   "(a stage's activations do not shrink with more data-parallel ranks)")
         return out
     out += ["", f"named layout: {named['world_size']} devices of {gib:.1f} GiB, {_degrees(named)}, micro_batch_num "
-            f"{named['micro_batch_num']}, bubble {named['bubble']:.1%}"] + table(named)
+            f"{named['micro_batch_num']}, bubble {named['bubble']:.1%}"
+            + (f", with {named['with']} (recompute_config.recompute: True)" if named.get("with") else "")]
+    out += table(named) + ["  to run it: --set " + " --set ".join(named["set"] + (
+        ["recompute_config.recompute=True"] if named.get("with") else [])) + f" --world-size {named['world_size']}"]
     return out
 
 
