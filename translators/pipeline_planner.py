@@ -57,6 +57,8 @@ def runtime_gaps(plan: dict, tp: int, cp: int, ep: int) -> list[str]:
         gaps.append(f"context parallel {cp} (Ulysses) inside stages")
     if plan.get("mtp"):
         gaps.append("MTP blocks on the last stage")
+    if any(e["full_recompute"] or e["select_recompute"] or e["comm_recompute"] for e in plan["layers"]):
+        gaps.append("recompute on stages (the activations above count the Plan's)")
     if plan["hf_config"].get("tie_word_embeddings") or plan["hf_config"]["model_type"] == "gpt2":
         gaps.append("tied embeddings across the first and last stage")
     return gaps
@@ -180,7 +182,8 @@ def render(section: dict) -> list[str]:
     out += ["", f"named layout: {named['world_size']} devices of {gib:.1f} GiB, {_degrees(named)}, micro_batch_num "
             f"{named['micro_batch_num']}, bubble {named['bubble']:.1%}"
             + (f", with {named['with']} (recompute_config.recompute: True)" if named.get("with") else "")]
-    out += table(named) + ["  to run it: --set " + " --set ".join(named["set"] + (
+    out += table(named) + [("  to run it" if not named["not_composed"] else "  its settings (until then its stages "
+                            "fold into data parallel)") + ": --set " + " --set ".join(named["set"] + (
         ["recompute_config.recompute=True"] if named.get("with") else [])) + f" --world-size {named['world_size']}"]
     return out
 

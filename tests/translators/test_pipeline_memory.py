@@ -155,8 +155,28 @@ def test_layout_of_a_pipelined_plan(capsys):
     assert report["groups"] == {"data parallel": [[0, 1], [2, 3]], "pipeline": [[0, 2], [1, 3]]}
     own = report["pipeline_layout"]
     assert [s["layers"] for s in own["stages"]] == [[0, 1], [2]]  # the YAML's offset, as LayerSetting places it
-    assert report["memory"]["peak"] == max(s["peak"] for s in own["stages"]) and own["not_composed"] == []
+    assert report["memory"]["peak"] == max(s["peak"] for s in own["stages"])
+    # tiny_llama recomputes layer 0: the stages run unpatched today (mf_ds/model.py), and the layout says so
+    assert [layer["full_recompute"] for layer in translate(apply_overrides(load_yaml(argv[0]), sets),
+                                                           world_size=4).json["layers"]] == [True, False, False]
+    assert own["not_composed"] == ["recompute on stages (the activations above count the Plan's)"]
     assert run([*argv, "--gpu-memory", "4GiB"]) == 0
     text = capsys.readouterr().out
     assert "pipeline stage          2  pipeline_stage 2" in text and "num_layers per stage: [2, 1]" in text
     assert "verdict: fits" in text
+
+
+def test_the_named_layout_runs_as_named(capsys):
+    """The named layout's --set, applied, gives a pipelined Plan whose stages have the named memory."""
+    base = [str(CONFIGS / "tiny_llama.yaml"), "--set", "parallel_config.pipeline_stage=2", "--set",
+            "parallel_config.micro_batch_num=2", "--set", "model.model_config.num_layers=4", "--layout"]
+    assert run([*base, "--world-size", "4", "--gpu-memory", "4GiB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "parallel_config.pipeline_stage" in report["folded"]  # no mf_ds.pipeline: the stages fold
+    named = report["pipeline"]["named"]
+    assert named["pipeline_stage"] == 2 and named["fits"] and "mf_ds.pipeline=true" in named["set"]
+    again = [a for item in named["set"] for a in ("--set", item)]
+    assert run([*base, *again, "--world-size", str(named["world_size"]), "--json"]) == 0
+    pipelined = json.loads(capsys.readouterr().out)
+    assert pipelined["degrees"]["pipeline_stage"] == 2 and not pipelined["folded"]
+    assert pipelined["pipeline_layout"]["stages"] == named["stages"]
