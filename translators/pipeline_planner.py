@@ -101,10 +101,11 @@ def candidates(plan: dict, world: int, yaml_pp: int, yaml_ep: int, offset, limit
     larger one that does, else a smaller one, else the one of the smallest peak."""
     laid, _ = layout_size(plan)
     tp, cp = plan["parallel"]["tensor_parallel"], plan["parallel"]["context_parallel"]
+    experts = memory.num_experts(memory.with_defaults(plan["hf_config"]))
     out = []
     for pp in (p for p in range(2, min(world, laid) + 1) if world % (p * tp * cp) == 0):
         shard = world // (pp * tp)  # dp x cp: what expert parallel must divide
-        eps = [e for e in range(1, shard + 1) if shard % e == 0]
+        eps = [e for e in range(1, min(shard, experts) + 1) if shard % e == 0 and experts % e == 0] or [1]
         order = [e for e in eps if e == yaml_ep] + [e for e in eps if e > yaml_ep] + \
             [e for e in reversed(eps) if e < yaml_ep]
         tried = []
