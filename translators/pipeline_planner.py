@@ -65,9 +65,9 @@ def runtime_gaps(plan: dict, tp: int, cp: int, ep: int) -> list[str]:
 
 
 def candidate(plan: dict, world: int, pp: int, ep: int, yaml_pp: int, offset, limit: float, zero_stage: int = 1,
-              ) -> dict | None:
+              micro_batch_num: int | None = None) -> dict | None:
     """One layout on `world` devices with `pp` stages and expert parallel `ep` (ZeRO-1, or `zero_stage` 0); None
-    where the degrees or the global batch do not divide."""
+    where the degrees or the global batch do not divide (`micro_batch_num`: the Plan's own, kept as it is)."""
     par, run = plan["parallel"], plan["run"]
     tp, cp = par["tensor_parallel"], par["context_parallel"]
     if world % (pp * tp * cp):
@@ -77,9 +77,9 @@ def candidate(plan: dict, world: int, pp: int, ep: int, yaml_pp: int, offset, li
     if (dp * cp) % ep or (experts and experts % ep):
         return None
     micro, glob = run["micro_batch_size"], run["mindformers_global_batch_size"]
-    if glob % (micro * dp):
+    if micro_batch_num is None and glob % (micro * dp):
         return None
-    mbn = glob // (micro * dp)
+    mbn = micro_batch_num or glob // (micro * dp)
     deg = memory.Degrees(world // pp, dp, tp, cp, ep)
     zero = {**plan["deepspeed"].get("zero_optimization", {}), "stage": min(zero_stage, 1)}
     stages = pm.stages(plan, stage_of(plan, pp, yaml_pp, offset), pp, deg, micro, mbn, zero)
@@ -217,10 +217,9 @@ def pipelined(report: dict, plan: dict, raw_pc: dict, offset, gpu_memory: float 
     par = plan["parallel"]
     pp, dp, world = par["pipeline_stage"], par["data_parallel"], par["world_size"]
     zero = plan["deepspeed"].get("zero_optimization", {}).get("stage", 0)  # 0 or 1 (mf_ds/pipeline.py refuses 2, 3)
-    own = candidate(plan, world, pp, par["expert_parallel"], pp, offset, float("inf"), zero)
-    if own is None:
-        raise ConfigError("parallel_config.pipeline_stage", f"{pp} stages x {dp} data-parallel ranks do not keep "
-                          "MindFormers' global batch on these ranks")
+    own = candidate(plan, world, pp, par["expert_parallel"], pp, offset, float("inf"), zero,
+                    plan["run"]["gradient_accumulation_steps"])  # the pipeline's micro batches are the accumulation
+    assert own is not None  # the Plan's own degrees divide its world
     # PipeDataParallelTopology (mf_ds/pipeline.py): rank = stage x dp + data rank
     report["rank_order"] = f"rank = stage x {dp} + data_rank (DeepSpeed's PipeDataParallelTopology)"
     report["groups"] = {"data parallel": [list(range(s * dp, (s + 1) * dp)) for s in range(pp)],
