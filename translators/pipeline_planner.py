@@ -183,8 +183,8 @@ def render(section: dict) -> list[str]:
     out += ["", f"named layout: {named['world_size']} devices of {gib:.1f} GiB, {_degrees(named)}, micro_batch_num "
             f"{named['micro_batch_num']}, bubble {named['bubble']:.1%}"
             + (f", with {named['with']} (recompute_config.recompute: True)" if named.get("with") else "")]
-    out += table(named) + [("  to run it" if not named["not_composed"] else "  its settings (until then its stages "
-                            "fold into data parallel)") + ": --set " + " --set ".join(named["set"] + (
+    out += table(named) + [("  to run it" if not named["not_composed"] else "  its settings (not run as planned "
+                            "yet)") + ": --set " + " --set ".join(named["set"] + (
         ["recompute_config.recompute=True"] if named.get("with") else [])) + f" --world-size {named['world_size']}"]
     return out
 
