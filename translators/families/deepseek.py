@@ -4,22 +4,31 @@ from __future__ import annotations
 
 from translators import names
 from translators.families import parts
+from translators.families.derive import (
+    _deepseek_experts,
+    _deepseek_positions,
+    _deepseek_v3_groups,
+    _ffn,
+    _kv_heads,
+    _rope,
+)
 from translators.families.llama import LLAMA
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets, Weights
 from translators.families.rules import (
-                    _GENERATION_KEYS,
-                    _SHAPE_KEYS,
-                    DROP,
-                    INFERENCE,
-                    Expect,
-                    Feeds,
-                    Map,
-                    Rule,
-                    Shape,
-                    _choice,
-                    _each,
+    _GENERATION_KEYS,
+    _SHAPE_KEYS,
+    DROP,
+    INFERENCE,
+    Expect,
+    Feeds,
+    Map,
+    Rule,
+    Shape,
+    _choice,
+    _each,
 )
+from translators.families.spec import SILU, _Spec
 
 # ---------------------------------------------------------------------------------------------------------------
 # DeepSeek-V2/V3 legacy configs (DS2, DS3): LlamaConfig-like names plus MLA; MoE from the top-level moe_config.
@@ -126,3 +135,17 @@ RECORDS = (
                                  bmm_names=names.DEEPSEEK_BMM),
                  tp=parts.MLA + parts.MLP, memory_defaults=DEEPSEEK_V3_MEMORY, runtime=DEEPSEEK_V3_RUNTIME),
 )
+
+
+def specs() -> dict[tuple[str, bool], _Spec]:
+    """DeepseekV2Config / DeepseekV3Config (research/deepseek2, deepseek3): table, defaults, derivations."""
+    return {
+        ("deepseek_v2", False): _Spec("DeepseekV2Config", DEEPSEEK_V2, DS2_DEFAULTS,
+                                      (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_experts),
+                                      moe_rules=DEEPSEEK_V2_MOE,
+                                      fixed=SILU, head_dim_derived=False),
+        ("deepseek_v3", False): _Spec("DeepseekV3Config", DEEPSEEK_V3, DS3_DEFAULTS,
+                                      (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_v3_groups,
+                                       _deepseek_experts),
+                                      moe_rules=DEEPSEEK_V3_MOE, fixed=SILU, head_dim_derived=False),
+    }

@@ -44,9 +44,29 @@ from __future__ import annotations
 import math
 
 from translators import names
+from translators.families.deepseek import DEEPSEEK, MTP_ABSENT
+from translators.families.derive import _untied
+from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES, UNTIED, mcore_spec
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets, Weights
-from translators.families.rules import Feeds
+from translators.families.rules import (
+    CHECKPOINT,
+    DROP,
+    GENERATION,
+    INFERENCE,
+    Differs,
+    Drop,
+    Expect,
+    Feeds,
+    Map,
+    Runtime,
+    _choice,
+    _each,
+    _flag,
+    _int,
+    _optional,
+    _positive,
+)
 
 # The HF config attribute for a shared expert whose width is not moe_intermediate_size (mf_ds/shared_expert.py).
 SHARED_WIDTH = "mf_shared_expert_intermediate_size"
@@ -102,30 +122,15 @@ RECORDS = (
 )
 
 
-def specs() -> dict[str, tuple]:
-    """config class, rules, defaults, derivations and extra spellings (imported here: the tables import base)."""
-    from translators.families.deepseek import DEEPSEEK, MTP_ABSENT
-    from translators.families.derive import _untied
-    from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES, UNTIED
-    from translators.families.rules import (
-        CHECKPOINT,
-        DROP,
-        GENERATION,
-        INFERENCE,
-        Differs,
-        Drop,
-        Expect,
-        Feeds,
-        Map,
-        Runtime,
-        _choice,
-        _each,
-        _flag,
-        _int,
-        _optional,
-        _positive,
-    )
+def specs() -> dict:
+    """config class, rules, defaults, derivations and extra spellings."""
+    defaults = {**MCORE_DEFAULTS, "return_extra_loss": True, "extend_method": "None"}
+    derive = (_heads, _layers, _rope, _moe, _swiglu, _mhc, _untied)
+    return {("deepseek_v4", True): mcore_spec("DeepseekV4Config", _rules(), defaults, derive, SPELLINGS)}
 
+
+def _typed_feeds() -> dict:
+    """The keys that only feed derived HF values (_heads, _layers, _rope, _moe, _swiglu, _mhc), typed as read."""
     pos, nonneg = _int(1), _int(0)
     feeds = {key: Feeds(conv=conv) for key, conv in (
         ("hc_mult", pos), ("hc_sinkhorn_iters", pos), ("hc_eps", _positive), ("sliding_window", pos),
@@ -139,10 +144,15 @@ def specs() -> dict[str, tuple]:
     untyped["swiglu_limit"] = Feeds(unused="ignored: MindFormers' get_activation clamps only a `fusedswiglu` "
                                            "hidden_act (pynative/layers/activation.py); HF's swiglu_limit = inf",
                                     conv=lambda value, path: value)
-    rules = {  # DeepseekV4Config (models/deepseek4/configuration_deepseek_v4.py, 2.1.0) -> HF DeepseekV4Config
+    return {**feeds, **untyped}
+
+
+def _rules() -> dict:
+    """DeepseekV4Config's keys (models/deepseek4/configuration_deepseek_v4.py, 2.1.0): what each becomes."""
+    return {  # DeepseekV4Config (models/deepseek4/configuration_deepseek_v4.py, 2.1.0) -> HF DeepseekV4Config
         # the mcore router settings are read by translators/moe.py, which this family does not use (moe_plan False)
         **{k: v for k, v in MCORE.items() if k not in MCORE_MOE_RULES},
-        **feeds, **untyped,
+        **_typed_feeds(),
         "tie_word_embeddings": UNTIED,
         "n_kv_heads": Drop("not read: DeepSeek-V4's attention has one shared KV head (as HF's: "
                            "num_key_value_heads 1)"),
@@ -229,9 +239,6 @@ def specs() -> dict[str, tuple]:
         **_each(("repetition_penalty", "max_decode_length", "top_k", "top_p", "do_sample", "temperature"),
                 DROP(GENERATION)),
     }
-    defaults = {**MCORE_DEFAULTS, "return_extra_loss": True, "extend_method": "None"}
-    derive = (_heads, _layers, _rope, _moe, _swiglu, _mhc, _untied)
-    return {"deepseek_v4": ("DeepseekV4Config", rules, defaults, derive, SPELLINGS)}
 
 
 def plan_moe(hf: dict, model_config: dict) -> dict | None:

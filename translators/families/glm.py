@@ -5,6 +5,7 @@ from __future__ import annotations
 from translators import names
 from translators.families import parts
 from translators.families.base import _CONFIG_CLASSES
+from translators.families.derive import _glm_kv_heads, _glm_rope, _seq_positions
 from translators.families.llama import LLAMA
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets, Weights
@@ -32,6 +33,7 @@ from translators.families.rules import (
     Shape,
     _each,
 )
+from translators.families.spec import _Spec
 
 # ---------------------------------------------------------------------------------------------------------------
 # ChatGLM2Config (GLM): ChatGLM2/3, GLM-4-9B; YiZhaoConfig shares its names.
@@ -112,3 +114,15 @@ RECORDS = (
     FamilyRecord("yizhao", None, "glm", False,
                  reason="YiZhao has no transformers architecture (a MindFormers research model)"),
 )
+
+
+def specs() -> dict[tuple[str, bool], _Spec]:
+    """ChatGLM2Config's families and YiZhaoConfig: table, defaults, derivations."""
+    derive = (_glm_kv_heads, _glm_rope, _seq_positions)
+    return {
+        ("glm4", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, derive, aliases=GLM_ALIASES,
+                               head_dim_derived=False),
+        ("chatglm", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, derive, aliases=GLM_ALIASES,
+                                  head_dim_derived=False),
+        ("yizhao", False): _Spec("YiZhaoConfig", GLM, GLM_DEFAULTS, aliases=GLM_ALIASES, head_dim_derived=False),
+    }

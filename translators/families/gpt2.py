@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from translators.families.base import _CONFIG_CLASSES
+from translators.families.derive import _gpt2_ffn, _gpt2_positions
 from translators.families.llama import LLAMA
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets
@@ -24,6 +25,7 @@ from translators.families.rules import (
     Shape,
     _each,
 )
+from translators.families.spec import _Spec
 
 # ---------------------------------------------------------------------------------------------------------------
 # GPT2Config (GPT2). MindFormers ties the LM head to the word embedding (GPTHead multiplies by its table, gpt2.py).
@@ -74,3 +76,9 @@ RECORDS = (
         not_applicable={"fused_rope": "GPT-2 has learned absolute position embeddings (wpe), no rotary embedding",
                         "fused_swiglu": "GPT-2's MLP is c_fc -> GELU -> c_proj, no gated unit"})),
 )
+
+
+def specs() -> dict[tuple[str, bool], _Spec]:
+    """GPT2Config: table, defaults, derivations."""
+    return {("gpt2", False): _Spec("GPT2Config", GPT2, GPT2_DEFAULTS, (_gpt2_ffn, _gpt2_positions),
+                                   fixed={"tie_word_embeddings": True})}

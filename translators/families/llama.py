@@ -6,6 +6,7 @@ from __future__ import annotations
 from translators import names
 from translators.families import parts
 from translators.families.base import _CONFIG_CLASSES
+from translators.families.derive import _ffn, _kv_heads, _llama_positions, _qwen2_moe_widths, _rope
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets, Weights
 from translators.families.rules import (
@@ -42,6 +43,7 @@ from translators.families.rules import (
     Shape,
     _each,
 )
+from translators.families.spec import SILU, _Spec
 
 # ---------------------------------------------------------------------------------------------------------------
 # LlamaConfig (LC): Llama 2/3, Qwen1.5/2/2.5, DeepSeek-LLM/Coder, Mixtral, Qwen2-MoE, Baichuan2, Telechat shapes.
@@ -168,3 +170,21 @@ RECORDS = (
                  reason="Baichuan2 has no transformers architecture (trust_remote_code: NormHead, and ALiBi in the "
                         "13B)"),
 )
+
+
+def specs() -> dict[tuple[str, bool], _Spec]:
+    """LlamaConfig's families: the table, the class's defaults, the derivations (translators/families/spec.py)."""
+    derive = (_kv_heads, _ffn, _llama_positions, _rope)
+    return {
+        ("llama", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS, derive, fixed=SILU),
+        ("qwen2", False): _Spec("LlamaConfig", QWEN2, LLAMA_DEFAULTS, derive, fixed=SILU),
+        ("mixtral", False): _Spec("LlamaConfig", MIXTRAL, LLAMA_DEFAULTS, derive, fixed=SILU,
+                                  moe_rules={"expert_num": "num_local_experts",
+                                             "num_experts_chosen": "num_experts_per_tok"}),
+        ("qwen2_moe", False): _Spec("LlamaConfig", QWEN2_MOE, LLAMA_DEFAULTS, (*derive, _qwen2_moe_widths),
+                                    fixed=SILU,
+                                    moe_rules={"expert_num": "num_experts", "num_experts_chosen": "num_experts_per_tok",
+                                               "norm_topk_prob": "norm_topk_prob", "shared_expert_num": Feeds()}),
+        ("baichuan2", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS),
+        ("telechat", False): _Spec("TelechatConfig", LLAMA, LLAMA_DEFAULTS),
+    }

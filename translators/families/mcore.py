@@ -12,6 +12,15 @@ from translators.families.deepseek import (
     DEEPSEEK_V3_RUNTIME,
     MTP_ABSENT,
 )
+from translators.families.derive import (
+    _kv_heads,
+    _mcore_groups,
+    _mcore_rope,
+    _mla_kv_heads,
+    _qwen3_dense_layers,
+    _shared_width,
+    _untied,
+)
 from translators.families.glm import GLM
 from translators.families.llama import LLAMA
 from translators.families.parts import MODELS
@@ -39,6 +48,7 @@ from translators.families.rules import (
     Shape,
     _each,
 )
+from translators.families.spec import Derive, _Spec
 from translators.moe import MCORE_MOE
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -235,3 +245,24 @@ RECORDS = (
                  weights=Weights(names.MCORE_MLA, experts=names.MCORE_EXPERTS),
                  memory_defaults=DEEPSEEK_V3_MEMORY, runtime=DEEPSEEK_V3_RUNTIME),
 )
+
+
+def mcore_spec(config_class: str, rules: dict[str, Rule | str], defaults: dict, derive: tuple[Derive, ...] = (),
+               spellings: dict[str, tuple[str, ...]] | None = None) -> _Spec:
+    """A spec whose rules answer to every mcore spelling of a setting (MCORE_SPELLINGS, with the family's own
+    `spellings` over them)."""
+    table = {**MCORE_SPELLINGS, **(spellings or {})}
+    spelled = {s: rule for name, rule in rules.items() for s in table.get(name, (name,))}
+    aliases = {s: name for name, names in table.items() for s in names}
+    return _Spec(config_class, spelled, defaults, derive, aliases=aliases, head_dim_derived=False)
+
+
+def specs() -> dict[tuple[str, bool], _Spec]:
+    """Qwen3Config, Qwen3MoeConfig, the mcore DeepseekV3Config: table, defaults, derivations."""
+    return {
+        ("qwen3", True): mcore_spec("Qwen3Config", QWEN3, QWEN3_DEFAULTS, (_kv_heads, _mcore_rope)),
+        ("qwen3_moe", True): mcore_spec("Qwen3MoeConfig", QWEN3_MOE, QWEN3_MOE_DEFAULTS,
+                                        (_kv_heads, _mcore_rope, _qwen3_dense_layers)),
+        ("deepseek_v3", True): mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
+                                          (_mla_kv_heads, _mcore_rope, _untied, _mcore_groups, _shared_width)),
+    }

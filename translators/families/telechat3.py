@@ -32,12 +32,12 @@ RECORDS = (
 
 
 
-def specs() -> dict[str, tuple]:
+def specs() -> dict:
     """config class, rules, defaults, derivations of each family (imported here: the table modules import base)."""
     from translators.errors import ConfigError
     from translators.families.derive import _kv_heads, _mcore_rope, _untied
     from translators.families.llama import LLAMA
-    from translators.families.mcore import MCORE, MCORE_DEFAULTS, UNTIED
+    from translators.families.mcore import MCORE, MCORE_DEFAULTS, UNTIED, mcore_spec
     from translators.families.rules import Expect, Feeds
 
     def _plain_llama(m, moe) -> dict:
@@ -62,5 +62,6 @@ def specs() -> dict[str, tuple]:
         "mtp_depth": LLAMA["mtp_depth"],
         "tie_word_embeddings": UNTIED,
     }
-    return {"telechat3": ("TeleChat3Config", rules, MCORE_DEFAULTS, (_kv_heads, _mcore_rope, _untied, _plain_llama)),
-            "telechat3_moe": ("TeleChat3MoeConfig", MCORE, MCORE_DEFAULTS, ())}
+    return {("telechat3", True): mcore_spec("TeleChat3Config", rules, MCORE_DEFAULTS,
+                                            (_kv_heads, _mcore_rope, _untied, _plain_llama)),
+            ("telechat3_moe", True): mcore_spec("TeleChat3MoeConfig", MCORE, MCORE_DEFAULTS, ())}
