@@ -40,6 +40,7 @@ from typing import Any
 
 from translators import mtp
 from translators.errors import ConfigError, join, show
+from translators.families import registry
 from translators.families.base import (
     _ARCH_FAMILY,
     _CONFIG_CLASSES,
@@ -281,18 +282,8 @@ def mcore_model_config(tree: dict, family: FamilyRecord, version: str = NEWEST) 
 def family_moe(family: FamilyRecord, hf: dict, model_config: dict, ledger: Ledger) -> dict | None:
     """The Plan's `moe` of a family whose module builds it (record.moe_plan False: translators/moe.py does not read
     its MoE keys); None where it has none, or where HF's blocks run, with a note saying so."""
-    if family.name != "deepseek_v4":
-        return None
-    from translators.families.deepseek4 import plan_moe
-
-    moe = plan_moe(hf, model_config)
-    if moe is None:
-        ledger.runtime("", "DeepSeek-V4: the experts clamp their SwiGLU (swiglu_limit), which mf-ds' MoE layer does "
-                           "not: transformers' MoE blocks run, and the expert bias does not move")
-    else:
-        ledger.runtime("", f"DeepSeek-V4: mf-ds' MoE layer replaces the top-k MoE blocks (layers {moe['layers']}); "
-                           "the hash-routed ones stay transformers' own")
-    return moe
+    family_hook = registry.hook(family, "family_moe")
+    return family_hook(hf, model_config, ledger) if family_hook else None
 
 
 _SCORE_SPELLINGS = ("use_gating_sigmoid", "scoring_func", "moe_router_score_function")

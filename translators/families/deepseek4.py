@@ -241,6 +241,18 @@ def _rules() -> dict:
     }
 
 
+def family_moe(hf: dict, model_config: dict, ledger) -> dict | None:
+    """The hook translators/families.family_moe calls: plan_moe, with a note saying which blocks run."""
+    moe = plan_moe(hf, model_config)
+    if moe is None:
+        ledger.runtime("", "DeepSeek-V4: the experts clamp their SwiGLU (swiglu_limit), which mf-ds' MoE layer does "
+                           "not: transformers' MoE blocks run, and the expert bias does not move")
+    else:
+        ledger.runtime("", f"DeepSeek-V4: mf-ds' MoE layer replaces the top-k MoE blocks (layers {moe['layers']}); "
+                           "the hash-routed ones stay transformers' own")
+    return moe
+
+
 def plan_moe(hf: dict, model_config: dict) -> dict | None:
     """The Plan's `moe` for the top-k (`moe`) layers, which mf-ds' MoE layer replaces: MindFormers' PyNative router
     (moe/router.py: sqrtsoftplus scores in float32, top-k of scores + expert bias, the unbiased scores renormalised

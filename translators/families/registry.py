@@ -37,6 +37,22 @@ def record(name: str, mcore: bool) -> FamilyRecord:
     return _by_key()[(name, mcore)]
 
 
+@cache
+def _modules_by_key() -> dict[tuple[str, bool], object]:
+    return {(r.name, r.mcore): module for module in modules() for r in module.RECORDS}
+
+
+def module(family: FamilyRecord):
+    """The module that declares `family` (its specs, tables and hooks); None for a record outside the registry
+    (base.NO_MODEL)."""
+    return _modules_by_key().get((family.name, family.mcore))
+
+
+def hook(family: FamilyRecord, name: str):
+    """The family module's hook `name` (a function the module defines for its records), or None."""
+    return getattr(module(family), name, None)
+
+
 def by_hf_type(model_type: str | None) -> FamilyRecord | None:
     """The first record of a transformers model_type (records sharing one architecture share its parts)."""
     return next((r for r in records() if model_type is not None and r.hf_model_type == model_type), None)
