@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from translators import names
 from translators.families import parts
 from translators.families.derive import (
     _deepseek_experts,
@@ -114,6 +113,50 @@ DS2_DEFAULTS = {
     "vocab_size": 102400, "compute_dtype": "float16", "param_init_type": "float16",
 }
 
+# --- the weight names (translators/names.py applies them) -------------------------------------------------------------
+# research/deepseek3/convert_weight.py (1.7.0): plain_name_replace, mla_name_replace, mlp_name_replace with
+# use_grouped_gemm (its default; DEEPSEEK_BMM below for the other).
+DEEPSEEK_NAMES = (
+    ("model.tok_embeddings.embedding_weight", "model.embed_tokens.weight"),
+    ("model.norm_out.", "model.norm."),
+    (".attention.q2l_proj.", ".self_attn.q_a_proj."),
+    (".attention.lq_norm.", ".self_attn.q_a_layernorm."),
+    (".attention.lkv_norm.", ".self_attn.kv_a_layernorm."),
+    (".attention.wo.", ".self_attn.o_proj."),
+    (".attention_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+    (".feed_forward.shared_experts.w1.", ".mlp.shared_experts.gate_proj."),
+    (".feed_forward.shared_experts.w2.", ".mlp.shared_experts.down_proj."),
+    (".feed_forward.shared_experts.w3.", ".mlp.shared_experts.up_proj."),
+    (".feed_forward.w1.", ".mlp.gate_proj."),
+    (".feed_forward.w2.", ".mlp.down_proj."),
+    (".feed_forward.w3.", ".mlp.up_proj."),
+    (".feed_forward.routed_experts.router_dense.weight", ".mlp.gate.weight"),
+    (".feed_forward.routed_experts.topk_bias", ".mlp.gate.e_score_correction_bias"),
+)
+# Without use_grouped_gemm the router has other names (mlp_name_replace's bmm_key): (gmm name, bmm name).
+DEEPSEEK_BMM = (
+    (".feed_forward.routed_experts.router_dense.weight", ".feed_forward.routed_experts.router.dense.weight"),
+    (".feed_forward.routed_experts.topk_bias", ".feed_forward.routed_experts.router.router.topk_bias"),
+)
+# One HF tensor that MindFormers keeps in two (research/deepseek3/convert_weight.py _mla_pt_to_ms): HF part, kind,
+# MindFormers parts. The rope rows of q_b_proj and kv_a_proj_with_mqa are reordered from HF's interleaved pairs
+# to halves (evens, then odds), as MindFormers' rotary embedding rotates halves.
+DEEPSEEK_SPLIT = {
+    ".self_attn.q_b_proj.": ("q_b", (".attention.l2q_nope_proj.", ".attention.l2q_pe_proj.")),
+    ".self_attn.kv_a_proj_with_mqa.": ("kv_a", (".attention.kv2l_latent_kv.", ".attention.kv2l_k_pe.")),
+    ".self_attn.kv_b_proj.": ("kv_b", (".attention.lkv2kv_k_nope.", ".attention.lkv2kv_v.")),
+}
+# use_grouped_gemm: w1 [E, H, 2I] = [gate^T | up^T], w2 [E, I, H] = down^T (no `.weight`); else stacked as is.
+DEEPSEEK_EXPERTS = {
+    ".feed_forward.routed_experts.ffn.w1": ("gmm_w1", (".mlp.experts.{e}.gate_proj.weight",
+                                                       ".mlp.experts.{e}.up_proj.weight")),
+    ".feed_forward.routed_experts.ffn.w2": ("gmm_w2", (".mlp.experts.{e}.down_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w1.weight": ("stack_bmm", (".mlp.experts.{e}.gate_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w2.weight": ("stack_bmm", (".mlp.experts.{e}.down_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w3.weight": ("stack_bmm", (".mlp.experts.{e}.up_proj.weight",)),
+}
+
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
 DEEPSEEK_V2_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v2.modeling_deepseek_v2", rope="deepseek_v2",
                                    mlps=("DeepseekV2MLP",), experts="DeepseekV2Experts", moe_block="DeepseekV2Moe",
@@ -131,8 +174,8 @@ RECORDS = (
                                   "first_k_dense_replace": 0, "n_routed_experts": 64, "moe_intermediate_size": 1407},
                  runtime=DEEPSEEK_V2_RUNTIME),
     FamilyRecord("deepseek_v3", "deepseek_v3", "deepseek", False,
-                 weights=Weights(names.DEEPSEEK, split=names.DEEPSEEK_SPLIT, experts=names.DEEPSEEK_EXPERTS,
-                                 bmm_names=names.DEEPSEEK_BMM),
+                 weights=Weights(DEEPSEEK_NAMES, split=DEEPSEEK_SPLIT, experts=DEEPSEEK_EXPERTS,
+                                 bmm_names=DEEPSEEK_BMM, mtp="research"),
                  tp=parts.MLA + parts.MLP, memory_defaults=DEEPSEEK_V3_MEMORY, runtime=DEEPSEEK_V3_RUNTIME),
 )
 

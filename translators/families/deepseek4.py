@@ -113,11 +113,118 @@ MEMORY = {"q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "index_n_head
           "hc_mult": 4, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 6,
           "moe_intermediate_size": 2048, "head_dim": 512, "num_key_value_heads": 1}
 
+# --- the weight names (translators/names.py applies them) -------------------------------------------------------------
+# MindFormers 2.1.0's PyNative DeepSeek-V4 (PyNativeDeepseekV4ForCausalLM: the names its GPTModel holds, checked
+# against the model built on CPU: tests/fixtures/deepseek4/params.*.json) to transformers' DeepseekV4ForCausalLM.
+# The HF side is transformers' own module names (save_pretrained writes DeepSeek's original names, and from_pretrained
+# reads both); its stacked experts are written per expert as `experts.{e}.w1/w3/w2.weight`, which it reads too.
+DEEPSEEK4_NAMES = (
+    ("embedding.word_embeddings.", "model.embed_tokens."),
+    ("decoder.final_layernorm.", "model.norm."),
+    ("output_layer.", "lm_head."),
+    ("decoder.hc_head.", "model.hc_head."),
+    (".hc_head.hc_fn.weight", ".hc_head.hc_fn"),
+    ("decoder.layers.", "model.layers."),
+    (".self_attention.core_attention.indexer.compressor.linear_wkv.", ".self_attn.compressor.indexer.kv_proj."),
+    (".self_attention.core_attention.indexer.compressor.linear_wgate.", ".self_attn.compressor.indexer.gate_proj."),
+    (".self_attention.core_attention.indexer.compressor.norm.", ".self_attn.compressor.indexer.kv_norm."),
+    (".self_attention.core_attention.indexer.compressor.ape", ".self_attn.compressor.indexer.position_bias"),
+    (".self_attention.core_attention.indexer.linear_wq_b.", ".self_attn.compressor.indexer.q_b_proj."),
+    (".self_attention.core_attention.indexer.linear_weights_proj.",
+     ".self_attn.compressor.indexer.scorer.weights_proj."),
+    (".self_attention.core_attention.compressor.linear_wkv.", ".self_attn.compressor.kv_proj."),
+    (".self_attention.core_attention.compressor.linear_wgate.", ".self_attn.compressor.gate_proj."),
+    (".self_attention.core_attention.compressor.norm.", ".self_attn.compressor.kv_norm."),
+    (".self_attention.core_attention.compressor.ape", ".self_attn.compressor.position_bias"),
+    (".self_attention.core_attention.attn_sink", ".self_attn.sinks"),
+    (".self_attention.linear_q_down_proj.", ".self_attn.q_a_proj."),
+    (".self_attention.q_layernorm.", ".self_attn.q_a_norm."),
+    (".self_attention.linear_q_up_proj.", ".self_attn.q_b_proj."),
+    (".self_attention.linear_kv_proj.", ".self_attn.kv_proj."),
+    (".self_attention.kv_layernorm.", ".self_attn.kv_norm."),
+    (".self_attention.linear_o_group_proj", ".self_attn.o_a_proj.weight"),  # a bare Parameter in MindFormers
+    (".self_attention.linear_proj.", ".self_attn.o_b_proj."),
+    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
+    (".mlp.router.weight", ".mlp.gate.weight"),
+    (".mlp.router.tid2eid", ".mlp.gate.tid2eid"),
+    (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
+    (".mlp.shared_experts.linear_fc2.", ".mlp.shared_experts.down_proj."),
+    (".attn_hc.mapping_proj.weight", ".attn_hc.fn"),
+    (".attn_hc.bias", ".attn_hc.base"),
+    (".ffn_hc.mapping_proj.weight", ".ffn_hc.fn"),
+    (".ffn_hc.bias", ".ffn_hc.base"),
+)
+# HF's mHC `scale` [3] is MindFormers' alpha_pre, alpha_post, alpha_res [1] each (utils.py ScaleSplitConvertOp).
+DEEPSEEK4_SPLIT = {
+    f".{hc}.scale": ("hc_scale", tuple(f".{hc}.alpha_{part}" for part in ("pre", "post", "res")))
+    for hc in ("attn_hc", "ffn_hc")
+}
+# experts.py: weight1 [E, H, 2I] = per expert [gate^T | up^T] (chunked into halves), weight2 [E, I, H] = down^T.
+DEEPSEEK4_EXPERTS = {
+    ".mlp.experts.weight1": ("experts_w1", (".mlp.experts.{e}.w1.weight", ".mlp.experts.{e}.w3.weight")),
+    ".mlp.experts.weight2": ("experts_w2", (".mlp.experts.{e}.w2.weight",)),
+}
+# MindFormers parameters HF does not hold, each written beside another when converting back (the frozen ones of the
+# weightless norms are checked to be ones when converting to HF): q_rms_gamma, the per-head q norm, v_head_dim wide
+# like kv_layernorm; rms_weight, the mHC norm over n x H, mapping_proj's input width; the router's load counter,
+# written as zeros (what the network holds after each step), in place of EXPERT_LOAD's expert_load.
+DEEPSEEK4_FROZEN = {
+    ".self_attention.q_rms_gamma": (".self_attention.kv_layernorm.weight", "ones", 0),
+    ".attn_hc.rms_weight": (".attn_hc.mapping_proj.weight", "ones", 1),
+    ".ffn_hc.rms_weight": (".ffn_hc.mapping_proj.weight", "ones", 1),
+    ".mlp.tokens_per_expert": (".mlp.router.weight", "zeros", 0),  # the router's load counter (NOT_WEIGHTS), float32
+}
+# transformers' save_pretrained writes DeepSeek-V4 under DeepSeek's own names (conversion_mapping.py "deepseek_v4",
+# reversed: `layers.N.attn.wq_a`, `ffn.experts.E.w1`, `hc_attn_fn`, `head.weight`, ...): (saved, module name), in
+# order, to read such a directory (an mf-ds checkpoint) back; per-expert `mlp.experts.E.w1/w3/w2` stay per expert.
+_V4_ATTN = (("wq_a.", "q_a_proj."), ("q_norm.", "q_a_norm."), ("wq_b.", "q_b_proj."), ("wkv.", "kv_proj."),
+            ("norm.", "kv_norm."), ("wo_a.", "o_a_proj."), ("wo_b.", "o_b_proj."))
+_V4_COMPRESSOR = (("wkv.", "kv_proj."), ("wgate.", "gate_proj."), ("norm.", "kv_norm."), ("ape", "position_bias"))
+DEEPSEEK4_SAVED = (
+    (".attn_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
+    *((f".hc_{part}_{w}", f".{part}_hc.{w}") for part in ("attn", "ffn") for w in ("fn", "base", "scale")),
+    (".attn.attn_sink", ".self_attn.sinks"),
+    *((f".attn.indexer.compressor.{a}", f".self_attn.compressor.indexer.{b}") for a, b in _V4_COMPRESSOR),
+    (".attn.indexer.weights_proj.", ".self_attn.compressor.indexer.scorer.weights_proj."),
+    (".attn.indexer.wq_b.", ".self_attn.compressor.indexer.q_b_proj."),
+    *((f".attn.compressor.{a}", f".self_attn.compressor.{b}") for a, b in _V4_COMPRESSOR),
+    *((f".attn.{a}", f".self_attn.{b}") for a, b in _V4_ATTN),
+    (".ffn.gate.bias", ".mlp.gate.e_score_correction_bias"), (".ffn.gate.", ".mlp.gate."),
+    (".ffn.shared_experts.w1.", ".mlp.shared_experts.gate_proj."),
+    (".ffn.shared_experts.w3.", ".mlp.shared_experts.up_proj."),
+    (".ffn.shared_experts.w2.", ".mlp.shared_experts.down_proj."),
+    (".ffn.experts.", ".mlp.experts."),
+)
+# and the top-level ones, whole names (DeepSeek's release also leaves out the `model.` prefix)
+DEEPSEEK4_SAVED_TOP = {"head.weight": "lm_head.weight", "embed.weight": "model.embed_tokens.weight",
+                       "norm.weight": "model.norm.weight", "hc_head_fn": "model.hc_head.hc_fn",
+                       "hc_head_base": "model.hc_head.hc_base", "hc_head_scale": "model.hc_head.hc_scale"}
+
+
+def saved_to_module(name: str) -> str:
+    """An HF checkpoint name as transformers' module holds it (DeepSeek-V4's saved names: DEEPSEEK4_SAVED; the
+    record's Weights.saved_names, names.hf_module_name)."""
+    if name in DEEPSEEK4_SAVED_TOP:
+        return DEEPSEEK4_SAVED_TOP[name]
+    if name.startswith("layers."):
+        name = "model." + name
+    for saved, module in DEEPSEEK4_SAVED:
+        name = name.replace(saved, module)
+    return name
+
+
+# One shared-expert MLP: linear_fc1 holds gate and up interleaved per row (pynative/transformers/mlp.py reshapes its
+# output to [..., I, 2] and takes gate = [..., 0], up = [..., 1]; MindFormers' own HF template, utils.py, concatenates
+# them instead, which that MLP does not read back).
+DEEPSEEK4_FUSED = {".shared_experts.linear_fc1.": ("gate_up", (".shared_experts.gate_proj.",
+                                                                ".shared_experts.up_proj."))}
+
 RECORDS = (
     FamilyRecord("deepseek_v4", "deepseek_v4", "mcore", True, model_types=("deepseek_v4",),
                  architectures=("DeepseekV4ForCausalLM",),
-                 weights=Weights(names.DEEPSEEK4, split=names.DEEPSEEK4_SPLIT, experts=names.DEEPSEEK4_EXPERTS,
-                                 frozen=names.DEEPSEEK4_FROZEN),
+                 weights=Weights(DEEPSEEK4_NAMES, split=DEEPSEEK4_SPLIT, experts=DEEPSEEK4_EXPERTS,
+                                 frozen=DEEPSEEK4_FROZEN, style="deepseek4", fused=DEEPSEEK4_FUSED,
+                                 prefixes=(*names.MCORE_PREFIXES, "mtp."), saved_names=saved_to_module, mtp="gpt"),
                  memory_defaults=MEMORY, runtime=RUNTIME, moe_plan=False),
 )
 

@@ -229,20 +229,81 @@ DEEPSEEK_MCORE_DEFAULTS = {**MCORE_DEFAULTS, "return_extra_loss": True}
 _ACCOUNTED = {s for table in (QWEN3_MOE, DEEPSEEK_MCORE) for key in table for s in MCORE_SPELLINGS.get(key, (key,))}
 assert set(MCORE_MOE) <= _ACCOUNTED, set(MCORE_MOE) - _ACCOUNTED
 
+# --- the weight names (translators/names.py applies them) -------------------------------------------------------------
+# mindformers/models/qwen3_moe/utils.py weight_mapping, MindFormers side first (the table there reads HF -> mcore).
+MCORE_NAMES = (
+    ("embedding.word_embeddings.", "model.embed_tokens."),
+    ("decoder.final_layernorm.", "model.norm."),
+    ("output_layer.", "lm_head."),
+    ("decoder.layers.", "model.layers."),
+    (".self_attention.linear_proj.", ".self_attn.o_proj."),
+    (".self_attention.q_layernorm.", ".self_attn.q_norm."),
+    (".self_attention.k_layernorm.", ".self_attn.k_norm."),
+    (".mlp.router.expert_bias", ".mlp.gate.e_score_correction_bias"),  # moe_router_enable_expert_bias
+    (".router.weight", ".gate.weight"),
+    (".linear_fc2.", ".down_proj."),
+    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
+)
+# mcore DeepSeek-V3 (TrainingDeepseekV3ForCausalLM, 1.7.0 to 2.1.0: GPTModel with multi-latent attention and MoE):
+# deepseek3/utils.py weight_mapping (HF -> mcore, MindFormers side first here) for the names it shares with the
+# network, and the network's own names where its training layers fuse (checked against the network built on CPU:
+# tests/fixtures/deepseek3_mcore). mla_qkv_concat False (the wheels' graph-mode YAMLs) names the MLA projections apart;
+# the rope rows of q_b_proj and kv_a_proj_with_mqa are in halves (evens, then odds): MindFormers rotates halves
+# (rotary_interleaved False) where HF DeepSeek-V3 de-interleaves pairs (rope_interleave), as in the legacy DEEPSEEK.
+MCORE_MLA_NAMES = (
+    ("embedding.word_embeddings.", "model.embed_tokens."),
+    ("decoder.final_layernorm.", "model.norm."),
+    ("output_layer.", "lm_head."),
+    ("decoder.layers.", "model.layers."),
+    (".self_attention.linear_q_down_proj.", ".self_attn.q_a_proj."),
+    (".self_attention.q_layernorm.", ".self_attn.q_a_layernorm."),
+    (".self_attention.linear_q_up_proj.", ".self_attn.q_b_proj."),
+    (".self_attention.linear_kv_down_proj.", ".self_attn.kv_a_proj_with_mqa."),
+    (".self_attention.kv_layernorm.", ".self_attn.kv_a_layernorm."),
+    (".self_attention.linear_kv_up_proj.", ".self_attn.kv_b_proj."),
+    (".self_attention.linear_proj.", ".self_attn.o_proj."),
+    (".mlp.router.expert_bias", ".mlp.gate.e_score_correction_bias"),  # moe_router_enable_expert_bias
+    (".mlp.router.weight", ".mlp.gate.weight"),
+    (".linear_fc2.", ".down_proj."),
+    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
+)
+# mla_qkv_concat True (TransformerConfig's default; the 2.1.0 PyNative YAML) names them otherwise (gpt_layer_specs.py
+# `linear_qb`, `linear_kvb`, `k_layernorm`), and fuses the two down projections in `linear_qkv` (FUSED "mcore_mla"):
+# (name apart, name with mla_qkv_concat).
+MCORE_MLA_CONCAT = ((".self_attention.linear_q_up_proj.", ".self_attention.linear_qb."),
+                    (".self_attention.linear_kv_up_proj.", ".self_attention.linear_kvb."),
+                    (".self_attention.kv_layernorm.", ".self_attention.k_layernorm."))
+# The HF tensors whose rope rows MindFormers keeps in halves: HF part -> its rows (q_b: per head nope then rope;
+# kv_a: the latent rows then the shared k rope rows).
+MCORE_MLA_ROPE = {".self_attn.q_b_proj.": "q_b", ".self_attn.kv_a_proj_with_mqa.": "kv_a"}
+# multi_latent_attention.py: linear_qkv = concat(linear_q_down_proj, linear_kv_down_proj), split back into
+# [q_lora_rank, kv_lora_rank, qk_rope_head_dim] rows
+MCORE_MLA_FUSED = {".self_attention.linear_qkv.": ("mla_qkv", (".self_attn.q_a_proj.",
+                                                               ".self_attn.kv_a_proj_with_mqa.")),
+                   ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj.")),
+                   ".mlp.shared_experts.linear_fc1.": ("gate_up", (".mlp.shared_experts.gate_proj.",
+                                                                   ".mlp.shared_experts.up_proj."))}
+# Stacked experts: weight1 [E*H, 2I], weight2 [E*I, H] (concat_expert_weight; translators/names.py's docstring).
+MCORE_EXPERTS = {
+    ".mlp.experts.weight1": ("weight1", (".mlp.experts.{e}.gate_proj.weight", ".mlp.experts.{e}.up_proj.weight")),
+    ".mlp.experts.weight2": ("weight2", (".mlp.experts.{e}.down_proj.weight",)),
+}
+
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
 RECORDS = (
     FamilyRecord("qwen3", "qwen3", "mcore", True, model_types=("qwen3",), architectures=("Qwen3ForCausalLM",),
-                 weights=Weights(names.MCORE), tp="hf_tp_plan",
+                 weights=Weights(MCORE_NAMES), tp="hf_tp_plan",
                  runtime=PatchTargets(f"{MODELS}.qwen3.modeling_qwen3", rope="split_half", mlps=("Qwen3MLP",))),
     FamilyRecord("qwen3_moe", "qwen3_moe", "mcore", True, model_types=("qwen3_moe",),
-                 architectures=("Qwen3MoeForCausalLM",), weights=Weights(names.MCORE, experts=names.MCORE_EXPERTS),
+                 architectures=("Qwen3MoeForCausalLM",), weights=Weights(MCORE_NAMES, experts=MCORE_EXPERTS),
                  tp=parts.ATTENTION + parts.QK_NORM + parts.MLP,
                  runtime=PatchTargets(f"{MODELS}.qwen3_moe.modeling_qwen3_moe", rope="split_half",
                                       mlps=("Qwen3MoeMLP",), experts="Qwen3MoeExperts",
                                       moe_block="Qwen3MoeSparseMoeBlock")),
     FamilyRecord("deepseek_v3", "deepseek_v3", "mcore", True, model_types=("deepseek_v3",),
                  architectures=("DeepseekV3ForCausalLM",), tp=parts.MLA + parts.MLP,
-                 weights=Weights(names.MCORE_MLA, experts=names.MCORE_EXPERTS),
+                 weights=Weights(MCORE_MLA_NAMES, experts=MCORE_EXPERTS, style="mcore_mla", fused=MCORE_MLA_FUSED,
+                                 prefixes=(*names.MCORE_PREFIXES, "mtp."), concat_names=MCORE_MLA_CONCAT, mtp="gpt"),
                  memory_defaults=DEEPSEEK_V3_MEMORY, runtime=DEEPSEEK_V3_RUNTIME),
 )
 

@@ -7,7 +7,8 @@ translators/families/registry.py. It holds:
   model_types, architectures   the names an mcore YAML (or its pretrained_model_dir) gives the family
   hf_model_type         the transformers architecture (None: none, with the `reason`)
   layer_style           the MindFormers op names of its decoder layer (recompute tables, translators/recompute_ops.py)
-  weights               its MindFormers <-> HF weight names (translators/names.py holds the shared tables)
+  weights               its MindFormers <-> HF weight names (the tables in the family's module; translators/names.py
+                        applies them)
   tp                    the AutoTP rule: "hf_tp_plan", or DeepSpeed partition specs, or None (no rule: TP refused)
   memory_defaults       HF config defaults the memory formulas read when a translated hf_config leaves them out
   runtime               PatchTargets: what mf_ds patches in the transformers model, named by string (translators/
@@ -19,7 +20,7 @@ mf_ds reads the runtime part through `registry.runtime(model_type)`; the transla
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,20 @@ class Weights:
     gmm_names: tuple[tuple[str, str], ...] = ()
     """(MoEV2 name, MoEV3 name) of the router and its bias, where use_gmm builds MoEV3 (read both ways, written with
     the MoEV2 names)."""
+    style: str = ""
+    """Which MindFormers model code lays the weights out where it is not the schema's generic one ("legacy" /
+    "mcore", names.style): "mcore_mla", "deepseek4", "glm"."""
+    fused: Mapping[str, tuple[str, tuple[str, ...]]] | None = None
+    """MindFormers part -> (kind, HF parts): fused tensors (None: names.FUSED of the schema)."""
+    prefixes: tuple[str, ...] = ()
+    """The first parts of a model weight's name (empty: names.LEGACY_PREFIXES / MCORE_PREFIXES)."""
+    concat_names: tuple[tuple[str, str], ...] = ()
+    """(name apart, name fused) of the projections mla_qkv_concat renames."""
+    saved_names: Callable[[str], str] | None = None
+    """An HF checkpoint name -> transformers' module name, where save_pretrained writes other names."""
+    mtp: str = ""
+    """How its MTP layers' weights are named: "gpt" (GPTModel's `mtp.layers.N`), "research" (research/deepseek3:
+    fusers, norms and layers num_layers and up), "" (no MTP weights)."""
 
 
 @dataclass(frozen=True)
