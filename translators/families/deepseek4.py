@@ -27,16 +27,16 @@ experts.py). Compared from source, piece by piece, with transformers' modeling_d
              is then +inf.
 What differs in training only (stated on the keys): the indexer's KL loss (dsa_indexer_loss_coeff: HF has none, so
 the indexer's weights get no gradient here), the sequence aux loss, the hash layers' router dtype under bf16, MTP
-(HF builds none, as for DeepSeek-V3: num_nextn_predict_layers). mf-ds' MoE layer replaces the top-k blocks (plan_moe:
-MindFormers' router, its expert-bias update); the hash-routed ones stay transformers'. A fresh model starts its
-hash table and mHC as MindFormers does (mf_ds/init.py: transformers' _init_weights leaves tid2eid at zeros, one
-expert for every token); its other initial values are transformers' (normal(initializer_range) weights, zero sinks
-and position biases).
+(HF builds none, as for DeepSeek-V3: num_nextn_predict_layers). mf-ds' MoE layer replaces the top-k blocks
+(plan_moe: MindFormers' router, its expert-bias update); the hash-routed ones stay transformers'. A fresh model
+starts its hash table and mHC as MindFormers does (mf_ds/families/deepseek4.py init: transformers' _init_weights
+leaves tid2eid at zeros, one expert for every token); its other initial values are transformers'
+(normal(initializer_range) weights, zero sinks and position biases).
 A shared expert narrower (or wider) than the routed ones (Pro: moe_shared_expert_intermediate_size 2048 beside 3072;
 MindFormers builds it so, moe/shared_experts.py) is one HF config attribute more, SHARED_WIDTH, written only when the
 widths differ: transformers' DeepseekV4MLP reads one width for both (`intermediate_size`, which its attribute_map sends
 to moe_intermediate_size), so mf-ds builds each layer's shared expert that wide before any weight is loaded
-(mf_ds/shared_expert.py); the state-dict names stay transformers'.
+(mf_ds/families/deepseek4.py shared_experts); the state-dict names stay transformers'.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ from translators.families.rules import (
     _positive,
 )
 
-# The HF config attribute for a shared expert whose width is not moe_intermediate_size (mf_ds/shared_expert.py).
+# The HF config attribute for a shared expert whose width is not moe_intermediate_size (mf_ds/families/deepseek4.py).
 SHARED_WIDTH = "mf_shared_expert_intermediate_size"
 
 _CSA, _HCA, _SLIDING = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
@@ -100,7 +100,7 @@ SPELLINGS: dict[str, tuple[str, ...]] = {
 # other), mHC and hash-routed MoE blocks run as they are.
 RUNTIME = PatchTargets(
     f"{MODELS}.deepseek_v4.modeling_deepseek_v4", experts="DeepseekV4Experts", moe_block="DeepseekV4SparseMoeBlock",
-    shared="shared_experts",
+    shared="shared_experts", hooks="deepseek4",
     not_applicable={
         "fused_rope": "DeepSeek-V4 rotates the trailing qk_rope lanes interleaved, per layer type (plain and YaRN), "
                       "and back on the attention output: not the split-half RoPE the kernel computes",
@@ -325,7 +325,8 @@ def _rules() -> dict:
             "indexer's weights (compressor.indexer.*) keep their initial or loaded values here"),
         "dsa_indexer_use_sparse_loss": Differs("the indexer loss's sparse form; no indexer loss here (see "
                                                "dsa_indexer_loss_coeff)"),
-        "mhc_init_gating_factor": Map("mhc_init_gating_factor", conv=_positive),  # read by mf_ds/init.py
+        # read by mf_ds/families/deepseek4.py init
+        "mhc_init_gating_factor": Map("mhc_init_gating_factor", conv=_positive),
         "rope_scaling": Feeds(),
         **_each(("mscale", "mscale_all_dim"), Drop(
             "not read: the hybrid attention applies its YaRN rope with mscale 1.0 (deepseek_v4_hybrid_attention.py "

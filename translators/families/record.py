@@ -46,6 +46,9 @@ class PatchTargets:
     """Attribute of the shared expert's sigmoid gate (Linear H -> 1)."""
     not_applicable: Mapping[str, str] = field(default_factory=dict)
     """Kernel feature -> why it has nothing to replace in this architecture (a report line, not an error)."""
+    hooks: str | None = None
+    """The family's runtime module, mf_ds/families/<hooks>.py (initial values, module surgery, Muon names and cuts);
+    None: it has none."""
 
 
 @dataclass(frozen=True)
