@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from translators import memory
 from translators.families import parts
 from translators.families.derive import (
     _deepseek_experts,
@@ -192,3 +193,47 @@ def specs() -> dict[tuple[str, bool], _Spec]:
                                        _deepseek_experts),
                                       moe_rules=DEEPSEEK_V3_MOE, fixed=SILU, head_dim_derived=False),
     }
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def memory_attention(hf: dict, h: int, a: int, k: int, d: int) -> list:
+    """Multi-latent attention: the low-rank kv (and q, with q_lora_rank) projections and their norms."""
+    Weights = memory.Weights
+    nope, rope, v, ql, kvl = memory._mla(hf)
+    bias = 1 if hf.get("attention_bias") else 0
+    w = [Weights("kv_a_proj_with_mqa", (h + bias) * (kvl + rope), 1, "whole"),
+         Weights("kv_a_layernorm", kvl, 1, "whole"), Weights("kv_b_proj", kvl * a * (nope + v), 1, "tp"),
+         Weights("o_proj", a * v * h + bias * h, 1, "tp")]
+    if ql:
+        w += [Weights("q_a_proj", (h + bias) * ql, 1, "whole"), Weights("q_a_layernorm", ql, 1, "whole"),
+              Weights("q_b_proj", ql * a * (nope + rope), 1, "tp")]
+    else:
+        w.append(Weights("q_proj", h * a * (nope + rope), 1, "tp"))
+    return w
+
+
+def memory_attention_bytes(hf: dict, e: int, tp: int, h: int, a: int) -> float:
+    nope, rope, v, ql, kvl = memory._mla(hf)
+    ql = ql or 0
+    return (e * 2 * h                              # q_a / kv_a input, the MLP input
+            + (4 + 2 * e) * ql                     # q_a_layernorm (fp32 x, normalised), q_b_proj input
+            + (4 + 2 * e) * kvl + e * rope         # kv_a_layernorm, kv_b_proj input, k_pe
+            + e * a * (2 * (nope + rope) + 2 * v) / tp + 4 * a / tp)  # q, k, v, SDPA out (o_proj input), lse
+
+
+def memory_moe_layers(hf: dict) -> list[int]:
+    """Layers from first_k_dense_replace on, every moe_layer_freq-th (none without routed experts)."""
+    L = hf.get("num_hidden_layers")
+    if not hf.get("n_routed_experts"):
+        return []
+    first, freq = hf.get("first_k_dense_replace", 0), hf.get("moe_layer_freq", 1)
+    return [i for i in range(L) if i >= first and i % freq == 0]
+
+
+def memory_shared_experts(hf: dict, h: int, width: int) -> list:
+    return memory._mlp(hf, h, width * hf["n_shared_experts"], "shared_experts") if hf.get("n_shared_experts") else []
+
+
+def memory_shared_width(hf: dict, width: int) -> int:
+    return width * hf.get("n_shared_experts", 0)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 
-from translators import names
+from translators import memory, names
 from translators.families.deepseek import DEEPSEEK, MTP_ABSENT
 from translators.families.derive import _untied
 from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES, UNTIED, mcore_spec
@@ -518,3 +518,66 @@ def _mhc(m, moe) -> dict:
         _refuse(m, "hc_eps", f"{m.get('hc_eps')} is not rms_norm_eps {m.get('rms_norm_eps')}: HF normalises the "
                              "mHC streams with rms_norm_eps")
     return {"hc_mult": m.get("hc_mult"), "hc_sinkhorn_iters": m.get("hc_sinkhorn_iters"), "hc_eps": SINKHORN_EPS}
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def _v4_layer_types(hf: dict) -> list[str]:
+    """HF DeepseekV4Config's layer_types (its own default when the hf_config leaves them out: 2 x HCA, then CSA /
+    HCA alternating)."""
+    L = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types:
+        return list(types[:L])
+    csa, hca = "compressed_sparse_attention", "heavily_compressed_attention"
+    return [hca] * min(L, 2) + [csa if i % 2 else hca for i in range(max(L - 2, 0))]
+
+
+def memory_inventory(hf: dict) -> list:
+    """DeepseekV4ForCausalLM (modeling_deepseek_v4.py, transformers 5.23): every layer is an MoE layer with mHC; its
+    attention has a low-rank q, one shared KV head, a grouped low-rank output and per-head sinks, plus a compressor
+    (CSA: with the lightning indexer) on the compressed layers. The same count as MindFormers' PyNative model's
+    trainable parameters without its MTP layer (tests/fixtures/deepseek4/counts.json)."""
+    Weights = memory.Weights
+    h, L, V, a = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"], hf["num_attention_heads"]
+    d, ql, g, r = hf["head_dim"], hf["q_lora_rank"], hf["o_groups"], hf["o_lora_rank"]
+    n, E, width = hf["hc_mult"], hf["n_routed_experts"], hf["moe_intermediate_size"]
+    ih, idim = hf["index_n_heads"], hf["index_head_dim"]
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128, **(hf.get("compress_rates") or {})}
+    types = _v4_layer_types(hf)
+    mix = (2 + n) * n  # pre, post and comb weights of one hyper-connection
+    out = [Weights("embed_tokens", V * h, 1, "whole"), Weights("norm", h, 1, "whole"),
+           Weights("hc_head", n * n * h + n + 1, 1, "whole")]
+    if not hf.get("tie_word_embeddings", False):
+        out.append(Weights("lm_head", V * h, 1, "whole"))
+    out += [
+        Weights("moe.norms", h, 2 * L, "whole", "moe"),
+        Weights("moe.attention", h * ql + ql + ql * a * d + h * d + d + a * d * r + g * r * h + a, L, "whole", "moe"),
+        Weights("moe.hyper_connections", 2 * (mix * n * h + mix + 3), L, "whole", "moe"),
+        Weights("moe.router", E * h, L, "whole", "moe"),
+        Weights("moe.experts", 3 * h * width, E * L, "expert", "moe"),
+        Weights("moe.shared_experts.proj", h * hf.get("mf_shared_expert_intermediate_size", width), 3 * L, "whole",
+                "moe"),  # mf-ds builds a shared expert of its own width (SHARED_WIDTH)
+    ]
+    csa = types.count("compressed_sparse_attention")
+    hca = types.count("heavily_compressed_attention")
+    if csa:
+        m = rates["compressed_sparse_attention"]
+        out += [Weights("moe.csa_compressor", 2 * h * 2 * d + m * 2 * d + d, csa, "whole", "moe"),
+                Weights("moe.csa_indexer", 2 * h * 2 * idim + m * 2 * idim + idim + ql * ih * idim + h * ih, csa,
+                        "whole", "moe")]
+    if hca:
+        m = rates["heavily_compressed_attention"]
+        out.append(Weights("moe.hca_compressor", 2 * h * d + m * d + d, hca, "whole", "moe"))
+    return out
+
+
+def memory_moe_layers(hf: dict) -> list[int]:
+    return list(range(hf.get("num_hidden_layers")))  # every layer is MoE
+
+
+def memory_note(hf: dict) -> str:
+    return ("DeepSeek-V4: counted as one-KV-head attention of its widths with its MoE; not counted: the "
+            f"{hf.get('hc_mult', 4)} mHC streams a layer keeps (fp32 copies), the compressors, and the "
+            "attention probabilities of its eager-only attention (heads x seq x (seq + compressed) per "
+            "layer); not measured")

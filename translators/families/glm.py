@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from translators import names
+from translators import memory, names
 from translators.families import parts
 from translators.families.base import _CONFIG_CLASSES
 from translators.families.derive import _glm_kv_heads, _glm_rope, _seq_positions
@@ -147,3 +147,10 @@ def specs() -> dict[tuple[str, bool], _Spec]:
                                   head_dim_derived=False),
         ("yizhao", False): _Spec("YiZhaoConfig", GLM, GLM_DEFAULTS, aliases=GLM_ALIASES, head_dim_derived=False),
     }
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def memory_attention(hf: dict, h: int, a: int, k: int, d: int) -> list:
+    """GLM's q/k/v carry a bias unless attention_bias says otherwise (add_qkv_bias); o_proj none."""
+    return memory.dense_attention(h, a, k, d, hf.get("attention_bias", True))

@@ -3,6 +3,7 @@ MindFormers' MoEConfig defaults."""
 
 from __future__ import annotations
 
+from translators import memory
 from translators.families import parts
 from translators.families.base import _CONFIG_CLASSES
 from translators.families.derive import _ffn, _kv_heads, _llama_positions, _qwen2_moe_widths, _rope
@@ -238,3 +239,34 @@ def specs() -> dict[tuple[str, bool], _Spec]:
         ("baichuan2", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS),
         ("telechat", False): _Spec("TelechatConfig", LLAMA, LLAMA_DEFAULTS),
     }
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def memory_attention(hf: dict, h: int, a: int, k: int, d: int) -> list:
+    """Qwen2's and Qwen2-MoE's q/k/v always carry a bias, o_proj none; Llama's all four follow attention_bias."""
+    mt = hf["model_type"]
+    qkv_bias = True if mt in ("qwen2", "qwen2_moe") else bool(hf.get("attention_bias"))
+    o_bias = bool(hf.get("attention_bias")) if mt == "llama" else False
+    return memory.dense_attention(h, a, k, d, qkv_bias, o_bias)
+
+
+def memory_moe_layers(hf: dict) -> list[int]:
+    mt, L = hf["model_type"], hf.get("num_hidden_layers")
+    if mt == "mixtral":
+        return list(range(L))
+    if mt == "qwen2_moe":
+        return memory.sparse_step_layers(hf)
+    return []
+
+
+def memory_routed_width(hf: dict) -> int:
+    return hf["intermediate_size"] if hf["model_type"] == "mixtral" else hf["moe_intermediate_size"]
+
+
+def memory_shared_experts(hf: dict, h: int, width: int) -> list:
+    """Qwen2-MoE's shared expert and its sigmoid gate."""
+    if hf["model_type"] != "qwen2_moe":
+        return []
+    return [*memory._mlp(hf, h, hf["shared_expert_intermediate_size"], "shared_expert"),
+            memory.Weights("shared_expert_gate", h, 1, "whole")]

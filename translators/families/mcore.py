@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from translators import names
+from translators import memory, names
 from translators.families import parts, registry
 from translators.families.deepseek import (
     DEEPSEEK,
@@ -327,3 +327,21 @@ def specs() -> dict[tuple[str, bool], _Spec]:
         ("deepseek_v3", True): mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
                                           (_mla_kv_heads, _mcore_rope, _untied, _mcore_groups, _shared_width)),
     }
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def memory_attention(hf: dict, h: int, a: int, k: int, d: int) -> list:
+    """Qwen3's and Qwen3-MoE's: all four projections follow attention_bias, q/k norms on each head."""
+    bias = bool(hf.get("attention_bias"))
+    return memory.dense_attention(h, a, k, d, bias, bias, qk_norm=True)
+
+
+def memory_attention_bytes(hf: dict, e: int, tp: int, h: int, a: int) -> float:
+    k = hf.get("num_key_value_heads") or a
+    d = hf.get("head_dim") or h // a
+    return memory.dense_attention_bytes(hf, e, tp, h, a) + (4 + e) * (a + k) * d / tp  # q_norm / k_norm on each head
+
+
+def memory_moe_layers(hf: dict) -> list[int]:
+    return memory.sparse_step_layers(hf) if hf["model_type"] == "qwen3_moe" else []

@@ -42,13 +42,13 @@ def _modules_by_key() -> dict[tuple[str, bool], object]:
     return {(r.name, r.mcore): module for module in modules() for r in module.RECORDS}
 
 
-def module(family: FamilyRecord):
-    """The module that declares `family` (its specs, tables and hooks); None for a record outside the registry
-    (base.NO_MODEL)."""
-    return _modules_by_key().get((family.name, family.mcore))
+def module(family: FamilyRecord | None):
+    """The module that declares `family` (its specs, tables and hooks); None for None or a record outside the
+    registry (base.NO_MODEL)."""
+    return None if family is None else _modules_by_key().get((family.name, family.mcore))
 
 
-def hook(family: FamilyRecord, name: str):
+def hook(family: FamilyRecord | None, name: str):
     """The family module's hook `name` (a function the module defines for its records), or None."""
     return getattr(module(family), name, None)
 
