@@ -26,9 +26,10 @@ DS2 = research/deepseek2/deepseek2_config.py, GLM = mindformers/models/glm2/glm2
 mindformers/models/gpt2/gpt2_config.py, MAP = COMMON_CONFIG_MAPPING in parallel_core/transformer_config_utils.py
 (master), MoE = MoEConfig in mindformers/modules/transformer/moe.py r1.5.0 (moe.md §1).
 
-The package holds one module per family group (llama, deepseek, glm, gpt2, mcore), the rule classes and value types
-they share (rules), the family list and the names that tell families apart (base), the derived HF values (derive),
-and the engine that applies a table (engine); this module detects the family and is the public API.
+The package holds one module per family group (llama, deepseek, glm, gpt2, mcore, telechat3, glm4_moe, deepseek4:
+each its records, config specs, weight-name tables and hooks, registry.MODULES), the rule classes and value types
+they share (rules), the spec type (spec), the names that tell legacy families apart (base), the derived HF values
+(derive), and the engine that applies a spec (engine); this module detects the family and is the public API.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The family record: everything mf-ds knows about one model family, in one place, found through one registry.
 
 A record is declared in the module of the family's MindFormers config class (translators/families/llama.py,
-deepseek.py, glm.py, gpt2.py, mcore.py: the config rules of `model.model_config` live beside it) and listed in
-translators/families/registry.py. It holds:
+deepseek.py, glm.py, gpt2.py, mcore.py, or a module of its own: telechat3.py, deepseek4.py; the config specs, weight
+tables and hooks live beside it) and that module is listed in translators/families/registry.py. It holds:
   name, mcore           the family as the Plan names it (`run.family`), and which schema its YAML uses
   model_types, architectures   the names an mcore YAML (or its pretrained_model_dir) gives the family
   hf_model_type         the transformers architecture (None: none, with the `reason`)
@@ -13,7 +13,7 @@ translators/families/registry.py. It holds:
   memory_defaults       HF config defaults the memory formulas read when a translated hf_config leaves them out
   runtime               PatchTargets: what mf_ds patches in the transformers model, named by string (translators/
                         never imports transformers): the modeling module, the RoPE function, the SwiGLU MLP,
-                        experts and MoE block classes
+                        experts and MoE block classes, and the family's runtime module (mf_ds/families/<hooks>.py)
 mf_ds reads the runtime part through `registry.runtime(model_type)`; the translator reads the rest through
 `registry.record(name, mcore)` and `registry.by_hf_type(model_type)`.
 """
