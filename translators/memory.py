@@ -266,6 +266,13 @@ class Activations:
     notes: list[str] = field(default_factory=list)
 
 
+def dense_attention_bytes(hf: dict, e: int, tp: int, h: int, a: int) -> float:
+    """Bytes per token a + 2k-head attention keeps: its input, q, k, v, SDPA out, lse."""
+    k = hf.get("num_key_value_heads") or a
+    d = hf.get("head_dim") or h // a
+    return e * 2 * h + e * (2 * a * d + 2 * k * d) / tp + 4 * a / tp
+
+
 def _layer_bytes(hf: dict, moe: bool, e: int, tp: int) -> tuple[float, float]:
     """(bytes per token a layer keeps with nothing recomputed, its MLP width per rank) for the layer kind."""
     h = hf.get("hidden_size") or hf["n_embd"]
@@ -285,13 +292,6 @@ def _layer_bytes(hf: dict, moe: bool, e: int, tp: int) -> tuple[float, float]:
     router = 3 * 4 * E
     routed = top_k * (2 * e * h + 4 * e * width)
     return norms + attn + router + routed + 4 * e * shared / tp, max(width, shared / tp)
-
-
-def dense_attention_bytes(hf: dict, e: int, tp: int, h: int, a: int) -> float:
-    """Bytes per token a + 2k-head attention keeps: its input, q, k, v, SDPA out, lse."""
-    k = hf.get("num_key_value_heads") or a
-    d = hf.get("head_dim") or h // a
-    return e * 2 * h + e * (2 * a * d + 2 * k * d) / tp + 4 * a / tp
 
 
 def activations(plan: dict, deg: Degrees, micro: int, seq: int, dtype: str) -> Activations:
