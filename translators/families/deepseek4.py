@@ -167,12 +167,12 @@ DEEPSEEK4_EXPERTS = {
 # MindFormers parameters HF does not hold, each written beside another when converting back (the frozen ones of the
 # weightless norms are checked to be ones when converting to HF): q_rms_gamma, the per-head q norm, v_head_dim wide
 # like kv_layernorm; rms_weight, the mHC norm over n x H, mapping_proj's input width; the router's load counter,
-# written as zeros (what the network holds after each step), in place of EXPERT_LOAD's expert_load.
+# written as zeros (what the network holds after each step), in place of names.EXPERT_LOAD's expert_load.
 DEEPSEEK4_FROZEN = {
     ".self_attention.q_rms_gamma": (".self_attention.kv_layernorm.weight", "ones", 0),
     ".attn_hc.rms_weight": (".attn_hc.mapping_proj.weight", "ones", 1),
     ".ffn_hc.rms_weight": (".ffn_hc.mapping_proj.weight", "ones", 1),
-    ".mlp.tokens_per_expert": (".mlp.router.weight", "zeros", 0),  # the router's load counter (NOT_WEIGHTS), float32
+    ".mlp.tokens_per_expert": (".mlp.router.weight", "zeros", 0),  # the router's load counter (names.NOT_WEIGHTS), fp32
 }
 # transformers' save_pretrained writes DeepSeek-V4 under DeepSeek's own names (conversion_mapping.py "deepseek_v4",
 # reversed: `layers.N.attn.wq_a`, `ffn.experts.E.w1`, `hc_attn_fn`, `head.weight`, ...): (saved, module name), in

@@ -249,7 +249,7 @@ MCORE_NAMES = (
 # network, and the network's own names where its training layers fuse (checked against the network built on CPU:
 # tests/fixtures/deepseek3_mcore). mla_qkv_concat False (the wheels' graph-mode YAMLs) names the MLA projections apart;
 # the rope rows of q_b_proj and kv_a_proj_with_mqa are in halves (evens, then odds): MindFormers rotates halves
-# (rotary_interleaved False) where HF DeepSeek-V3 de-interleaves pairs (rope_interleave), as in the legacy DEEPSEEK.
+# (rotary_interleaved False) where HF DeepSeek-V3 de-interleaves pairs (rope_interleave), as DEEPSEEK_NAMES.
 MCORE_MLA_NAMES = (
     ("embedding.word_embeddings.", "model.embed_tokens."),
     ("decoder.final_layernorm.", "model.norm."),
@@ -268,7 +268,7 @@ MCORE_MLA_NAMES = (
     (".pre_mlp_layernorm.", ".post_attention_layernorm."),
 )
 # mla_qkv_concat True (TransformerConfig's default; the 2.1.0 PyNative YAML) names them otherwise (gpt_layer_specs.py
-# `linear_qb`, `linear_kvb`, `k_layernorm`), and fuses the two down projections in `linear_qkv` (FUSED "mcore_mla"):
+# `linear_qb`, `linear_kvb`, `k_layernorm`), and fuses the two down projections in `linear_qkv` (MCORE_MLA_FUSED):
 # (name apart, name with mla_qkv_concat).
 MCORE_MLA_CONCAT = ((".self_attention.linear_q_up_proj.", ".self_attention.linear_qb."),
                     (".self_attention.linear_kv_up_proj.", ".self_attention.linear_kvb."),
