@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from translators import names
+from translators.families.mcore import MCORE_MLA_ROPE
 from translators.plan_types import Plan
 
 
@@ -130,8 +131,8 @@ def _num_experts(config) -> int:
 
 
 def _mla_rope(hf_name: str, tensor: torch.Tensor, config, to_hf: bool) -> torch.Tensor:
-    """An mcore MLA tensor's rope rows between MindFormers' halves and HF's pairs (names.MCORE_MLA_ROPE)."""
-    kind = next((k for part, k in names.MCORE_MLA_ROPE.items() if part in hf_name), None)
+    """An mcore MLA tensor's rope rows between MindFormers' halves and HF's pairs (MCORE_MLA_ROPE)."""
+    kind = next((k for part, k in MCORE_MLA_ROPE.items() if part in hf_name), None)
     if kind is None:
         return tensor
     heads, nope, rope, _ = _mla(config)
