@@ -2,7 +2,8 @@
 
 Layout of `<output_dir>/checkpoint/`:
     <prefix>-step<N>/            one complete checkpoint
-        config.json, model.safetensors   AutoModelForCausalLM.from_pretrained(dir) loads it
+        config.json, model.safetensors   AutoModelForCausalLM.from_pretrained(dir) loads it (a pipelined run: one
+                                         shard per stage and its index, mf_ds/pipeline_checkpoint.py)
         engine/                          DeepSpeed engine state (optimizer, scheduler, per-rank shards)
         rng.json                         Python, numpy and torch RNG states
         trainer_state.json               step, consumed micro batches: it marks the checkpoint complete
