@@ -41,7 +41,11 @@ def refusal(plan: Plan, resume2: bool) -> str | None:
     """One line on a checkpoint a pipelined run cannot write or read, or None. `resume2`: resuming from a
     Checkpoint 2.0."""
     ckpt = plan.run.callbacks.checkpoint
-    if resume2 or (ckpt and not ckpt.use_legacy_format):
+    if resume2:
+        return ("resuming a Checkpoint 2.0 with pipeline_stage > 1: its weights and optimizer state are read whole "
+                "on one rank; start from its weights converted to an HF directory (mf-convert), or resume it "
+                "without a pipeline (mf_ds.pipeline: false)")
+    if ckpt and not ckpt.use_legacy_format:
         return ("Checkpoint 2.0 (use_legacy_format: False) with pipeline_stage > 1: it holds the whole model and "
                 "its optimizer state in one rank; a pipelined run saves and resumes mf-ds checkpoints: set "
                 "CheckpointMonitor's use_legacy_format: True (mf-convert exports their HF weights to Checkpoint 2.0)")

@@ -32,7 +32,7 @@ def test_saving_and_resuming_are_no_longer_refused_but_checkpoint2_is():
     legacy_off = plan_of(*PIPE, SAVE.replace("keep_checkpoint_max: 1", "keep_checkpoint_max: 1, "
                                              "use_legacy_format: False")).plan
     assert "use_legacy_format: True" in refusal(legacy_off, resume2=False)
-    assert "Checkpoint 2.0" in refusal(plan_of(*PIPE, SAVE).plan, resume2=True)
+    assert "resuming a Checkpoint 2.0" in refusal(plan_of(*PIPE, SAVE).plan, resume2=True)
 
 
 def test_another_stage_count_is_refused_in_one_line(tmp_path):
