@@ -256,8 +256,8 @@ class Trainer:
         if resume and self.resume2_from is None:
             resume_from = resume_from or checkpoint.latest(self.ckpt_root)
         if resume_from is not None:
-            pipeline_checkpoint.check_stages(resume_from, plan)  # the stage count that wrote it
-            state = checkpoint.load(self.engine, resume_from, trust=self.trust_checkpoint)
+            # checkpoint.load, or a pipelined checkpoint on another stage count (mf_ds/pipeline_checkpoint.py)
+            state = pipeline_checkpoint.load(self.engine, resume_from, plan, self.state_keys, self.trust_checkpoint)
             self.step = state["step"]
             _log(f"mf-ds: resumed from {resume_from} at step {self.step}")
         elif self.resume2_from is not None:

@@ -12,9 +12,10 @@ run's lock. Two parts differ:
   own objects, so `Pieces.meta.state_dict()` names exactly this stage's tensors as the whole model would.
 - The engine state. DeepSpeed's PipelineEngine writes it itself (engine.save_checkpoint): one file per DeepSpeed
   layer (`layer_XX-model_states.pt`, by global layer index), the ZeRO-1 optimizer shards and the LR schedule per
-  stage and data-parallel rank. trainer_state.json records `pipeline_stage`, so a resume on another stage count is
-  refused in one line before DeepSpeed reads the wrong shards (`check_stages`). The step, the data position
-  (consumed micro batches), the LR schedule and the RNG states are restored as for any run (checkpoint.load).
+  stage and data-parallel rank. trainer_state.json records `pipeline_stage`: a resume on another stage count takes
+  the state apart per layer and parameter (mf_ds/pipeline_restage.py) rather than let DeepSpeed read another
+  stage's shards; a pipelined checkpoint without a pipeline, or back, is refused in one line (`load`). The step,
+  the data position (consumed micro batches), the LR schedule and the RNG states are restored as for any run.
 
 Checkpoint 2.0 (use_legacy_format: False) is refused under a pipeline: it holds the whole model and its optimizer
 state per parameter in one rank's hands. The HF weights of an mf-ds checkpoint export to it with mf-convert.
@@ -99,18 +100,26 @@ def save(trainer: Any) -> Path:
                            hf_writer=lambda tmp: write_hf(engine, tmp))
 
 
-def check_stages(path: Path, plan: Plan) -> None:
-    """Refuse, in one line naming both stage counts, a resume of checkpoint `path` on another stage count (or a
-    pipelined checkpoint without a pipeline, and back): DeepSpeed's engine state is laid out per stage (the module
-    in per-layer files under a pipeline, in one file without; the ZeRO-1 optimizer shards and the fp32 optimizer
-    state hold one stage's parameters each), so it reads back only on the stage count that wrote it."""
+def saved_stages(path: Path) -> int | None:
+    """The stage count that wrote checkpoint `path` (1: a run without a pipeline); None when unreadable."""
     try:
-        saved = int(json.loads((path / checkpoint.STATE).read_text()).get(STAGES) or 1)
+        return int(json.loads((path / checkpoint.STATE).read_text()).get(STAGES) or 1)
     except (OSError, ValueError, TypeError, AttributeError):
-        return  # unreadable: checkpoint.load names the damage
-    now = plan.parallel.pipeline_stage or 1
-    if saved != now:
-        raise RunError(f"{path}: saved by a run of {saved} pipeline stage(s), this run has {now}: its engine state "
-                       f"(optimizer shards, per stage) reads back on {saved} only; resume with "
-                       f"parallel_config.pipeline_stage: {saved}, or start a new run (another output_dir) from its "
-                       f"HF weights: --load_checkpoint a copy of its config.json, {INDEX} and *.safetensors")
+        return None  # checkpoint.load names the damage
+
+
+def load(engine: Any, path: Path, plan: Plan, keys: dict[str, tuple[str, ...]] | None, trust: bool) -> dict:
+    """checkpoint.load, on the stage count that wrote `path`; a pipelined checkpoint on another count of stages
+    through mf_ds/pipeline_restage.py. A pipelined checkpoint without a pipeline (or back) is refused in one line:
+    DeepSpeed keeps the module in per-layer files under a pipeline, in one file without, under other names."""
+    saved, now = saved_stages(path), plan.parallel.pipeline_stage or 1
+    if saved is None or saved == now:
+        return checkpoint.load(engine, path, trust=trust)
+    if saved > 1 and now > 1:
+        from mf_ds.pipeline_restage import load as restage
+
+        return restage(engine, path, keys, saved, trust)
+    raise RunError(f"{path}: saved by a run of {saved} pipeline stage(s), this run has {now}: DeepSpeed's engine "
+                   f"state of a pipeline and of a run without one differ in layout; resume with "
+                   f"parallel_config.pipeline_stage: {saved}, or start a new run (another output_dir) from its HF "
+                   f"weights: --load_checkpoint a copy of its config.json and *.safetensors (with {INDEX}, if any)")

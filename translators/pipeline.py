@@ -19,7 +19,7 @@ STAGES = "parallel_config.pipeline_stage"
 # real stages are asked for by name: a YAML that trained before (its stages folded into data parallel) trains the
 # same way unless the user opts in.
 OPT_IN = ("real stages run only with mf_ds.pipeline: true (DeepSpeed's PipelineEngine: dense models, 1F1B, ZeRO-1, "
-          "checkpoints saved and resumed on the same stage count; no recompute or interleave on stages yet)")
+          "checkpoints saved and resumed; no recompute or interleave on stages yet)")
 
 
 def fold_reason(pc: Any, hf_model_type: str | None, dims: Any, caller: str | None = None) -> str | None:

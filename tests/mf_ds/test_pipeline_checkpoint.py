@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from mf_ds import checkpoint
 from mf_ds.errors import RunError
 from mf_ds.pipeline import refusal
-from mf_ds.pipeline_checkpoint import INDEX, check_stages
+from mf_ds.pipeline_checkpoint import INDEX, load
 from tests.conftest import QUIET_CPU_ENV, ROOT, free_port
 from tests.mf_ds.test_pipeline import FOUR, PIPE, plan_of
 from tests.mf_ds.test_train import LLAMA, metrics
@@ -35,20 +35,18 @@ def test_saving_and_resuming_are_no_longer_refused_but_checkpoint2_is():
     assert "resuming a Checkpoint 2.0" in refusal(plan_of(*PIPE, SAVE).plan, resume2=True)
 
 
-def test_another_stage_count_is_refused_in_one_line(tmp_path):
+def test_a_pipelined_checkpoint_without_a_pipeline_and_back_is_refused_in_one_line(tmp_path):
+    """Another count of stages resumes (test_a_killed_pipeline_resumes... below); a run without a pipeline keeps
+    DeepSpeed's module in one file, a pipelined one per layer: between them, one line naming both counts."""
     (tmp_path / checkpoint.STATE).write_text(json.dumps({"step": 2, "pipeline_stage": 2}))
-    check_stages(tmp_path, plan_of(*PIPE).plan)  # the same count: resumed
-    for plan, now in ((plan_of("parallel_config.data_parallel=1").plan, 1),
-                      (plan_of(*PIPE[1:], "parallel_config.data_parallel=1", "parallel_config.pipeline_stage=4",
-                               *FOUR, world_size=4).plan, 4)):
-        with pytest.raises(RunError) as caught:
-            check_stages(tmp_path, plan)
-        line = str(caught.value)
-        assert "\n" not in line and f"saved by a run of 2 pipeline stage(s), this run has {now}" in line
-        assert "parallel_config.pipeline_stage: 2" in line and "--load_checkpoint" in line
+    with pytest.raises(RunError) as caught:
+        load(None, tmp_path, plan_of("parallel_config.data_parallel=1").plan, None, trust=False)
+    line = str(caught.value)
+    assert "\n" not in line and "saved by a run of 2 pipeline stage(s), this run has 1" in line
+    assert "parallel_config.pipeline_stage: 2" in line and "--load_checkpoint" in line
     (tmp_path / checkpoint.STATE).write_text(json.dumps({"step": 2}))  # a run without a pipeline wrote it
     with pytest.raises(RunError, match="saved by a run of 1 pipeline stage"):
-        check_stages(tmp_path, plan_of(*PIPE).plan)
+        load(None, tmp_path, plan_of(*PIPE).plan, None, trust=False)
 
 
 def _train(out: Path, *sets: str, ranks: int = 1, args: tuple = (), env: dict | None = None) -> \
@@ -82,7 +80,8 @@ def test_a_killed_pipeline_resumes_exactly_and_saves_what_one_rank_saves(tmp_pat
     """pp 2 on 2 ranks, ZeRO-1, 4 steps, a checkpoint every 2 (keep 1): SIGKILLed at step 3 (after save 2), resumed;
     its losses and norms equal one rank's straight run (fp32, rel 1e-5; pipelined == one rank:
     tests/mf_ds/test_pipeline.py), its step-4 HF weights equal one rank's step-4 weights, `from_pretrained`, a
-    one-rank mf-train run and mf-convert read them, and a one-rank resume of it is refused in one line."""
+    one-rank mf-train run and mf-convert read them; resumed on 4 stages for steps 5-6, still one rank's losses; a
+    one-rank resume of it is refused in one line."""
     from transformers import AutoModelForCausalLM
 
     from mf_ds.convert import cli
@@ -90,8 +89,9 @@ def test_a_killed_pipeline_resumes_exactly_and_saves_what_one_rank_saves(tmp_pat
 
     from_init = ("--load_checkpoint", str(tmp_path / "init"), "--max_steps", "4")
     build_model(plan_of("parallel_config.data_parallel=1", *SHORT).plan).save_pretrained(str(tmp_path / "init"))
-    _ok(_train(tmp_path / "one", SAVE, "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4",
-               args=from_init))
+    _ok(_train(tmp_path / "one", SAVE.replace("keep_checkpoint_max: 1", "keep_checkpoint_max: 2"),
+               "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4",
+               args=("--load_checkpoint", str(tmp_path / "init"), "--max_steps", "6")))
     one = metrics(tmp_path / "one")
     assert max(m["grad_norm"] for m in one) > 1.0  # clipping at 1.0 active
     pipe = (*PIPE, "mf_ds.zero_stage=1", SAVE)
@@ -103,7 +103,7 @@ def test_a_killed_pipeline_resumes_exactly_and_saves_what_one_rank_saves(tmp_pat
     two = metrics(tmp_path / "pp")
     assert [m["step"] for m in two] == [1, 2, 3, 4]
     for key in ("loss", "grad_norm"):
-        assert [m[key] for m in two] == pytest.approx([m[key] for m in one], rel=1e-5), key
+        assert [m[key] for m in two] == pytest.approx([m[key] for m in one[:4]], rel=1e-5), key
 
     saved = tmp_path / "pp" / "checkpoint" / "t-step4"
     assert [p.name for p in checkpoint.complete(saved.parent)] == ["t-step4"]  # keep_checkpoint_max 1 pruned 2
@@ -135,9 +135,20 @@ def test_a_killed_pipeline_resumes_exactly_and_saves_what_one_rank_saves(tmp_pat
         firsts.append(metrics(tmp_path / name)[0]["loss"])
     assert firsts[0] == pytest.approx(firsts[1], rel=1e-5) and firsts[0] < one[0]["loss"]
 
-    # one rank resuming the 2-stage checkpoint: refused in one line, before DeepSpeed reads the wrong shards
+    # the 2-stage checkpoint resumed on 4 stages (4 ranks, a layer each): weights by layer, the ZeRO-1 state per
+    # parameter (mf_ds/pipeline_restage.py); steps 5-6 as one rank's
+    four = ("parallel_config.data_parallel=1", "parallel_config.pipeline_stage=4", *PIPE[2:], "mf_ds.zero_stage=1",
+            SAVE)
+    _ok(_train(tmp_path / "pp", *four, ranks=4, args=("--load_checkpoint", str(tmp_path / "init"), "--max_steps",
+                                                      "6", "--resume_training")))
+    six = metrics(tmp_path / "pp")
+    assert [m["step"] for m in six] == [1, 2, 3, 4, 5, 6]
+    for key in ("loss", "grad_norm"):
+        assert [m[key] for m in six] == pytest.approx([m[key] for m in one], rel=1e-5), key
+
+    # one rank resuming the 4-stage checkpoint: refused in one line, before DeepSpeed reads files of another layout
     other = _train(tmp_path / "pp", SAVE, "parallel_config.data_parallel=1",
                    "runner_config.gradient_accumulation_steps=4", args=(*from_init, "--resume_training"))
     assert other.returncode == 2
-    errors = [line for line in other.stderr.splitlines() if "saved by a run of 2 pipeline stage(s)" in line]
+    errors = [line for line in other.stderr.splitlines() if "saved by a run of 4 pipeline stage(s)" in line]
     assert len(errors) == 1 and "this run has 1" in errors[0]
