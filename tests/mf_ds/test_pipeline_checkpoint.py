@@ -152,3 +152,22 @@ def test_a_killed_pipeline_resumes_exactly_and_saves_what_one_rank_saves(tmp_pat
     assert other.returncode == 2
     errors = [line for line in other.stderr.splitlines() if "saved by a run of 4 pipeline stage(s)" in line]
     assert len(errors) == 1 and "this run has 1" in errors[0]
+
+
+def test_another_stage_count_without_zero1_is_refused_in_one_line(tmp_path):
+    """Without ZeRO-1 shards (mf_ds.zero_stage 0: the optimizer state per stage, by position) nothing names each
+    parameter's state: another stage count is refused, naming both counts and the weights-only start."""
+    from types import SimpleNamespace
+
+    from mf_ds.pipeline_restage import load as restage
+
+    (tmp_path / checkpoint.STATE).write_text(json.dumps({"step": 2, "pipeline_stage": 2}))
+    state = tmp_path / checkpoint.ENGINE / "state"
+    state.mkdir(parents=True)
+    (state / "mp_rank_00_model_states.pt").write_bytes(b"")
+    engine = SimpleNamespace(grid=SimpleNamespace(get_pipe_parallel_world_size=lambda: 4))
+    with pytest.raises(RunError) as caught:
+        restage(engine, tmp_path, {"0.embed_tokens.weight": ("exp_avg", "exp_avg_sq")}, 2, trust=False)
+    line = str(caught.value)
+    assert "\n" not in line and "saved by a run of 2 pipeline stages, this run has 4" in line
+    assert "ZeRO-1" in line and "parallel_config.pipeline_stage: 2" in line and "--load_checkpoint" in line
