@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, checkpoint2, optim_state, reporters, resume2, run_lock, startup
+from mf_ds import checkpoint, checkpoint2, optim_state, pipeline_checkpoint, reporters, resume2, run_lock, startup
 from mf_ds import loss_model as fused_loss
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
@@ -186,7 +186,7 @@ class Trainer:
         if self.pipe:
             from mf_ds import pipeline
 
-            why = pipeline.refusal(plan, resume or resume_from is not None or self.resume2_from is not None)
+            why = pipeline.refusal(plan, self.resume2_from is not None)
             if why:
                 raise RunError(why)
             for line in pipeline.stage_table(plan):
@@ -256,7 +256,8 @@ class Trainer:
         if resume and self.resume2_from is None:
             resume_from = resume_from or checkpoint.latest(self.ckpt_root)
         if resume_from is not None:
-            state = checkpoint.load(self.engine, resume_from, trust=self.trust_checkpoint)
+            # checkpoint.load, or a pipelined checkpoint on another stage count (mf_ds/pipeline_checkpoint.py)
+            state = pipeline_checkpoint.load(self.engine, resume_from, plan, self.state_keys, self.trust_checkpoint)
             self.step = state["step"]
             _log(f"mf-ds: resumed from {resume_from} at step {self.step}")
         elif self.resume2_from is not None:
@@ -522,6 +523,8 @@ class Trainer:
                            f"{self._last_checkpoint_note()}")
         if self.checkpoint2:
             return self._save_checkpoint2()
+        if self.pipe:  # each stage writes its own HF weights (mf_ds/pipeline_checkpoint.py)
+            return pipeline_checkpoint.save(self)
         return checkpoint.save(self.engine, self.ckpt_root, self.ckpt.prefix, self.step,
                                {"consumed_micro_batches": self.step * self.ga}, self.ckpt.keep_checkpoint_max)
 
