@@ -27,6 +27,18 @@ mtp_name_replace / _mtp_pt_to_ms: enorm <-> mtp_hidden_fusers.k.norm_emb, hnorm 
 copied unchanged, shared_head.norm <-> mtp_norms.k). So `eh_proj` multiplies [hnorm(h), enorm(emb)], MindFormers'
 column order; DeepSeek's own inference code concatenates [enorm(emb), hnorm(h)]: an HF release's MTP weights run
 here as they run in MindFormers after its converter, not as in DeepSeek's inference code.
+
+Plan.mtp.variant "mcore": the graph-mode GPTModel of MindFormers 1.7.0-2.1.0
+(parallel_core/training_graph/transformer/multi_token_prediction.py, the math unchanged in those versions; lines
+cited for 1.7.0). Three differences from research, the rest (roll with 0, the shared embedding and head, the masked
+CE over sum(mask) + 1e-8, factor / depth, the term added to the logged loss) the same:
+- GPTModel.construct (gpt_model.py 428-452) hands the MTP block the decoder's output, which TransformerBlock has
+  already put through its final_layernorm (transformer_block.py 195-196): `h` is taken *after* the final norm;
+- MultiTokenPredictionLayer.construct (multi_token_prediction.py 237-243): concat((enorm(emb), hnorm(h))), embedding
+  first, as DeepSeek's own inference code (and its HF MTP weights) have it;
+- each depth's head norm is the layer's own `final_layernorm` (253), held here as `shared_head.norm`.
+The mask is PreprocessLabelsAndMasks's (gpt_model.py): (ids != pad) x (labels != ignore_token_id -100), rolled with
+0 (multi_token_prediction.py 498-499): what `labels` with -100 at every masked position, shifted with -100, give.
 """
 
 from __future__ import annotations
@@ -46,7 +58,7 @@ def refusal(plan: Plan) -> str | None:
     """Why this runtime cannot build the Plan's MTP, None when it can."""
     if plan.mtp is None:
         return None
-    if plan.mtp.variant != "research":
+    if plan.mtp.variant not in ("research", "mcore"):
         return f"MTP variant {plan.mtp.variant!r} is not built by mf-ds"
     if plan.parallel.context_parallel > 1:
         return "MTP with context parallel: the ids are shifted along the sequence that Ulysses shards"
@@ -90,24 +102,33 @@ def attach(model: nn.Module) -> list[str]:
         if first.device.type != "meta":
             block.apply(model._init_weights)
         layers.append(block.to(device=first.device, dtype=first.dtype))
-    capture = _Capture()
-    model.model.norm.register_forward_pre_hook(capture.pre_norm)
+    capture = _Capture(config.mtp_variant)
+    if capture.after_norm:  # mcore: the decoder's output, after its final_layernorm
+        model.model.norm.register_forward_hook(capture.post_norm)
+    else:
+        model.model.norm.register_forward_pre_hook(capture.pre_norm)
     layers[0].register_forward_pre_hook(capture.layer_inputs, with_kwargs=True)
     model._mf_mtp = capture
     count = sum(p.numel() for p in layers[n:].parameters())
-    return [f"mf-ds: mtp: {depth} MTP block(s) of research/deepseek3 at model.layers.{n}..{n + depth - 1} "
+    source = "research/deepseek3" if config.mtp_variant == "research" else "mcore multi_token_prediction.py"
+    return [f"mf-ds: mtp: {depth} MTP block(s) of {source} at model.layers.{n}..{n + depth - 1} "
             f"({count:,} parameters; embedding and head shared)"]
 
 
 class _Capture:
-    """What the MTP blocks take from the main forward: h before the final norm, the first layer's mask and RoPE."""
+    """What the MTP blocks take from the main forward: h before the final norm (research) or after it (mcore), the
+    first layer's mask and RoPE."""
 
-    def __init__(self):
+    def __init__(self, variant: str):
+        self.after_norm = variant == "mcore"
         self.hidden = None
         self.kwargs = None
 
     def pre_norm(self, module, args):
         self.hidden = args[0]
+
+    def post_norm(self, module, args, output):
+        self.hidden = output
 
     def layer_inputs(self, module, args, kwargs):
         self.kwargs = {key: kwargs.get(key) for key in ("attention_mask", "position_ids", "position_embeddings")}
@@ -130,7 +151,8 @@ def depth_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor
     for k in range(1, model.config.num_nextn_predict_layers + 1):
         block = model.model.layers[n + k - 1]
         emb = embed(_shift(input_ids, k, 0))
-        h = block.eh_proj(torch.cat([block.hnorm(h), block.enorm(emb)], dim=-1))  # MTPHiddenFuser's order
+        pair = [block.enorm(emb), block.hnorm(h)] if capture.after_norm else [block.hnorm(h), block.enorm(emb)]
+        h = block.eh_proj(torch.cat(pair, dim=-1))  # mcore: embedding first; research (MTPHiddenFuser): h first
         h = block(h, **capture.kwargs)
         h_NH = block.shared_head.norm(h).flatten(0, 1)
         target = _shift(labels, k, IGNORE_INDEX).flatten()

@@ -1,0 +1,132 @@
+"""The mcore variant of DeepSeek's MTP (mf_ds/mtp.py, Plan.mtp.variant "mcore") against MindFormers' graph-mode
+GPTModel: the loss against a numpy transcription of its source (tests/mf_ds/mtp_mcore_reference.py: the mcore
+model does not run on CPU), its MTP weights both ways against the network MindFormers builds
+(tests/fixtures/deepseek3_mcore, make_deepseek3_mcore_golden.py: one MTP layer), the Plan of the wheels' YAMLs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mf_ds import mtp
+from mf_ds.convert import to_hf, to_mindformers
+from mf_ds.mindspore_ckpt import MindSporeCheckpoint
+from mf_ds.model import build_model
+from tests.conftest import ROOT
+from tests.mf_ds import mtp_mcore_reference as ref
+from tests.mf_ds.test_convert_deepseek3_mcore import FIXTURES, golden
+from translators.errors import ConfigError
+from translators.plan import translate_file
+from translators.plan_types import Plan
+
+WHEELS = ROOT / "tests" / "fixtures" / "mindformers_wheels"
+GRAPH_YAML = WHEELS / "1.9.0" / "deepseek3" / "pretrain_deepseek3_671b.yaml"
+PYNATIVE_YAML = WHEELS / "2.1.0" / "deepseek3" / "pretrain_deepseek3_1b_8p_pynative.yaml"
+IDS = [[1, 5, 9, 13, 7, 22, 40, 3, 11], [1, 8, 33, 2, 17, 0, 0, 0, 0]]  # the second row right-padded (pad id 0)
+
+
+def mcore_plan(layout: str = "split") -> Plan:
+    g = golden(layout)
+    run = {"family": "deepseek_v3", "layer_style": "mcore", "loss_mask_pad_id": 0,
+           "checkpoint_layout": {"use_gmm": True, "mla_qkv_concat": g["mla_qkv_concat"]}}
+    return Plan.from_json({"hf_config": g["hf_config"], "run": run,
+                           "mtp": {"variant": "mcore", "depth": 1, "loss_factor": 0.3}}, partial=True)
+
+
+def test_graph_mode_yaml_gets_the_mcore_variant():
+    plan = translate_file(str(GRAPH_YAML)).plan
+    assert (plan.mtp.variant, plan.mtp.depth, plan.mtp.loss_factor) == ("mcore", 1, 0.3)
+    notes = {n.key: n for n in plan.notes}
+    assert notes["model.model_config.num_nextn_predict_layers"].kind == "runtime"
+    assert notes["model.model_config.mtp_loss_factor"].kind == "runtime"
+
+
+def test_mcore_depth_over_one_is_refused_as_mindformers_refuses_it():
+    with pytest.raises(ConfigError, match="at most 1 MTP layer") as err:
+        translate_file(str(GRAPH_YAML), ["model.model_config.num_nextn_predict_layers=2"])
+    assert err.value.path == "model.model_config.num_nextn_predict_layers"
+
+
+def test_pynative_deepseek3_keeps_a_differs_note():
+    """2.1.0's PyNative DeepSeek-V3 MTP (adds only the MTP gradient, logs the main loss alone) is not built."""
+    plan = translate_file(str(PYNATIVE_YAML)).plan
+    assert plan.mtp is None
+    notes = {n.key: n for n in plan.notes}
+    assert notes["model.num_nextn_predict_layers"].kind == "differs"
+    assert "PyNative" in notes["model.num_nextn_predict_layers"].message
+
+
+def _model():
+    """The MindFormers network's weights, every norm weight then perturbed (its own are ones, under which
+    hnorm(final_norm(h)) = hnorm(h) and the variants could not be told apart)."""
+    model = build_model(mcore_plan(), str(FIXTURES / "model.split.ckpt"))
+    for module in model.modules():  # transformers' eager experts loop (its grouped_mm needs 16-byte strides)
+        if getattr(module, "config", None) is not None and hasattr(module.config, "_experts_implementation"):
+            module.config._experts_implementation = "eager"
+    gen = torch.Generator().manual_seed(30)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1 and "norm" in name:
+                param.add_(0.3 * torch.randn(param.shape, generator=gen))
+    return model.eval()
+
+
+def test_loss_equals_the_transcription_of_mindformers():
+    model = _model()
+    plan = mcore_plan()
+    ids = torch.tensor(IDS)
+    tokens, labels = ids[:, :-1], ids[:, 1:].masked_fill(ids[:, :-1] == 0, -100)
+    captured = {}
+    model.model.norm.register_forward_pre_hook(lambda module, args: captured.update(out=args[0]))
+    with torch.no_grad():
+        out = model(input_ids=tokens, labels=labels, shift_labels=labels)
+        (ce,) = mtp.depth_losses(model, tokens, labels)
+        total = mtp.MtpLoss(plan).add(model, out.loss, tokens, labels)
+        n, block = model.config.num_hidden_layers, model.model.layers[model.config.num_hidden_layers]
+        kwargs = model._mf_mtp.kwargs
+
+        def layer(x):
+            return block(torch.from_numpy(x).float(), **kwargs).numpy()
+
+        p = {k: v.numpy() for k, v in model.state_dict().items()}
+        w = {"embedding": p["model.embed_tokens.weight"], "final_norm": p["model.norm.weight"],
+             "output": p["lm_head.weight"], "enorm.0": p[f"model.layers.{n}.enorm.weight"],
+             "hnorm.0": p[f"model.layers.{n}.hnorm.weight"], "eh_proj.0": p[f"model.layers.{n}.eh_proj.weight"],
+             "final_layernorm.0": p[f"model.layers.{n}.shared_head.norm.weight"]}
+        want, (want_ce,) = ref.mtp_loss(w, captured["out"].numpy(), tokens.numpy(), labels.numpy(), 0,
+                                        model.config.rms_norm_eps, 0.3, [layer])
+    assert ce.item() == pytest.approx(want_ce, rel=1e-5)
+    assert (total - out.loss).item() == pytest.approx(want, rel=1e-5)
+    # the research variant's reading (h before the final norm, h first in the concat) gives another number
+    model.config.mtp_variant = "research"
+    model._mf_mtp.after_norm = False
+    with torch.no_grad():
+        model(input_ids=tokens)
+        (other,) = mtp.depth_losses(model, tokens, labels)
+    assert other.item() != pytest.approx(want_ce, rel=1e-3)
+
+
+def test_mindformers_mtp_weights_both_ways(tmp_path):
+    """mf-convert: the network's `mtp.layers.0.*` go to DeepSeek's HF layout (model.layers.2.enorm, .hnorm,
+    .eh_proj, .shared_head.norm, the MoE decoder layer), and back to the same names and values."""
+    from safetensors import safe_open
+
+    plan = mcore_plan()
+    counts = to_hf(plan, str(FIXTURES / "model.split.ckpt"), str(tmp_path / "hf"))
+    assert "mtp_skipped" not in counts
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
+        hf = set(f.keys())
+    assert {"model.layers.2.enorm.weight", "model.layers.2.hnorm.weight", "model.layers.2.eh_proj.weight",
+            "model.layers.2.shared_head.norm.weight", "model.layers.2.self_attn.q_a_proj.weight",
+            "model.layers.2.mlp.experts.0.gate_proj.weight"} <= hf
+    to_mindformers(plan, str(tmp_path / "hf"), str(tmp_path / "back.ckpt"))
+    back, mine = MindSporeCheckpoint(tmp_path / "back.ckpt"), MindSporeCheckpoint(FIXTURES / "model.split.ckpt")
+    theirs = {name.removeprefix("model."): name for name in mine.names() if ".mtp." in f".{name}"}
+    ours = [name for name in back.names() if name.startswith("mtp.")]
+    assert "mtp.layers.0.final_layernorm.weight" in ours and "mtp.layers.0.transformer_layer.mlp.experts.weight1" in ours
+    assert set(ours) <= set(theirs)
+    for name in ours:
+        assert torch.equal(back.tensor(name), mine.tensor(theirs[name])), name
+    kept = {n for n in theirs if not n.endswith(("_dropout.seed", "_dropout.offset", ".fi_accu"))}
+    assert kept == set(ours)
