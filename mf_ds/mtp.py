@@ -39,6 +39,11 @@ CE over sum(mask) + 1e-8, factor / depth, the term added to the logged loss) the
 - each depth's head norm is the layer's own `final_layernorm` (253), held here as `shared_head.norm`.
 The mask is PreprocessLabelsAndMasks's (gpt_model.py): (ids != pad) x (labels != ignore_token_id -100), rolled with
 0 (multi_token_prediction.py 498-499): what `labels` with -100 at every masked position, shifted with -100, give.
+
+Plan.mtp.variant "pynative": 2.x's PyNative GPTModel (2.1.0 pynative/base_models/gpt/gpt_model.py construct,
+pynative/transformers/multi_token_prediction.py): the mcore layers (embedding first, h after the final norm,
+final_layernorm per depth, roll with 0), each depth's CE sum(ce x mask) / sum(mask); only its gradient joins the
+main loss's (MtpLoss below).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from torch import nn
 
 from mf_ds.errors import RunError
 from mf_ds.loss import IGNORE_INDEX, linear_cross_entropy_sum
+from translators.mtp import SOURCES
 from translators.plan_types import Plan
 
 EPS = 1e-8  # CrossEntropyLoss's denominator guard
@@ -58,7 +64,7 @@ def refusal(plan: Plan) -> str | None:
     """Why this runtime cannot build the Plan's MTP, None when it can."""
     if plan.mtp is None:
         return None
-    if plan.mtp.variant not in ("research", "mcore"):
+    if plan.mtp.variant not in ("research", "mcore", "pynative"):
         return f"MTP variant {plan.mtp.variant!r} is not built by mf-ds"
     if plan.parallel.context_parallel > 1:
         return "MTP with context parallel: the ids are shifted along the sequence that Ulysses shards"
@@ -110,7 +116,7 @@ def attach(model: nn.Module) -> list[str]:
     layers[0].register_forward_pre_hook(capture.layer_inputs, with_kwargs=True)
     model._mf_mtp = capture
     count = sum(p.numel() for p in layers[n:].parameters())
-    source = "research/deepseek3" if config.mtp_variant == "research" else "mcore multi_token_prediction.py"
+    source = SOURCES[config.mtp_variant]
     return [f"mf-ds: mtp: {depth} MTP block(s) of {source} at model.layers.{n}..{n + depth - 1} "
             f"({count:,} parameters; embedding and head shared)"]
 
@@ -120,7 +126,7 @@ class _Capture:
     first layer's mask and RoPE."""
 
     def __init__(self, variant: str):
-        self.after_norm = variant == "mcore"
+        self.after_norm = variant in ("mcore", "pynative")
         self.hidden = None
         self.kwargs = None
 
@@ -168,17 +174,23 @@ def depth_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor
 
 
 class MtpLoss:
-    """The loop's MTP term: `add` returns loss + factor / depth x sum_k CE_k and keeps the term for the log."""
+    """The loop's MTP term. research, mcore: `add` returns loss + factor / depth x sum_k CE_k and keeps the term for
+    the log. pynative: MindFormers' _MTPLossAutoScaler (pynative/transformers/multi_token_prediction.py
+    process_mtp_loss) adds only the term's gradient, at the main loss's backward scale: `add` returns
+    loss + (term - term.detach()), the main loss's value with the term's gradient, and keeps sum_k CE_k unscaled
+    (loss_callback.py logs mtp_1_loss, the depth's CE summed over micro batches / their count)."""
 
     def __init__(self, plan: Plan):
         self.factor = plan.mtp.loss_factor / plan.mtp.depth
+        self.gradient_only = plan.mtp.variant == "pynative"
         self.total = None
 
     def add(self, model: nn.Module, loss: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor):
-        term = torch.stack(depth_losses(model, input_ids, labels)).sum() * self.factor
-        value = term.detach().double()
+        ces = torch.stack(depth_losses(model, input_ids, labels))
+        term = ces.sum() * self.factor
+        value = (ces.sum() if self.gradient_only else term).detach().double()
         self.total = value if self.total is None else self.total + value
-        return loss + term
+        return loss + (term - term.detach()) if self.gradient_only else loss + term
 
     def take(self, divisor: int) -> float | None:
         """This step's MTP term, averaged as the loop averages the loss (summed over ranks, / divisor); resets."""

@@ -9,9 +9,12 @@ Variants (issue 30 part 5), built by mf_ds/mtp.py:
   hidden state after the final norm, a norm of its own per depth; wrapper.py grads_for_mcore logs
   loss = lm + aux + mtp and mtp_loss (= mtp_loss_factor / depth x CE) beside it. transformer_config.py refuses
   mtp_num_layers > 1 ("The current version only supports ... `mtp_num_layers` = `1`"), so mf-ds does too.
-Not built: 2.x's PyNative models (DeepSeek-V3 and V4: mindformers/pynative/transformers/multi_token_prediction.py);
-their `num_nextn_predict_layers` is a `differs` note (here for DeepSeek-V3; translators/families/deepseek4.py
-MTP_ABSENT for V4).
+- pynative: 2.x's PyNative GPTModel (the PyNative schema's DeepSeek-V3: mindformers/pynative/transformers/
+  multi_token_prediction.py of 2.1.0): the mcore layers and CE, but process_mtp_loss only injects the gradient of
+  mtp_loss_scaling_factor / depth x CE_k through _MTPLossAutoScaler (forward: the identity; backward: the main
+  loss's scale), so the logged loss is the main loss alone; loss_callback.py logs each depth's unscaled CE
+  (mtp_1_loss, summed over micro batches / their count).
+Not built: DeepSeek-V4's PyNative model (translators/families/deepseek4.py MTP_ABSENT keeps its `differs` note).
 """
 
 from __future__ import annotations
@@ -22,15 +25,15 @@ from typing import Any
 from translators.errors import ConfigError
 from translators.notes import Ledger
 
-PYNATIVE_ABSENT = ("transformers builds no MTP module from it: the PyNative model's MTP layers and their gradient "
-                   "(mindformers/pynative/transformers/multi_token_prediction.py) are absent in mf-ds")
+SOURCES = {"research": "research/deepseek3", "mcore": "mcore multi_token_prediction.py",
+           "pynative": "the PyNative multi_token_prediction.py"}
 
 
-def variant(family: Any) -> str | None:
-    """The MTP variant mf-ds builds for this family's graph-mode YAMLs, None where it builds none."""
+def variant(family: Any, pynative: bool = False) -> str | None:
+    """The MTP variant mf-ds builds for this family (`pynative`: a PyNative-schema YAML), None where it builds none."""
     if family.name != "deepseek_v3":
         return None
-    return "mcore" if family.mcore else "research"
+    return "pynative" if pynative else "mcore" if family.mcore else "research"
 
 
 def _graph_mode(ledger: Any) -> bool:
@@ -42,18 +45,13 @@ def _graph_mode(ledger: Any) -> bool:
 
 def account(family: Any, shape: Any, paths: dict[str, str], ledger: Ledger) -> None:
     """Notes model_config.mtp_depth / mtp_loss_factor (`paths`: name -> YAML path, the keys the YAML spells)."""
-    kind = variant(family) if _graph_mode(ledger) else None
-    if family.name == "deepseek_v3" and kind is None and "mtp_depth" in paths:  # the PyNative schema
-        if shape.mtp_depth:
-            ledger.differs(paths["mtp_depth"], f"{shape.mtp_depth}: {PYNATIVE_ABSENT}")
-        else:
-            ledger.dropped(paths["mtp_depth"], "0: no MTP layers")
-    if kind == "mcore" and shape.mtp_depth > 1:
+    kind = variant(family, pynative=not _graph_mode(ledger))
+    if kind in ("mcore", "pynative") and shape.mtp_depth > 1:
         raise ConfigError(paths.get("mtp_depth", "model.model_config.mtp_depth"),
                           f"{shape.mtp_depth}: MindFormers' mcore GPTModel builds at most 1 MTP layer "
                           "(transformer_config.py refuses mtp_num_layers > 1)")
     built = kind is not None
-    source = "research/deepseek3" if kind == "research" else "mcore multi_token_prediction.py"
+    source = SOURCES.get(kind)
     if "mtp_depth" in paths and built:
         if shape.mtp_depth:
             ledger.runtime(paths["mtp_depth"], f"{shape.mtp_depth} MTP layer(s) of {source} "
@@ -61,22 +59,26 @@ def account(family: Any, shape: Any, paths: dict[str, str], ledger: Ledger) -> N
         else:
             ledger.dropped(paths["mtp_depth"], "0: no MTP layers")
     if "mtp_loss_factor" in paths:
-        if built and shape.mtp_depth:
+        if built and shape.mtp_depth and kind == "pynative":
+            ledger.runtime(paths["mtp_loss_factor"], "MTP gradient weight (plan.mtp.loss_factor, mf_ds/mtp.py): "
+                           f"the gradient of {shape.mtp_loss_factor} / depth x each depth's masked CE joins the "
+                           "loss's; the logged loss stays the main loss, each depth's CE is logged beside it")
+        elif built and shape.mtp_depth:
             ledger.runtime(paths["mtp_loss_factor"], "MTP loss weight (plan.mtp.loss_factor, mf_ds/mtp.py): "
                            f"loss += {shape.mtp_loss_factor} / depth x each depth's masked CE")
         else:
             ledger.dropped(paths["mtp_loss_factor"], "no MTP layers are built, so no MTP loss is weighted")
 
 
-def plan(family: Any, shape: Any, hf_config: dict | None) -> dict | None:
-    """Plan.mtp: {variant, depth, loss_factor}, None without MTP layers built (graph mode only: the PyNative
-    translation sets none); the HF config gets DeepSeek's num_nextn_predict_layers (its checkpoints' config.json
-    name for the depth)."""
-    if shape is None or not shape.mtp_depth or variant(family) is None:
+def plan(family: Any, shape: Any, hf_config: dict | None, pynative: bool = False) -> dict | None:
+    """Plan.mtp: {variant, depth, loss_factor}, None without MTP layers built; the HF config gets DeepSeek's
+    num_nextn_predict_layers (its checkpoints' config.json name for the depth)."""
+    kind = variant(family, pynative)
+    if shape is None or not shape.mtp_depth or kind is None:
         return None
     if hf_config is not None:
         hf_config["num_nextn_predict_layers"] = shape.mtp_depth
-    return {"variant": variant(family), "depth": shape.mtp_depth, "loss_factor": float(shape.mtp_loss_factor)}
+    return {"variant": kind, "depth": shape.mtp_depth, "loss_factor": float(shape.mtp_loss_factor)}
 
 
 # --- mcore MTP weight names (GPTModel `mtp`, MultiTokenPredictionBlock: multi_token_prediction.py 146-184, 384-399)

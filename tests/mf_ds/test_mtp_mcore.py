@@ -25,12 +25,12 @@ PYNATIVE_YAML = WHEELS / "2.1.0" / "deepseek3" / "pretrain_deepseek3_1b_8p_pynat
 IDS = [[1, 5, 9, 13, 7, 22, 40, 3, 11], [1, 8, 33, 2, 17, 0, 0, 0, 0]]  # the second row right-padded (pad id 0)
 
 
-def mcore_plan(layout: str = "split") -> Plan:
+def mcore_plan(layout: str = "split", variant: str = "mcore") -> Plan:
     g = golden(layout)
     run = {"family": "deepseek_v3", "layer_style": "mcore", "loss_mask_pad_id": 0,
            "checkpoint_layout": {"use_gmm": True, "mla_qkv_concat": g["mla_qkv_concat"]}}
     return Plan.from_json({"hf_config": g["hf_config"], "run": run,
-                           "mtp": {"variant": "mcore", "depth": 1, "loss_factor": 0.3}}, partial=True)
+                           "mtp": {"variant": variant, "depth": 1, "loss_factor": 0.3}}, partial=True)
 
 
 def test_graph_mode_yaml_gets_the_mcore_variant():
@@ -47,19 +47,21 @@ def test_mcore_depth_over_one_is_refused_as_mindformers_refuses_it():
     assert err.value.path == "model.model_config.num_nextn_predict_layers"
 
 
-def test_pynative_deepseek3_keeps_a_differs_note():
-    """2.1.0's PyNative DeepSeek-V3 MTP (adds only the MTP gradient, logs the main loss alone) is not built."""
+def test_pynative_deepseek3_gets_the_pynative_variant():
+    """2.1.0's PyNative DeepSeek-V3 YAML: the mcore layers, only their gradient added (loss notes say so)."""
     plan = translate_file(str(PYNATIVE_YAML)).plan
-    assert plan.mtp is None
+    assert (plan.mtp.variant, plan.mtp.depth, plan.mtp.loss_factor) == ("pynative", 1, 0.3)
     notes = {n.key: n for n in plan.notes}
-    assert notes["model.num_nextn_predict_layers"].kind == "differs"
-    assert "PyNative" in notes["model.num_nextn_predict_layers"].message
+    assert notes["model.num_nextn_predict_layers"].kind == "runtime"
+    assert "logged loss stays the main loss" in notes["model.mtp_loss_scaling_factor"].message
+    with pytest.raises(ConfigError, match="at most 1 MTP layer"):
+        translate_file(str(PYNATIVE_YAML), ["model.num_nextn_predict_layers=2"])
 
 
-def _model():
+def _model(variant: str = "mcore"):
     """The MindFormers network's weights, every norm weight then perturbed (its own are ones, under which
     hnorm(final_norm(h)) = hnorm(h) and the variants could not be told apart)."""
-    model = build_model(mcore_plan(), str(FIXTURES / "model.split.ckpt"))
+    model = build_model(mcore_plan(variant=variant), str(FIXTURES / "model.split.ckpt"))
     for module in model.modules():  # transformers' eager experts loop (its grouped_mm needs 16-byte strides)
         if getattr(module, "config", None) is not None and hasattr(module.config, "_experts_implementation"):
             module.config._experts_implementation = "eager"
@@ -129,3 +131,29 @@ def test_mindformers_mtp_weights_both_ways(tmp_path):
         assert torch.equal(back.tensor(name), mine.tensor(theirs[name])), name
     kept = {n for n in theirs if not n.endswith(("_dropout.seed", "_dropout.offset", ".fi_accu"))}
     assert kept == set(ours)
+
+
+def test_pynative_adds_only_the_gradient():
+    """process_mtp_loss (2.1.0 pynative/transformers/multi_token_prediction.py): the loss keeps the main loss's
+    value exactly, its gradient is the mcore total's (main + 0.3 x CE_1, _MTPLossAutoScaler at the main loss's
+    scale), and the logged MTP value is the depth's unscaled CE (loss_callback.py mtp_1_loss)."""
+    ids = torch.tensor(IDS)
+    tokens, labels = ids[:, :-1], ids[:, 1:].masked_fill(ids[:, :-1] == 0, -100)
+    grads, values = {}, {}
+    for variant in ("mcore", "pynative"):
+        model = _model(variant)
+        model.train()
+        out = model(input_ids=tokens, labels=labels, shift_labels=labels)
+        loss = mtp.MtpLoss(mcore_plan(variant=variant))
+        total = loss.add(model, out.loss, tokens, labels)
+        total.backward()
+        values[variant] = (out.loss.item(), total.item(), loss.take(1))
+        grads[variant] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    main, total, logged = values["pynative"]
+    assert total == main  # the main loss alone, bit for bit
+    mcore_main, mcore_total, mcore_term = values["mcore"]
+    assert main == pytest.approx(mcore_main, rel=1e-6)
+    assert logged == pytest.approx(mcore_term / 0.3, rel=1e-5)  # unscaled CE_1
+    assert grads["pynative"].keys() == grads["mcore"].keys() and any(".layers.2.eh_proj" in n for n in grads["mcore"])
+    for name, grad in grads["mcore"].items():
+        torch.testing.assert_close(grads["pynative"][name], grad, rtol=1e-5, atol=1e-7, msg=name)
