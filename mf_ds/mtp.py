@@ -91,9 +91,6 @@ def attach(model: nn.Module) -> list[str]:
     config = model.config
     if getattr(config, "mtp_variant", None) is None:
         return []
-    if hasattr(next(model.parameters()), "ds_id"):
-        raise RunError("model.model_config.mtp_depth: MTP layers are not added to a model built partitioned by "
-                       "ZeRO-3 (deepspeed.zero.Init); use ZeRO stage 1 or 2")
     layers = model.model.layers
     n, depth = config.num_hidden_layers, config.num_nextn_predict_layers
     layer_class, norm_class = type(layers[0]), type(model.model.norm)
@@ -105,6 +102,13 @@ def attach(model: nn.Module) -> list[str]:
         block.eh_proj = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
         block.shared_head = nn.Module()
         block.shared_head.norm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        if hasattr(first, "ds_id"):  # built inside zero.Init (mf_ds/zero.py construction): partitioned as built
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(block.parameters()), modifier_rank=0):
+                block.apply(model._init_weights)
+            layers.append(block)
+            continue
         if first.device.type != "meta":
             block.apply(model._init_weights)
         layers.append(block.to(device=first.device, dtype=first.dtype))
