@@ -157,3 +157,38 @@ def test_pynative_adds_only_the_gradient():
     assert grads["pynative"].keys() == grads["mcore"].keys() and any(".layers.2.eh_proj" in n for n in grads["mcore"])
     for name, grad in grads["mcore"].items():
         torch.testing.assert_close(grads["pynative"][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_mf_train_trains_the_wheel_yaml_with_its_mtp_layer(tmp_path):
+    """The 2.1.0 wheel's mcore DeepSeek-V3 YAML (num_nextn_predict_layers 1), shrunk to the fixture's widths, from
+    MindFormers' checkpoint: mf-train logs the MTP term beside the loss and inside it, the block of mcore's."""
+    import json
+    import subprocess
+    import sys
+
+    from mf_ds.data import write_indexed
+    from tests.conftest import CPU_ENV
+    from tests.mf_ds.test_convert_deepseek3_mcore import WHEEL_YAML
+
+    rng = torch.Generator().manual_seed(0)
+    write_indexed(str(tmp_path / "docs"), [torch.randint(1, 64, (40,), generator=rng).tolist() for _ in range(8)])
+    m = "model.model_config."
+    sets = {"vocab_size": 64, "hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "kv_lora_rank": 10, "q_lora_rank": 12, "qk_rope_head_dim": 4, "v_head_dim": 8,
+            "qk_nope_head_dim": 6, "moe_intermediate_size": 14, "n_routed_experts": 4, "num_experts_per_tok": 2,
+            "moe_shared_expert_intermediate_size": 14, "n_group": 1, "topk_group": 1, "seq_length": 16,
+            "compute_dtype": "float32", "params_dtype": "float32"}
+    argv = [w for k, v in sets.items() for w in ("--set", f"{m}{k}={v}")]
+    argv += ["--set", "parallel_config.pipeline_stage=1", "--set", "parallel_config.data_parallel=1",
+             "--set", "parallel_config.micro_batch_num=1", "--set", "use_parallel=False",
+             "--set", "train_dataset.data_loader.sizes=[16, 0, 0]",
+             "--set", "train_dataset.data_loader.config.seq_length=16",
+             "--set", f"train_dataset.data_loader.config.data_path=['1', '{tmp_path / 'docs'}']",
+             "--set", f"load_checkpoint={FIXTURES / 'model.split.ckpt'}"]
+    proc = subprocess.run([sys.executable, "-m", "mf_ds.cli", str(WHEEL_YAML), *argv, "--max_steps", "2",
+                           "--output_dir", str(tmp_path / "out")], cwd=ROOT, env=CPU_ENV, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(0 < row["mtp_loss"] < row["loss"] for row in rows)
+    assert "MTP block(s) of mcore multi_token_prediction.py" in proc.stdout + proc.stderr
