@@ -66,6 +66,12 @@ def refusal(plan: Plan) -> str | None:
         return None
     if plan.mtp.variant not in ("research", "mcore", "pynative"):
         return f"MTP variant {plan.mtp.variant!r} is not built by mf-ds"
+    hf = plan.hf_config or {}
+    n, first = hf.get("num_hidden_layers"), hf.get("first_k_dense_replace")
+    if plan.mtp.variant != "research" and hf.get("n_routed_experts") and n is not None and first is not None \
+            and n <= first < n + plan.mtp.depth:  # gpt_layer_specs.py get_gpt_mtp_block_spec: the last layer's spec
+        return (f"MindFormers builds the MTP layer as its last decoder layer (dense: first_k_dense_replace {first}), "
+                f"transformers' DeepseekV3 makes layer {first} MoE; set first_k_dense_replace > {n} or below {n}")
     if plan.parallel.context_parallel > 1:
         return "MTP with context parallel: the ids are shifted along the sequence that Ulysses shards"
     if plan.parallel.tensor_parallel > 1:

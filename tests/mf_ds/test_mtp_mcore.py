@@ -11,7 +11,7 @@ import torch
 from mf_ds import mtp
 from mf_ds.convert import to_hf, to_mindformers
 from mf_ds.mindspore_ckpt import MindSporeCheckpoint
-from mf_ds.model import build_model
+from mf_ds.model import build_model, hf_config
 from tests.conftest import ROOT
 from tests.mf_ds import mtp_mcore_reference as ref
 from tests.mf_ds.test_convert_deepseek3_mcore import FIXTURES, golden
@@ -192,3 +192,14 @@ def test_mf_train_trains_the_wheel_yaml_with_its_mtp_layer(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(0 < row["mtp_loss"] < row["loss"] for row in rows)
     assert "MTP block(s) of mcore multi_token_prediction.py" in proc.stdout + proc.stderr
+
+
+def test_an_mtp_layer_whose_kind_transformers_would_change_is_refused():
+    """mcore's MTP layer takes the last decoder layer's spec (dense below first_k_dense_replace); transformers'
+    layer num_hidden_layers would be MoE when first_k_dense_replace equals it: refused in one line."""
+    from mf_ds.errors import RunError
+
+    plan = mcore_plan()
+    plan.hf_config["first_k_dense_replace"] = plan.hf_config["num_hidden_layers"]
+    with pytest.raises(RunError, match="last decoder layer"):
+        hf_config(plan)  # mtp.configure, for the model's config
