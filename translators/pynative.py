@@ -26,7 +26,7 @@ import dataclasses
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, mf_defaults
+from translators import families, mf_defaults, mtp
 from translators import pynative_account as account
 from translators.attention import attention_plan, trailing_pads_inert
 from translators.data import parse_data
@@ -280,7 +280,8 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     notes = ledger.finish()
     plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
                            "kernels": Kernels(fused_rope=shape.use_fused_rope, fused_swiglu=shape.use_fused_swiglu),
-                           "run": run, "parallel": lay.as_plan(), "notes": notes, "mtp": None})
+                           "run": run, "parallel": lay.as_plan(), "notes": notes,
+                           "mtp": mtp.plan(family, shape, hf_config, pynative=True)})
     asked = {"data_parallel": deg.data_parallel, "model_parallel": deg.tp, "context_parallel": deg.cp,
              "expert_parallel": deg.ep, "pipeline_stage": deg.pp, "micro_batch_num": deg.gradient_accumulation_steps}
     return Translation(plan, (), ledger, asked)

@@ -10,7 +10,6 @@ from translators.families.deepseek import (
     DEEPSEEK_V3_MEMORY,
     DEEPSEEK_V3_MOE,
     DEEPSEEK_V3_RUNTIME,
-    MTP_ABSENT,
 )
 from translators.families.derive import (
     _kv_heads,
@@ -209,7 +208,7 @@ DEEPSEEK_MCORE: dict[str, Rule | str] = {
                            "HF DeepseekV3 always normalises the compressed q and kv"),
     "multi_latent_attention": Expect(True, "MLA, as HF DeepseekV3", "HF DeepseekV3 always uses MLA"),
     "tie_word_embeddings": UNTIED,
-    "mtp_depth": MTP_ABSENT,
+    "mtp_depth": Shape(),  # built by mf_ds/mtp.py (graph mode) or noted differs (PyNative): translators/mtp.py
     "n_kv_heads": Feeds(unused="not read by MLA: every head has its own k and v (hf num_key_value_heads = "
                                "num_attention_heads)"),
     "moe_shared_expert_intermediate_size": Feeds(),  # must be n_shared_experts x moe_intermediate_size (HF's width)
