@@ -133,7 +133,7 @@ def run(argv: list[str] | None = None) -> int:
         else:
             print("\n".join(render(report)))
         return 0
-    json.dump(plan["deepspeed"], sys.stdout, indent=2)
+    json.dump(result.printed_deepspeed(), sys.stdout, indent=2)  # with the nearest optimizer / scheduler blocks
     sys.stdout.write("\n")
     return 0
 
