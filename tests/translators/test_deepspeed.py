@@ -247,7 +247,7 @@ def test_activation_checkpointing_block_counts_full_layers():
 
 def test_the_engine_gets_no_nearest_blocks_the_person_does():
     """plan.deepspeed is what deepspeed.initialize receives: mf_ds builds the optimizer and the schedule itself and
-    checkpoints layers with torch's checkpoint, so the nearest DeepSpeed blocks are only printed, each where it stood."""
+    checkpoints layers with torch's checkpoint, so the nearest DeepSpeed blocks are only printed, where they stood."""
     plan, printed = printed_of(recompute_config__recompute=True, lr_schedule={
         "type": "CosineWithWarmUpLR", "learning_rate": 1e-3, "warmup_ratio": 0.1, "total_steps": 100})
     assert not {"optimizer", "scheduler", "activation_checkpointing"} & set(plan["deepspeed"])
