@@ -16,7 +16,7 @@ from typing import Any
 from translators import deepspeed as ds
 from translators.attention import trailing_pads_inert
 from translators.notes import Ledger
-from translators.plan_types import Kernels, Mtp, Plan, Translation
+from translators.plan_types import Kernels, MoE, Mtp, Plan, Translation
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Model:
     family: Any
     hf_config: dict[str, Any] | None
     layers: list[dict[str, Any]]
-    moe: dict[str, Any] | None
+    moe: MoE | None
     kernels: Kernels
     mtp: Mtp | None
     name: str

@@ -45,9 +45,10 @@ from translators.loader import apply_overrides, load_yaml
 from translators.lora import parse_pet_config, split_pet_config
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
+from translators.moe import typed as moe_typed
 from translators.notes import Ledger
 from translators.parallel import Dims, resolve
-from translators.plan_types import Kernels, Plan, Translation
+from translators.plan_types import Kernels, MoE, Plan, Translation
 from translators.sections import (
     PARALLEL_MODES,
     LrSchedule,
@@ -213,11 +214,11 @@ def _layout(m: _Model, pc: ParallelConfig, extra: MfDs, world_size: int | None, 
     return lay
 
 
-def _moe(m: _Model, pc: ParallelConfig, lay: Any, extra: MfDs, ledger: Ledger) -> dict | None:
+def _moe(m: _Model, pc: ParallelConfig, lay: Any, extra: MfDs, ledger: Ledger) -> MoE | None:
     shape, family, hf_config, built = m.shape, m.family, m.hf_config, m.built
     moe = None
     if shape is not None and not family.moe_plan and hf_config is not None:
-        moe = families.family_moe(family, hf_config, built["model"]["model_config"], ledger)
+        moe = moe_typed(families.family_moe(family, hf_config, built["model"]["model_config"], ledger))
     elif shape is not None and family.moe_plan:
         moe, _ = moe_plan(built, family.name, family.mcore, shape.num_layers, shape.mtp_depth, lay.expert_parallel,
                           pc, extra, ledger)
@@ -231,7 +232,7 @@ def _moe(m: _Model, pc: ParallelConfig, lay: Any, extra: MfDs, ledger: Ledger) -
 
 
 def _step(m: _Model, general: General, pc: ParallelConfig, parallel: Parallel, po: ParallelOptimizerConfig,
-          lay: Any, moe: dict | None, extra: MfDs, gradient_accumulation_steps: int | None, ledger: Ledger
+          lay: Any, moe: MoE | None, extra: MfDs, gradient_accumulation_steps: int | None, ledger: Ledger
           ) -> tuple[RunnerConfig, ds.Batch, Training]:
     """runner_config and runner_wrapper: the batch, clipping, precision and ZeRO (translators/deepspeed.py)."""
     tree, shape, family = m.tree, m.shape, m.family
@@ -258,7 +259,7 @@ def _step(m: _Model, general: General, pc: ParallelConfig, parallel: Parallel, p
     param_dtype = shape.param_init_type if shape else "float32"
     precision = ds.precision(compute_dtype, param_dtype, wrapper, ledger)
     zero = ds.zero(parallel, po.gradient_accumulation_shard, compute_dtype != "float32",
-                   moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel)
+                   moe.expert_parallel if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel)
     return runner, batch, Training(compute_dtype, param_dtype, precision, zero, clip, {}, {})
 
 
@@ -267,7 +268,7 @@ def _sink_size(runner: RunnerConfig) -> int | None:
 
 
 def _schedule(m: _Model, general: General, runner: RunnerConfig, pc: ParallelConfig, lay: Any, batch: ds.Batch,
-              training: Training, moe: dict | None, extra: MfDs, ledger: Ledger
+              training: Training, moe: MoE | None, extra: MfDs, ledger: Ledger
               ) -> tuple[Schedule, Training, dict, dict]:
     """The optimizer, the LR schedule and the data (the schedule's length may count the data set)."""
     tree, shape, family, hf_config = m.tree, m.shape, m.family, m.hf_config
@@ -309,7 +310,7 @@ def _schedule(m: _Model, general: General, runner: RunnerConfig, pc: ParallelCon
             tree["optimizer"], peak_lr(lr), zero_stage=zero["stage"], mla="kv_lora_rank" in (hf_config or {}),
             mcore=family.mcore, pynative=False, ledger=ledger, context_parallel=lay.context_parallel,
             tensor_parallel=lay.tensor_parallel, clipping=training.clip,
-            expert_parallel=moe["expert_parallel"] if moe else 1, mixed=training.compute_dtype != "float32")
+            expert_parallel=moe.expert_parallel if moe else 1, mixed=training.compute_dtype != "float32")
         zero = muon_optimizer.zero_block(zero)
     else:
         ds_optimizer, run_optimizer = ds.optimizer(opt, opt_given, peak_lr(lr), ledger)
@@ -321,7 +322,7 @@ def _schedule(m: _Model, general: General, runner: RunnerConfig, pc: ParallelCon
     return schedule, training, data, attention
 
 
-def _callbacks(tree: dict, general: General, moe: dict | None, ledger: Ledger) -> dict:
+def _callbacks(tree: dict, general: General, moe: MoE | None, ledger: Ledger) -> dict:
     callbacks = parse_callbacks(tree, ledger)
     _check_callbacks(callbacks, moe, ledger)
     if not general.use_legacy_format and callbacks["checkpoint"] is not None:
@@ -489,7 +490,7 @@ def _check_world(pc: ParallelConfig, parallel: Parallel) -> None:
                               fix={"parallel.dataset_strategy": fixes.strategy_for(strategy, pc.data_parallel)})
 
 
-def _check_callbacks(callbacks: dict, moe: dict | None, ledger: Ledger) -> None:
+def _check_callbacks(callbacks: dict, moe: MoE | None, ledger: Ledger) -> None:
     for slot, name in (("topk_bias_balance", "TopkBiasBalanceCallback"), ("moe_drop_rate", "MoEDropRateCallback")):
         args = callbacks[slot]
         if args is None:
@@ -497,12 +498,12 @@ def _check_callbacks(callbacks: dict, moe: dict | None, ledger: Ledger) -> None:
         if moe is None:
             ledger.differs("callbacks", f"{name} on a dense model: nothing to do")
             callbacks[slot] = None
-        elif args.get("expert_num") not in (None, moe["num_experts"]):
+        elif args.get("expert_num") not in (None, moe.num_experts):
             raise ConfigError("callbacks", f"{name}.expert_num {args['expert_num']} does not match the model's "
-                              f"{moe['num_experts']} routed experts")
-    if moe is not None and callbacks["moe_drop_rate"] is not None and not moe["drop_rate_callback"]:
+                              f"{moe.num_experts} routed experts")
+    if moe is not None and callbacks["moe_drop_rate"] is not None and not moe.drop_rate_callback:
         ledger.differs("callbacks", "MoEDropRateCallback without moe_config.callback_moe_droprate: True logs "
                        "nothing in MindFormers; mf_ds logs the drop rate")
-    if moe is not None and moe["router"]["bias_balance"] and callbacks["topk_bias_balance"] is None:
+    if moe is not None and moe.router.bias_balance and callbacks["topk_bias_balance"] is None:
         ledger.differs("moe_config.balance_via_topk_bias", "no TopkBiasBalanceCallback: the bias never moves "
                        "(as in MindFormers)")

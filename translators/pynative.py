@@ -37,9 +37,10 @@ from translators.fixes import batch_fit
 from translators.lora import parse_lora_config
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
+from translators.moe import typed as moe_typed
 from translators.notes import Ledger, LedgerView
 from translators.parallel import Dims, resolve
-from translators.plan_types import Kernels, Translation
+from translators.plan_types import Kernels, MoE, Translation
 from translators.pynative_schema import NEWEST, effective, schema
 from translators.pynative_trainer import (
     check_context_parallel,
@@ -187,7 +188,7 @@ def _model(tree: dict, cfg: dict, version: str, view: LedgerView, ledger: Ledger
                   select)
 
 
-def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger) -> tuple[Any, dict | None]:
+def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger) -> tuple[Any, MoE | None]:
     """Parallel degrees: the graph-mode resolution (DeepSpeed AutoTP, Ulysses, EP inside data parallel); MoE."""
     family, shape, hf_config = m.family, m.shape, m.hf_config
     ep = deg.ep
@@ -208,7 +209,7 @@ def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger) 
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
     moe = None
     if not family.moe_plan and hf_config is not None:
-        moe = families.family_moe(family, hf_config, m.built["model"]["model_config"], view)
+        moe = moe_typed(families.family_moe(family, hf_config, m.built["model"]["model_config"], view))
     if family.moe_plan:
         with _renamed(view):
             moe, _ = moe_plan(m.built, family.name, True, shape.num_layers, shape.mtp_depth, lay.expert_parallel, pc,
@@ -235,7 +236,7 @@ def _batch(cfg: dict, deg: Any, lay: Any, gradient_accumulation_steps: int | Non
                     mindformers_global=deg.global_batch, interleave=1)
 
 
-def _optimizer(cfg: dict, tree: dict, m: _Model, deg: Any, lay: Any, moe: dict | None, extra: MfDs, view: LedgerView,
+def _optimizer(cfg: dict, tree: dict, m: _Model, deg: Any, lay: Any, moe: MoE | None, extra: MfDs, view: LedgerView,
                ledger: Ledger) -> tuple[Schedule, Training]:
     """The LR class the Trainer builds (the section, its type required, + training.steps) and the optimizer."""
     steps = cfg["training"]["steps"]
@@ -256,7 +257,7 @@ def _optimizer(cfg: dict, tree: dict, m: _Model, deg: Any, lay: Any, moe: dict |
                 mla=_mla(m.hf_config), mcore=True, pynative=True, ledger=ledger, clipping=clip,
                 attention_variant=m.built["model"]["model_config"].get("experimental_attention_variant"),
                 context_parallel=lay.context_parallel, tensor_parallel=lay.tensor_parallel,
-                expert_parallel=moe["expert_parallel"] if moe else 1, mixed=compute_dtype != "float32")
+                expert_parallel=moe.expert_parallel if moe else 1, mixed=compute_dtype != "float32")
         zero = muon_optimizer.zero_block(zero)
     else:
         opt = Optimizer.parse({k: cfg["optimizer"][k] for k in ("type", "betas", "eps", "weight_decay")})

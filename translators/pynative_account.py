@@ -14,6 +14,7 @@ from typing import Any
 
 from translators.errors import ConfigError, join, show
 from translators.notes import Ledger
+from translators.plan_types import MoE
 from translators.pynative_trainer import spans
 from translators.schema import MAX_INT
 from translators.sections import MfDs
@@ -75,10 +76,10 @@ def seed(cfg: dict) -> int:
     return value
 
 
-def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | None, ledger: Ledger) -> dict:
+def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: MoE | None, ledger: Ledger) -> dict:
     """The ZeRO block for the FSDP the YAML asks for (data_parallel_shard over the data-parallel ranks)."""
     p = cfg["parallelism"]
-    ep = moe["expert_parallel"] if moe else 1
+    ep = moe.expert_parallel if moe else 1
     if extra.zero_stage is not None:
         stage, why = extra.zero_stage, "mf_ds.zero_stage"
         ledger.mapped("mf_ds.zero_stage", f"deepspeed.zero_optimization.stage = {stage}")
@@ -200,7 +201,7 @@ def checkpoint_directory(save_path: str, out_dir: str) -> str | None:
     return posixpath.join(out_dir, *parts) if parts else out_dir
 
 
-def callbacks(cfg: dict, moe: dict | None, ledger: Ledger, out_dir: str = "./output") -> dict:
+def callbacks(cfg: dict, moe: MoE | None, ledger: Ledger, out_dir: str = "./output") -> dict:
     """run.callbacks: the PyNative trainer's built-in loss logging (LossCallback, which also moves the
     aux-loss-free expert bias every step) and checkpoint saving (CheckpointCallback from `checkpoint`)."""
     c = cfg["checkpoint"]
@@ -216,7 +217,7 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger, out_dir: str = "./out
                              "checkpoint_format": "safetensors",
                              # mf-ds' own resumable checkpoints (DeepSpeed state + HF weights), optimizer included
                              "use_legacy_format": True, "save_optimizer": True}
-    if moe is not None and moe["router"]["bias_balance"]:
+    if moe is not None and moe.router.bias_balance:
         # loss_callback.py: with moe_router_enable_expert_bias the bias moves every step (gpt_model.py
         # _update_expert_bias: += moe_router_bias_update_rate x sign(mean load - load)), no callback needed
         out["topk_bias_balance"] = {"balance_via_topk_bias": None, "topk_bias_update_rate": None, "expert_num": None}
@@ -232,7 +233,7 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger, out_dir: str = "./out
     return out
 
 
-def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: int, global_batch: int,
+def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: MoE | None, ga: int, global_batch: int,
              full: set[int], n_layers: int, sections_known: tuple[str, ...], ledger: Ledger) -> None:
     """The notes on the keys of checkpoint, training, parallelism, recompute*, swap, train_dataset, monitor, context,
     profiler, callbacks and the top level."""
@@ -286,7 +287,7 @@ def _training(cfg: dict, deg: Any, lay: Any, ga: int, global_batch: int, ledger:
         ledger.dropped("training.rampup_batch_size", "null: a fixed batch")
 
 
-def _parallelism(cfg: dict, deg: Any, lay: Any, moe: dict | None, ledger: Ledger) -> None:
+def _parallelism(cfg: dict, deg: Any, lay: Any, moe: MoE | None, ledger: Ledger) -> None:
     present, p = ledger.present, cfg["parallelism"]
     folded = lay.folded
     for name, degree, what in (
