@@ -288,20 +288,7 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
         layers=tuple(range(first_dense, num_layers + mtp_depth)),
         mtp_layers=tuple(range(num_layers, num_layers + mtp_depth)),
         path=path,
-        router=Router(
-            score="sigmoid" if cfg.use_gating_sigmoid else "softmax",
-            dtype=router_dtype,
-            topk_method=topk_method,
-            n_group=cfg.n_group,
-            topk_group=cfg.topk_group,
-            norm_topk_prob=cfg.norm_topk_prob and cfg.num_experts_chosen > 1,
-            routed_scaling_factor=cfg.routed_scaling_factor,
-            bias_balance=cfg.balance_via_topk_bias,
-            bias_update_rate=cfg.topk_bias_update_rate,
-            # TopkBiasBalanceCallback moves the bias of `feed_forward.routed_experts` routers only: a legacy Llama
-            # model without shared experts (its feed_forward is the MoEV2 itself) never has its bias moved
-            bias_updated=cfg.balance_via_topk_bias and not (legacy_llama and not cfg.shared_expert_num),
-        ),
+        router=_router(cfg, topk_method, router_dtype, legacy_llama),
         aux_loss=AuxFactors(**{name: aux.get(name, 0.0) for name in AUX_TYPES}),
         # as the YAML sets them: they choose the aux top-k and whether MoEDropRateCallback has an estimate
         aux_loss_configured=AuxFactors(**{name: configured.get(name, 0.0) for name in AUX_TYPES}),
@@ -317,7 +304,31 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
         expert_parallel=ep,
         drop_rate_callback=cfg.callback_moe_droprate,
     )
-    if router_dtype == "bfloat16":
+    _account_plan(cfg, plan, mcore, ledger)
+    return plan, cfg
+
+
+def _router(cfg: MoEConfig, topk_method: str, router_dtype: str, legacy_llama: bool) -> Router:
+    """The router: scores, top-k method and groups, the balancing bias."""
+    return Router(
+        score="sigmoid" if cfg.use_gating_sigmoid else "softmax",
+        dtype=router_dtype,
+        topk_method=topk_method,
+        n_group=cfg.n_group,
+        topk_group=cfg.topk_group,
+        norm_topk_prob=cfg.norm_topk_prob and cfg.num_experts_chosen > 1,
+        routed_scaling_factor=cfg.routed_scaling_factor,
+        bias_balance=cfg.balance_via_topk_bias,
+        bias_update_rate=cfg.topk_bias_update_rate,
+        # TopkBiasBalanceCallback moves the bias of `feed_forward.routed_experts` routers only: a legacy Llama
+        # model without shared experts (its feed_forward is the MoEV2 itself) never has its bias moved
+        bias_updated=cfg.balance_via_topk_bias and not (legacy_llama and not cfg.shared_expert_num),
+    )
+
+
+def _account_plan(cfg: MoEConfig, plan: MoE, mcore: bool, ledger: Ledger) -> None:
+    """The notes on what the built MoE does with the router dtype, the bias and the fused / safe-token switches."""
+    if plan.router.dtype == "bfloat16":
         ledger.runtime("moe_config.router_dense_type", "bfloat16 router logits and scores, as MindFormers' Dense")
     if cfg.balance_via_topk_bias and not plan.router.bias_updated:
         ledger.runtime("moe_config.balance_via_topk_bias", "the bias selects but never moves: MindFormers' "
@@ -327,7 +338,6 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
                        "mf_ds applies it to the capacity path as well")
     if cfg.enable_gmm_safe_tokens and not cfg.use_gmm and not mcore:
         ledger.differs("moe_config.enable_gmm_safe_tokens", "only meaningful with use_gmm; kept (no numeric effect)")
-    return plan, cfg
 
 
 def typed(moe: MoE | dict[str, Any] | None) -> MoE | None:
