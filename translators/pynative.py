@@ -16,7 +16,8 @@ torchtitan. `translate(tree)` reads it in four steps, each with MindFormers' own
   4. the rest through the graph-mode builders (parallel.resolve, moe_plan, lr_plan, muon.plan, deepspeed.*,
      parse_data, attention_plan), each handed a ledger view that renames their paths to this schema's, and
      translators/pynative_account.py for what only this schema has (FSDP -> ZeRO, checkpoint saving, the notes).
-Every key is accounted for in the ledger, as in graph mode.
+Every key is accounted for in the ledger, as in graph mode, and the result fills the same typed Intent, from which
+translators/assemble.py builds the Plan.
 """
 
 from __future__ import annotations
