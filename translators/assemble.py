@@ -10,13 +10,29 @@ activation-checkpointing blocks travel beside the Plan (`Translation.nearest`), 
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import Any
 
 from translators import deepspeed as ds
 from translators.attention import trailing_pads_inert
 from translators.notes import Ledger
-from translators.plan_types import Kernels, MoE, Mtp, Plan, Translation
+from translators.plan_json import from_json
+from translators.plan_types import (
+    Callbacks,
+    CheckpointLayout,
+    Data,
+    Evaluation,
+    Kernels,
+    Lora,
+    MoE,
+    Mtp,
+    MuonOptimizer,
+    Optimizer,
+    Plan,
+    Run,
+    Translation,
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +52,7 @@ class Training:
     precision: dict[str, Any]
     zero: dict[str, Any]
     clip: float
-    optimizer: dict[str, Any]
+    optimizer: Optimizer | MuonOptimizer
     """run.optimizer: MindFormers' optimizer as the runtime builds it."""
     nearest_optimizer: dict[str, Any]
 
@@ -77,7 +93,7 @@ class Loading:
     load_ckpt_format: str
     resume_training: bool
     ignore_data_skip: bool
-    checkpoint_layout: Any
+    checkpoint_layout: CheckpointLayout
 
 
 @dataclass(frozen=True)
@@ -106,15 +122,24 @@ class Intent:
     batch: ds.Batch
     training: Training
     schedule: Schedule
-    data: dict[str, Any]
+    data: Data
     attention: dict[str, Any]
     """pad_attention_mask, pad_token_id (translators/attention.py)."""
-    callbacks: Any
+    callbacks: Callbacks
     model: Model
     loading: Loading
     settings: Settings
-    lora: Any = None
-    evaluation: Any = None
+    lora: Lora | None = None
+    evaluation: Evaluation | None = None
+
+
+_RUN_HINTS = typing.get_type_hints(Run)
+
+
+def typed(name: str, value: Any) -> Any:
+    """A builder's mapping as the type of `run.<name>` (lr_plan, parse_data, the callbacks and the optimizers still
+    write mappings); an instance passes as it is."""
+    return from_json(_RUN_HINTS[name], value, f"run.{name}")
 
 
 def deepspeed_config(intent: Intent) -> dict[str, Any]:
@@ -150,7 +175,7 @@ def run_section(intent: Intent) -> dict[str, Any]:
         "gradient_accumulation_steps": batch.gradient_accumulation_steps,
         "micro_batch_interleave_num": batch.interleave, "global_batch_size": batch.global_batch,
         "mindformers_global_batch_size": batch.mindformers_global,
-        "seq_length": intent.data["seq_length"],
+        "seq_length": intent.data.seq_length,
         "compute_dtype": training.compute_dtype, "param_dtype": training.param_dtype,
         "gradient_clipping": training.clip, "optimizer": training.optimizer,
         "lr_schedule": schedule.lr, "data": intent.data, "callbacks": intent.callbacks,

@@ -33,7 +33,7 @@ from translators import (
     recompute,
     recompute_ops,
 )
-from translators.assemble import Degrees, Intent, Loading, Model, Schedule, Settings, Training, assemble
+from translators.assemble import Degrees, Intent, Loading, Model, Schedule, Settings, Training, assemble, typed
 from translators.attention import attention_plan
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
@@ -159,7 +159,8 @@ def _read(tree: dict, general: General, extra: MfDs, ledger: Ledger, world_size:
                       # MindFormers reads a checkpoint as safetensors only when told so (load_ckpt_format ==
                       # 'safetensors')
                       "safetensors" if general.load_ckpt_format == "safetensors" else "ckpt",
-                      general.resume_training, general.ignore_data_skip, names.checkpoint_layout(m.tree))
+                      general.resume_training, general.ignore_data_skip,
+                      typed("checkpoint_layout", names.checkpoint_layout(m.tree)))
     settings = Settings(
         run_mode=general.run_mode or "train", seed=general.seed, output_dir=general.output_dir,
         deterministic=bool(general.train_precision_sync), print_separate_loss=general.print_separate_loss,
@@ -171,8 +172,9 @@ def _read(tree: dict, general: General, extra: MfDs, ledger: Ledger, world_size:
     lora = parse_pet_config(m.pet_config, family.mcore, ledger) if m.pet_config is not None else None
     evaluation = parse_evaluation(m.tree, general, ledger, data["seq_length"], family.mcore,
                                   bool(shape and shape.input_sliced_sig))
-    intent = Intent(Degrees(lay, vocab_parallel(pc, lay, shape)), batch, training, schedule, data, attention,
-                    callbacks, model, loading, settings, lora, evaluation)
+    intent = Intent(Degrees(lay, vocab_parallel(pc, lay, shape)), batch, training, schedule, typed("data", data),
+                    attention, typed("callbacks", callbacks), model, loading, settings, typed("lora", lora),
+                    typed("evaluation", evaluation))
     return intent, formative
 
 
@@ -317,7 +319,7 @@ def _schedule(m: _Model, general: General, runner: RunnerConfig, pc: ParallelCon
     if not opt_given:
         ledger.runtime("", "no optimizer section: MindFormers' template AdamW (betas 0.9/0.999, eps 1e-8)")
     training = Training(training.compute_dtype, training.param_dtype, training.precision, zero, training.clip,
-                        run_optimizer, ds_optimizer)
+                        typed("optimizer", run_optimizer), ds_optimizer)
     schedule = Schedule(lr, ds.scheduler(lr, ledger), runner.epochs, runner.stop_step, steps_per_epoch, total)
     return schedule, training, data, attention
 

@@ -30,7 +30,7 @@ from typing import Any
 from translators import deepspeed as ds
 from translators import families, mf_defaults
 from translators import pynative_account as account
-from translators.assemble import Degrees, Intent, Loading, Model, Schedule, Settings, Training, assemble
+from translators.assemble import Degrees, Intent, Loading, Model, Schedule, Settings, Training, assemble, typed
 from translators.attention import attention_plan
 from translators.data import parse_data
 from translators.errors import ConfigError, show
@@ -41,7 +41,7 @@ from translators.moe import moe_plan
 from translators.moe import typed as moe_typed
 from translators.notes import Ledger, LedgerView
 from translators.parallel import Dims, resolve
-from translators.plan_types import Kernels, MoE, Translation
+from translators.plan_types import CheckpointLayout, Kernels, MoE, Translation
 from translators.pynative_schema import NEWEST, effective, schema
 from translators.pynative_trainer import (
     check_context_parallel,
@@ -132,18 +132,18 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                       # no_load_optim false: MindFormers resumes load_path's optimizer state and step too
                       # (mf_ds/resume2.py)
                       bool(cfg["checkpoint"]["load_path"]) and not cfg["checkpoint"]["no_load_optim"], False,
-                      {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,
-                       "use_contiguous_weight_layout_attention": False, "use_interleaved_weight_layout_mlp": True,
-                       "use_gmm": False,
-                       "mla_qkv_concat": (tree.get("model") or {}).get("mla_qkv_concat") is not False})
+                      CheckpointLayout(qkv_concat=None, mlp_concat=None, use_rearrange_rope=False,
+                                       use_contiguous_weight_layout_attention=False,
+                                       use_interleaved_weight_layout_mlp=True, use_gmm=False,
+                                       mla_qkv_concat=(tree.get("model") or {}).get("mla_qkv_concat") is not False))
     settings = Settings(run_mode="train", seed=account.seed(cfg), output_dir=account.output_dir(tree),
                         deterministic=cfg["training"]["deterministic"], print_separate_loss=True,
                         tokenizer_dir=extra.tokenizer_dir, max_nan_steps=account.max_nan_steps(cfg, tree, extra),
                         fused_loss=extra.fused_loss, compile_layers=extra.compile_layers, loss_mask_pad_id=None,
                         mindformers_version=version, log_line="pynative")
     lora = parse_lora_config(cfg["lora_config"], ledger) if cfg["lora_config"] is not None else None
-    intent = Intent(Degrees(lay, vocab_parallel), batch, training, schedule, data, attention, callbacks, model,
-                    loading, settings, lora)
+    intent = Intent(Degrees(lay, vocab_parallel), batch, training, schedule, typed("data", data), attention,
+                    typed("callbacks", callbacks), model, loading, settings, typed("lora", lora))
     account.sections(cfg, tree, deg, lay, moe, batch.gradient_accumulation_steps, batch.global_batch, m.full,
                      m.n_layers, tuple(schema(version)["classes"]["TrainConfig"]["fields"]), ledger)
     if gradient_accumulation_steps is not None:
@@ -266,7 +266,8 @@ def _optimizer(cfg: dict, tree: dict, m: _Model, deg: Any, lay: Any, moe: MoE | 
         account.optimizer_extras(cfg, tree, ledger)
     precision = {"bfloat16": {"bf16": {"enabled": True}}, "float16": {"fp16": {"enabled": True, "loss_scale": 1.0}},
                  "float32": {}}[compute_dtype]
-    training = Training(compute_dtype, param_dtype, precision, zero, clip, run_optimizer, ds_optimizer)
+    training = Training(compute_dtype, param_dtype, precision, zero, clip, typed("optimizer", run_optimizer),
+                        ds_optimizer)
     return Schedule(lr, ds.scheduler(lr, view), steps, steps, None, steps), training
 
 
