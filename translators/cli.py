@@ -118,7 +118,10 @@ def run(argv: list[str] | None = None) -> int:
 
                 def rename(setting: str) -> str:
                     return layout_setting(setting, len(plan.layers))
-            report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory, rename)
+            # model_config.offset: the YAML's stages as LayerSetting places them (translators/pipeline_planner.py)
+            mc = tree["model"].get("model_config") if isinstance(tree.get("model"), dict) else None
+            offset = mc.get("offset", 0) if isinstance(mc, dict) else 0
+            report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory, rename, offset)
             if problems:  # the asked global batch is out of reach on this world: the nearest, said
                 asked = problems[0]
                 report["data"]["planned"] = (f"{asked.path}: {asked.message}; {asked.hint}; planned the nearest: "

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from translators import memory
+from translators import memory, pipeline_planner
 from translators.errors import ConfigError
 from translators.plan_types import Layer, Parallel, Plan
 
@@ -82,8 +82,9 @@ def _checks(plan: Plan, par: Parallel, raw_pc: dict) -> list[dict]:
         rows.append(("experts", f"{experts} % ep {ep} = {experts % ep}: {experts // ep} per rank", experts % ep == 0))
         rows.append(("expert parallel", f"dp {dp} % ep {ep} = {dp % ep}", dp % ep == 0))
     rows.append(("num_layers", f"{layers} layers over MindFormers' {pp} stages" + (
-        f" ({layers // pp}{'' if layers % pp == 0 else f'-{layers // pp + 1}'} each; folded here, every rank "
-        "holds all)" if pp > 1 else ""),
+        f" ({layers // pp}{'' if layers % pp == 0 else f'-{layers // pp + 1}'} each; "
+        + ("as LayerSetting places them)" if par.pipeline_stage else "folded here, every rank holds all)")
+        if pp > 1 else ""),
         layers >= pp))
     glob = run.global_batch_size
     rows.append(("global batch", f"{glob} = micro {run.micro_batch_size} x accumulation "
@@ -202,16 +203,13 @@ def more_ranks(plan: Plan, deg: memory.Degrees, zero: dict, micro: int, layers: 
 
 
 def layout_report(plan: Plan, raw_pc: dict, gpu_memory: float | None = None,
-                  rename: Callable[[str], str | None] | None = None) -> dict:
+                  rename: Callable[[str], str | None] | None = None, offset=0) -> dict:
     """The layout report for the Plan's world size (raw_pc: the YAML's parallel_config, for what was folded).
-    `rename` turns each suggested setting (`runner_config.batch_size=1`) into the YAML schema's own spelling."""
+    `rename` turns each suggested setting (`runner_config.batch_size=1`) into the YAML schema's own spelling.
+    `offset`: model_config.offset, for the YAML's stages (translators/pipeline_planner.py)."""
     par = plan.parallel
     if plan.hf_config is None:
         raise ConfigError("model", "--layout needs a model with an HF architecture (see the note on 'model')")
-    if par.pipeline_stage:  # mf_ds/pipeline.py runs it; the memory model and groups here have no stages
-        raise ConfigError("parallel_config.pipeline_stage", f"{par.pipeline_stage} stages run as a pipeline, and "
-                          "--layout does not plan pipelines yet (per-stage memory, 1F1B's in-flight micro batches); "
-                          "--set parallel_config.pipeline_stage=1 shows the layout without one")
     run, ds = plan.run, plan.deepspeed
     if not run.seq_length:
         raise ConfigError("model.model_config.seq_length", "--layout needs the sequence length for the activations")
@@ -252,6 +250,8 @@ def layout_report(plan: Plan, raw_pc: dict, gpu_memory: float | None = None,
             "peak": budget["peak"],
         },
     }
+    if par.pipeline_stage:  # mf_ds/pipeline.py runs it: memory per stage, stage-major groups
+        return pipeline_planner.pipelined(report, plan.to_json(), raw_pc, offset, gpu_memory)
     if gpu_memory is not None:
         peak = budget["peak"]
         report["memory"]["gpu_memory"] = gpu_memory
@@ -266,6 +266,8 @@ def layout_report(plan: Plan, raw_pc: dict, gpu_memory: float | None = None,
             if not any(f["fits"] for f in fixes):
                 report["memory"]["more_ranks"] = more_ranks(plan, deg, zero, run.micro_batch_size, plan.layers,
                                                             0.9 * gpu_memory)
+        if raw_pc.get("pipeline_stage", 1) > 1 or peak > 0.9 * gpu_memory:  # the YAML's stages, or what fits
+            report["pipeline"] = pipeline_planner.section(plan.to_json(), raw_pc, offset, gpu_memory)
     return report
 
 
@@ -289,7 +291,8 @@ def render(r: dict) -> list[str]:
             ("context parallel", d["context_parallel"], f"context_parallel {y['context_parallel']}"
              + (" (Ulysses)" if d["context_parallel"] > 1 else "")),
             ("expert parallel", d["expert_parallel"], f"expert_parallel {y['expert_parallel']}"),
-            ("pipeline stage", "folded" if y["pipeline_stage"] > 1 else 1, f"pipeline_stage {y['pipeline_stage']}")]
+            ("pipeline stage", d.get("pipeline_stage") or ("folded" if y["pipeline_stage"] > 1 else 1),
+             f"pipeline_stage {y['pipeline_stage']}")]
     out += [f"  {name:<18}{deg:>7}  {why}" for name, deg, why in rows]
     if r["folded"]:
         out += ["", "folded:"] + [f"  {key}: {why}" for key, why in r["folded"].items()]
@@ -309,7 +312,8 @@ def render(r: dict) -> list[str]:
             "", "checks:"]
     out += [f"  {'ok ' if c['ok'] else 'BAD'} {c['what']:<20} {c['detail']}" for c in r["checks"]]
     out += ["", f"memory per device ({mem['dtype']}, ZeRO-{mem['zero_stage']}, "
-            f"{mem['local_parameters'] / 1e9:.2f} B parameters computed per rank):"]
+            f"{mem['local_parameters'] / 1e9:.2f} B parameters computed per rank"
+            + (f"; stage {mem['stage']}, the largest" if "stage" in mem else "") + "):"]
     lines = [("parameters", mem["parameters"]), ("gradients", mem["gradients"]),
              ("fp32 master weights", mem["master"]), ("Adam moments (fp32)", mem["moments"])]
     if mem["zero_stage"] >= 3:
@@ -321,6 +325,8 @@ def render(r: dict) -> list[str]:
     out.append(f"  activations peak at the {mem['activations_at']}; the optimizer step holds "
                f"{mem['step_fp32_gradients'] / memory.GiB:.2f} GiB of fp32 gradients in their place")
     out += [f"  note: {n}" for n in mem["activation_notes"]]
+    if "pipeline_layout" in r:
+        out += ["", "stages:"] + pipeline_planner.table(r["pipeline_layout"])
     if "verdict" in mem:
         out += ["", f"verdict: {mem['verdict']}: peak {mem['peak'] / memory.GiB:.1f} GiB of "
                 f"{mem['gpu_memory'] / memory.GiB:.1f} GiB (CUDA context and fragmentation not counted)"]
@@ -346,4 +352,6 @@ def render(r: dict) -> list[str]:
                     + f": peak {wider['peak'] / memory.GiB:.1f} GiB) "
                     "or a larger device" if wider else "a larger device (more ranks, up to 1024 times these, do not "
                     "bring the peak within 90%: the activations stay)"))
+    if "pipeline" in r:
+        out += pipeline_planner.render(r["pipeline"])
     return out

@@ -124,13 +124,3 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
             assert held[rank] == (layers, ends[rank // dp] + layer * len(layers)), (name, rank)
         assert sum(n for _, n in held.values()) == dp * sum(sizes.values())
         assert "Pipeline id list: " + str([s for s, layers in enumerate(per_stage) for _ in layers]) in proc.stderr
-
-
-def test_layout_refuses_a_pipeline_in_one_line(capsys):
-    from translators.cli import run
-
-    sets = [arg for item in PIPE for arg in ("--set", item)]
-    assert run([LLAMA, *sets, "--layout"]) == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert len(errors) == 1 and "parallel_config.pipeline_stage" in errors[0]
-    assert "does not plan pipelines" in errors[0]
