@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 
 from translators.errors import ConfigError
+from translators.plan_types import Layer, Plan
 
 GiB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -294,9 +295,9 @@ def _layer_bytes(hf: dict, moe: bool, e: int, tp: int) -> tuple[float, float]:
     return norms + attn + router + routed + 4 * e * shared / tp, max(width, shared / tp)
 
 
-def activations(plan: dict, deg: Degrees, micro: int, seq: int, dtype: str) -> Activations:
+def activations(plan: Plan, deg: Degrees, micro: int, seq: int, dtype: str) -> Activations:
     """Peak activation bytes of one micro batch (forward + backward) on one rank under the Plan's recompute."""
-    hf = with_defaults(plan["hf_config"])
+    hf = with_defaults(dict(plan.hf_config))
     e = DTYPE_BYTES[dtype]
     T = micro * seq / deg.cp
     h = hf.get("hidden_size") or hf["n_embd"]
@@ -310,17 +311,17 @@ def activations(plan: dict, deg: Degrees, micro: int, seq: int, dtype: str) -> A
         notes.append("MoE layers: top_k routed rows per token, none dropped (tiny DeepSeek-V3 on CPU: 5% under "
                      "the measured peak)")
     kept, full = [], []
-    by_index = {entry["index"]: entry for entry in plan["layers"] if not entry.get("mtp")}
+    by_index = {entry.index: entry for entry in plan.layers if not entry.mtp}
     L = hf.get("num_hidden_layers") or hf["n_layer"]
     unmodelled = set()
     for i in range(L):
         whole, width = _layer_bytes(hf, i in moe_layers, e, deg.tp)
-        entry = by_index.get(i, {"full_recompute": False, "select_recompute": [], "comm_recompute": []})
-        if entry["full_recompute"]:
+        entry = by_index.get(i, Layer(i))
+        if entry.full_recompute:
             keep = e * h
         else:
             keep = whole
-            ops = set(entry["select_recompute"]) | set(entry["comm_recompute"])
+            ops = set(entry.select_recompute) | set(entry.comm_recompute)
             mlp_ops = {op.rpartition(".")[2] for op in ops if op.startswith("mlp.")} if i not in moe_layers else set()
             keep -= e * width * (len(mlp_ops & {"act_fn", "mul", "gate_proj", "up_proj"}))
             for op in ops:

@@ -13,6 +13,7 @@ from translators import fixes, layout, memory
 from translators import pipeline_memory as pm
 from translators import pipeline_planner as planner
 from translators.cli import apply_overrides, load_yaml, run, translate
+from translators.plan_types import Plan
 
 DEEPSEEK_V3 = CORPUS / "r1.5.0-beta1__research__deepseek3__deepseek3_671b__pretrain_deepseek3_671b.yaml"
 GiB = 2**30
@@ -78,7 +79,7 @@ def test_activations_of_one_stage_holding_everything_equal_memory_py():
     plan = _plan(CONFIGS / "tiny_llama.yaml", "recompute_config.recompute=[1]")
     deg = memory.Degrees(1, 1)
     entries = [dict(e) for e in plan["layers"]]
-    whole = memory.activations(plan, deg, 2, 128, "float32")
+    whole = memory.activations(Plan.from_json(plan), deg, 2, 128, "float32")
     assert pm.stage_activations(plan["hf_config"], entries, True, True, 1, deg, 2, 128, "float32") == \
         pytest.approx(whole.peak)
 
