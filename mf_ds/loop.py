@@ -470,6 +470,10 @@ class Trainer:
         if not self.moe:
             return {}
         metrics = moe_layer.step_metrics(self.engine.module)
+        if self.pipe:  # each stage summed its own layers; every rank gets all of them (mf_ds/pipeline_moe.py)
+            from mf_ds.pipeline_moe import all_stages
+
+            metrics = all_stages(metrics)
         moe_layer.update_topk_bias(self.engine.module, self.plan)
         if self.moe_logs:  # MoEDropRateCallback with callback_moe_droprate: True
             for line in moe_layer.drop_rate_lines(metrics):

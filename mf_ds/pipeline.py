@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mf_ds.errors import RunError
+from mf_ds.pipeline_moe import aux_start, carry_aux, patch_stage
 from translators.plan_types import Plan
 
 
@@ -58,9 +59,11 @@ class Embed(nn.Module):
     def __init__(self, pieces: Pieces):
         super().__init__()
         self.embed_tokens = pieces.take("model.embed_tokens")
+        self.moe = pieces.moe
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+    def forward(self, input_ids: torch.Tensor):
+        hidden = self.embed_tokens(input_ids)
+        return (aux_start(hidden), hidden) if self.moe else hidden
 
 
 class Decoder(nn.Module):
@@ -72,15 +75,17 @@ class Decoder(nn.Module):
         self.config = pieces.config
         self.rotary = [pieces.rotary]  # a list: shared, not registered (buffers only, no weights)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs):
         from transformers.masking_utils import create_causal_mask
 
+        aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)  # (carried aux losses, hidden): MoE
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
                                   past_key_values=None, position_ids=positions)
         out = self.layer(hidden, attention_mask=mask, position_embeddings=self.rotary[0](hidden, positions),
                          position_ids=positions)
-        return out[0] if isinstance(out, tuple) else out
+        out = out[0] if isinstance(out, tuple) else out
+        return out if aux is None else (carry_aux(aux, self.layer), out)
 
 
 class Head(nn.Module):
@@ -89,14 +94,19 @@ class Head(nn.Module):
         self.norm = pieces.take("model.norm")
         self.lm_head = pieces.take("lm_head")
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
+    def forward(self, inputs):
+        aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)
+        logits = self.lm_head(self.norm(hidden))
+        return logits if aux is None else (aux, logits)
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def causal_lm_loss(outputs, labels: torch.Tensor) -> torch.Tensor:
     """transformers' ForCausalLMLoss with shift_labels (the labels are already the next tokens): fp32 logits, the
-    mean over the tokens whose label is not -100."""
-    return nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+    mean over the tokens whose label is not -100; plus the MoE aux losses every stage carried (mf_ds/pipeline_moe.py),
+    as the loop's forward_backward adds mf_ds.moe.aux_loss to the loss."""
+    aux, logits = outputs if isinstance(outputs, tuple) else (None, outputs)
+    loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+    return loss if aux is None else loss + aux.sum()
 
 
 class Pieces:
@@ -113,7 +123,9 @@ class Pieces:
             raise RunError(f"pipeline_stage > 1: {type(self.meta).__name__} is not cut into stages yet (mf-ds "
                            "cuts models with model.embed_tokens / layers / norm / rotary_emb, as Llama and Qwen2)")
         self.rotary = type(inner.rotary_emb)(config=self.config)  # its inv_freq, computed on the CPU
+        self.moe = plan.moe is not None  # the stages pass (aux losses, hidden) along (mf_ds/pipeline_moe.py)
         self.files = weight_files(Path(weights)) if weights else None
+        self.family = plan.weights_family
 
     def take(self, prefix: str) -> nn.Module:
         module = self.meta.get_submodule(prefix).to_empty(device="cpu")
@@ -121,24 +133,41 @@ class Pieces:
             for sub in module.modules():
                 self.meta._init_weights(sub)
             return module
-        from safetensors import safe_open
-
-        for name, param in module.named_parameters():
-            key = f"{prefix}.{name}"
-            if key not in self.files:
-                raise RunError(f"{self.files and next(iter(self.files.values())).parent}: weight {key} is not in "
-                               "the checkpoint; is it a checkpoint of another model?")
-            with safe_open(str(self.files[key]), framework="pt") as f:
-                tensor = f.get_tensor(key)
-            if tensor.shape != param.shape or not torch.isfinite(tensor).all():
-                raise RunError(f"{self.files[key]}: weight {key} has shape {tuple(tensor.shape)} (expected "
-                               f"{tuple(param.shape)}) or holds inf/NaN")
-            with torch.no_grad():
-                param.copy_(tensor.to(param.dtype))
+        self._load(prefix, module)
         return module
 
+    def _load(self, prefix: str, module: nn.Module) -> None:
+        """This module's tensors from the checkpoint, under the names HF saves (per-expert tensors into the fused
+        `experts.gate_up_proj` / `down_proj`: mf_ds.weights.model_slot, as the whole-model loader reads them)."""
+        from safetensors import safe_open
 
-def build(plan: Plan, weights: str | None, log) -> nn.Module:
+        from mf_ds.weights import model_slot
+        from translators import names
+
+        state = {f"{prefix}.{key}": value for key, value in module.state_dict(keep_vars=True).items()}
+        filled: dict[str, int] = {}
+        for file in sorted(set(self.files.values())):
+            with safe_open(str(file), framework="pt") as f:
+                for saved in f.keys():
+                    key = names.hf_module_name(saved, self.family) if self.family else saved
+                    slot = model_slot(key, state) if key.startswith(prefix + ".") else None
+                    if slot is None:
+                        continue
+                    target, index = slot
+                    tensor, want = f.get_tensor(saved), state[target][index] if index else state[target]
+                    if tensor.shape != want.shape or not torch.isfinite(tensor).all():
+                        raise RunError(f"{file}: weight {key} has shape {tuple(tensor.shape)} (expected "
+                                       f"{tuple(want.shape)}) or holds inf/NaN")
+                    with torch.no_grad():
+                        want.copy_(tensor.to(want.dtype))
+                    filled[target] = filled.get(target, 0) + tensor.numel()
+        for name, param in module.named_parameters():
+            if filled.get(f"{prefix}.{name}", 0) < param.numel():
+                raise RunError(f"{next(iter(self.files.values())).parent}: weight {prefix}.{name} is not in the "
+                               "checkpoint; is it a checkpoint of another model?")
+
+
+def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.Module, list[str]]:
     """This rank's stage as a DeepSpeed PipelineModule (stage-major ranks: rank = stage x dp + data rank)."""
     from deepspeed.pipe import LayerSpec, PipelineModule
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
@@ -165,11 +194,13 @@ def build(plan: Plan, weights: str | None, log) -> nn.Module:
     module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=causal_lm_loss,
                     partition_method="uniform", seed_layers=True, base_seed=plan.run.seed)
     rank = dist.get_rank()
+    report = patch_stage(pieces.meta, plan, [i for i, s in enumerate(stages) if s == rank // dp], checkpoint_fn,
+                         module._grid.get_data_parallel_group())
     held = sum(p.numel() for p in module.parameters())
     # every rank says what it holds (the proof that no rank built the whole model: tests/mf_ds/test_pipeline.py)
     print(f"mf-ds: pipeline: rank {rank} (stage {rank // dp} of {pp}) holds decoder layers "
           f"{[i for i, s in enumerate(stages) if s == rank // dp]} ({held} parameters)", file=sys.stderr, flush=True)
-    return module
+    return module, report
 
 
 def stage_table(plan: Plan) -> list[str]:

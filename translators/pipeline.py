@@ -29,9 +29,6 @@ def fold_reason(pc: Any, hf_model_type: str | None, dims: Any, caller: str | Non
         return f"{head}: {caller}; ZeRO shards the model states instead"
     if hf_model_type is None or dims is None:
         return f"{head}: no transformers architecture to cut into stages"
-    if dims.experts > 1:
-        return (f"{head}: mf-ds' pipeline runs dense models only so far (MoE layers with expert parallel inside a "
-                "stage are not composed yet); ZeRO shards the model states instead")
     if pc.model_parallel > 1:
         return (f"{head}: tensor parallel (AutoTP) inside pipeline stages is not composed yet; ZeRO shards the "
                 "model states instead")

@@ -64,9 +64,8 @@ def test_the_hf_trainer_path_refuses_a_pipeline(monkeypatch):
 def test_what_does_not_compose_folds_or_is_refused():
     moe = plan_of("parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2", "mf_ds.pipeline=true",
                   config=str(CONFIGS / "tiny_qwen3_moe.yaml"))
-    assert moe.plan.parallel.pipeline_stage is None
-    assert "dense models only" in moe.plan.parallel.folded["parallel_config.pipeline_stage"]
-    assert all(x.stage is None for x in moe.plan.layers)
+    assert moe.plan.parallel.pipeline_stage == 2  # MoE runs on stages (test_moe_stages_equal_one_rank)
+    assert [x.stage for x in moe.plan.layers] == [0, 1]
     base = ["callbacks=[{type: MFLossMonitor}]"]
     assert refusal(plan_of(*PIPE, *base).plan, resume=False) is None
     assert "ZeRO-1 at most" in refusal(plan_of(*PIPE, *base, "mf_ds.zero_stage=2").plan, resume=False)
@@ -81,11 +80,12 @@ def test_what_does_not_compose_folds_or_is_refused():
     assert "MTP layers" in refusal(mtp.plan, resume=False)
 
 
-def _run(out: Path, *sets: str, ranks: int = 1) -> subprocess.CompletedProcess:
+def _run(out: Path, *sets: str, ranks: int = 1, config: str = LLAMA, base: tuple = (*FOUR, PRINT)
+         ) -> subprocess.CompletedProcess:
     launcher = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()),
-                str(ROOT / "mf_ds" / "train.py"), "--mf-config", LLAMA]
+                str(ROOT / "mf_ds" / "train.py"), "--mf-config", config]
     args = ["--output_dir", str(out), "--max_steps", "3", "--load_checkpoint", str(out.parent / "init")]
-    for item in (*FOUR, PRINT, *sets):
+    for item in (*base, *sets):
         args += ["--set", item]
     proc = subprocess.run(launcher + args, cwd=ROOT, env=QUIET_CPU_ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -134,3 +134,56 @@ def test_layout_refuses_a_pipeline_in_one_line(capsys):
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and "parallel_config.pipeline_stage" in errors[0]
     assert "does not plan pipelines" in errors[0]
+
+
+DS3 = str(CONFIGS / "tiny_deepseek_v3.yaml")
+# the bias update at 0.5 moves the routing visibly by step 2 (a stage that missed it would route otherwise)
+DS3_BASE = ("model.model_config.seq_length=32", "model.model_config.mtp_depth=0", "model.model_config.offset=[1, 0]",
+            "callbacks=[{type: MFLossMonitor, per_print_times: 1}, {type: TopkBiasBalanceCallback, "
+            "balance_via_topk_bias: True, topk_bias_update_rate: 0.5, num_layers: 3, mtp_depth: 0, expert_num: 8, "
+            "micro_batch_num: 1}, {type: MoEDropRateCallback, expert_num: 8, capacity_factor: 1.5, num_layers: 3, "
+            "mtp_depth: 0}]")
+
+
+def _moe_rows(out: Path) -> list[tuple]:
+    return [(m["loss"], m["grad_norm"], {k: (v["drop_rate"], v["expert_load"]) for k, v in m["moe"].items()})
+            for m in metrics(out)]
+
+
+def _assert_same(a: list[tuple], b: list[tuple], name: str) -> None:
+    assert [r[0] for r in a] == pytest.approx([r[0] for r in b], rel=1e-5), name
+    assert [r[1] for r in a] == pytest.approx([r[1] for r in b], rel=1e-5), name
+    for x, y in zip(a, b, strict=True):
+        assert x[2].keys() == y[2].keys() == {"1", "2"}, name
+        for layer in x[2]:
+            assert x[2][layer][0] == pytest.approx(y[2][layer][0], abs=1e-9), (name, layer)
+            assert x[2][layer][1] == pytest.approx(y[2][layer][1], abs=1e-9), (name, layer)
+
+
+@pytest.mark.deepspeed
+def test_moe_stages_equal_one_rank(tmp_path):
+    """The tiny DeepSeek-V3 (a dense layer 0, MoE layers 1-2 with the expert aux loss, capacity drops and the top-k
+    bias update) on 2 stages, LayerSetting's offset [1, 0] (layers 0-1 | 2): losses, global norms (clipping at 1.0
+    active), per-layer drop rates and expert loads equal one rank with the same global batch; and pp 2 x dp 2 with
+    expert parallel 2 inside each stage on 4 ranks equals dp 2 x ep 2 unpipelined (MindFormers groups capacity and
+    routing statistics per data-parallel shard, so that one is the reference for data parallel)."""
+    from mf_ds.model import build_model
+
+    build_model(plan_of("parallel_config.data_parallel=1", *DS3_BASE, config=DS3).plan).save_pretrained(
+        str(tmp_path / "init"))
+    run = {"config": DS3, "base": DS3_BASE}
+    pipe = ("parallel_config.pipeline_stage=2", "mf_ds.pipeline=true", "mf_ds.zero_stage=1")
+    _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4", **run)
+    two = _run(tmp_path / "two", "parallel_config.data_parallel=1", "parallel_config.micro_batch_num=4", *pipe,
+               ranks=2, **run)
+    one = _moe_rows(tmp_path / "one")
+    assert max(r[1] for r in one) > 1.0 and max(r[2]["2"][0] for r in one) > 0.1  # clipping; the bias moved loads
+    _assert_same(_moe_rows(tmp_path / "two"), one, "pp2")
+    # rank 0 (stage 0) logs MindFormers' drop-rate lines of both stages' layers
+    assert "layer: 1, measured_drop_rate:" in two.stderr and "layer: 2, measured_drop_rate:" in two.stderr
+    ep = ("parallel_config.data_parallel=2", "parallel_config.expert_parallel=2")
+    _run(tmp_path / "dp2", *ep, "runner_config.gradient_accumulation_steps=2", "mf_ds.zero_stage=1", ranks=2, **run)
+    four = _run(tmp_path / "four", *ep, "parallel_config.micro_batch_num=2", *pipe, ranks=4, **run)
+    _assert_same(_moe_rows(tmp_path / "four"), _moe_rows(tmp_path / "dp2"), "pp2 x dp2 x ep2")
+    held = dict(re.findall(r"rank (\d) \(stage \d of 2\) holds decoder layers (\[[\d, ]*\])", four.stderr))
+    assert held == {"0": "[0, 1]", "1": "[0, 1]", "2": "[2]", "3": "[2]"}
