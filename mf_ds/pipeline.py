@@ -2,12 +2,12 @@
 
 The HF causal LM is cut into DeepSpeed layers: the token embedding (first stage), one layer per decoder layer
 (rotary embedding and causal mask made on the stage from the hidden state's shape, as LlamaModel.forward makes them
-once), and the final norm + LM head (last stage), whose logits meet the labels in `causal_lm_loss`. The decoder
-layers sit on the stages that plan.layers[].stage names (MindFormers' LayerSetting, translators/layout.py).
+once), and the final norm + LM head (last stage), whose logits meet the labels in `pipeline_stage.StageLoss`. The
+decoder layers sit on the stages that plan.layers[].stage names (MindFormers' LayerSetting, translators/layout.py).
 
 The model is first built on the meta device (no memory); then only this stage's modules are materialised, with
-their weights read tensor by tensor from the HF safetensors directory (or initialised fresh). No rank holds the
-whole model. DeepSpeed runs 1F1B over `gradient_accumulation_steps` (= micro_batch_num) micro batches, averages the
+their weights read tensor by tensor from the HF safetensors directory (or initialised fresh), and patched by the
+patch room (MoE, fused kernels, recompute: mf_ds/pipeline_stage.py). No rank holds the whole model. DeepSpeed runs 1F1B over `gradient_accumulation_steps` (= micro_batch_num) micro batches, averages the
 loss over them and the data-parallel ranks (PipelineEngine._aggregate_total_loss), clips by the norm over every
 stage (runtime/utils.clip_grad_norm_ with the pipeline grid as mpu) and steps the optimizer mf-ds built, ZeRO-1
 inside each stage's data-parallel group. docs/DESIGN.md "Pipeline parallelism" says why this engine.
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mf_ds.errors import RunError
-from mf_ds.pipeline_moe import aux_start, carry_aux, patch_stage
+from mf_ds.pipeline_stage import StageLoss, aux_start, carry_aux, fused_loss, patch_stage
 from translators.plan_types import Plan
 
 
@@ -89,24 +89,20 @@ class Decoder(nn.Module):
 
 
 class Head(nn.Module):
+    """The final norm and the LM head; under the fused loss it hands over the normed hidden state and lends the
+    head's weight to the loss (pipeline_stage.StageLoss)."""
+
     def __init__(self, pieces: Pieces):
         super().__init__()
         self.norm = pieces.take("model.norm")
         self.lm_head = pieces.take("lm_head")
+        self.fused = pieces.loss.fused
+        pieces.loss.weight = self.lm_head.weight
 
     def forward(self, inputs):
         aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)
-        logits = self.lm_head(self.norm(hidden))
-        return logits if aux is None else (aux, logits)
-
-
-def causal_lm_loss(outputs, labels: torch.Tensor) -> torch.Tensor:
-    """transformers' ForCausalLMLoss with shift_labels (the labels are already the next tokens): fp32 logits, the
-    mean over the tokens whose label is not -100; plus the MoE aux losses every stage carried (mf_ds/pipeline_moe.py),
-    as the loop's forward_backward adds mf_ds.moe.aux_loss to the loss."""
-    aux, logits = outputs if isinstance(outputs, tuple) else (None, outputs)
-    loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
-    return loss if aux is None else loss + aux.sum()
+        out = self.norm(hidden) if self.fused else self.lm_head(self.norm(hidden))
+        return out if aux is None else (aux, out)
 
 
 class Pieces:
@@ -123,9 +119,11 @@ class Pieces:
             raise RunError(f"pipeline_stage > 1: {type(self.meta).__name__} is not cut into stages yet (mf-ds "
                            "cuts models with model.embed_tokens / layers / norm / rotary_emb, as Llama and Qwen2)")
         self.rotary = type(inner.rotary_emb)(config=self.config)  # its inv_freq, computed on the CPU
-        self.moe = plan.moe is not None  # the stages pass (aux losses, hidden) along (mf_ds/pipeline_moe.py)
+        self.moe = plan.moe is not None  # the stages pass (aux losses, hidden) along (mf_ds/pipeline_stage.py)
         self.files = weight_files(Path(weights)) if weights else None
         self.family = plan.weights_family
+        fused, self.loss_line = fused_loss(self.meta, plan)
+        self.loss = StageLoss(fused)  # the last stage's loss_fn
 
     def take(self, prefix: str) -> nn.Module:
         module = self.meta.get_submodule(prefix).to_empty(device="cpu")
@@ -191,7 +189,7 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
 
     # seed_layers: each DeepSpeed layer's fresh weights drawn after seeding with seed + its index, so a fresh run
     # starts from the same weights whatever the stage layout (they differ from a one-rank run's sequential draws)
-    module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=causal_lm_loss,
+    module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=pieces.loss,
                     partition_method="uniform", seed_layers=True, base_seed=plan.run.seed)
     rank = dist.get_rank()
     report = patch_stage(pieces.meta, plan, [i for i, s in enumerate(stages) if s == rank // dp], checkpoint_fn,
@@ -200,7 +198,10 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
     # every rank says what it holds (the proof that no rank built the whole model: tests/mf_ds/test_pipeline.py)
     print(f"mf-ds: pipeline: rank {rank} (stage {rank // dp} of {pp}) holds decoder layers "
           f"{[i for i, s in enumerate(stages) if s == rank // dp]} ({held} parameters)", file=sys.stderr, flush=True)
-    return module, report
+    if rank != 0:  # rank 0 logs its lines at start-up; the others say what they applied to their own layers
+        for line in report:
+            print(f"mf-ds: pipeline: rank {rank}: {line}", file=sys.stderr, flush=True)
+    return module, [*report, pieces.loss_line]
 
 
 def stage_table(plan: Plan) -> list[str]:

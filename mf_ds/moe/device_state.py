@@ -24,7 +24,7 @@ from torch import Tensor
 
 SCALE: dict[str, Tensor] = {}  # "scale": d(loss)/d(aux) of the backward in progress, while there is one
 # "stats": the process group over which the MoE statistics and gbs_aux_loss's f are summed: a pipeline stage's
-# data-parallel group (mf_ds/pipeline_moe.py; the other stages hold other layers); absent: every rank
+# data-parallel group (mf_ds/pipeline_stage.py; the other stages hold other layers); absent: every rank
 GROUP: dict[str, object] = {}
 
 

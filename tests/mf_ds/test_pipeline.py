@@ -109,7 +109,12 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
     layer = sum(n for name, n in sizes.items() if name.startswith("model.layers.0."))
     cases = (("even", 2, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]),
              ("uneven", 2, ["mf_ds.zero_stage=0", "model.model_config.offset=[1, -1]"], [[0, 1, 2], [3]]),
-             ("pp2xdp2", 4, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]))  # 2 stages x 2 data-parallel ranks, GA 2
+             ("pp2xdp2", 4, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]),  # 2 stages x 2 data-parallel ranks, GA 2
+             # the patch room on each stage: full recompute of layer 2 (stage 1), select recompute of layer 0's
+             # SwiGLU (stage 0), fused RoPE and SwiGLU, the fused loss on the last stage
+             ("patched", 2, ["recompute_config.recompute=[0, 1]", "recompute_config.select_recompute=[1, 0]",
+                             "model.model_config.use_fused_rope=True", "model.model_config.use_fused_swiglu=True",
+                             "mf_ds.fused_loss=true"], [[0, 1], [2, 3]]))
     for name, ranks, sets, per_stage in cases:
         proc = _run(tmp_path / name, *PIPE, *sets, ranks=ranks)
         two = metrics(tmp_path / name)
@@ -124,6 +129,13 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
             assert held[rank] == (layers, ends[rank // dp] + layer * len(layers)), (name, rank)
         assert sum(n for _, n in held.values()) == dp * sum(sizes.values())
         assert "Pipeline id list: " + str([s for s, layers in enumerate(per_stage) for _ in layers]) in proc.stderr
+        if name == "patched":  # each stage applied the patches to its own layers (rank 0 at start-up, rank 1 here)
+            for line in ("mf-ds: recompute: model.layers.0.mlp: recompute act_fn, mul (SwiGLU)",
+                         "mf-ds: pipeline: rank 1: recompute: model.layers.2: full recompute",
+                         "mf-ds: pipeline: rank 1: model.layers.3.mlp: LlamaMLP.forward -> fused SwiGLU",
+                         "fused loss: on, on the last stage"):
+                assert line in proc.stderr, line
+            assert "model.layers.2: full recompute" not in proc.stderr.replace("rank 1: recompute: model.layers.2", "")
 
 
 def test_layout_refuses_a_pipeline_in_one_line(capsys):

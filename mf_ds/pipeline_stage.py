@@ -73,3 +73,44 @@ def all_stages(metrics: dict[int, dict]) -> dict[int, dict]:
         for layer, row in (part or {}).items():
             merged.setdefault(layer, row)
     return dict(sorted(merged.items()))
+
+
+class StageLoss:
+    """The last stage's loss (PipelineModule's loss_fn): transformers' ForCausalLMLoss with shift_labels (the labels
+    are already the next tokens), the mean over the targets that are not -100, + the carried MoE aux losses.
+
+    Fused (mf_ds.fused_loss, mf_ds/loss_model.py's rule): the head stage hands over the final-normed hidden state
+    and the loss meets it with the LM head's weight in mf_ds/loss.py's linear cross entropy (the [tokens, vocab]
+    logits never held whole), divided by the count of targets, as loss_model's `_loss_function` divides it."""
+
+    def __init__(self, fused: bool):
+        self.fused = fused
+        self.weight: nn.Parameter | None = None  # the LM head's, set by the head stage's module (last stage)
+
+    def __call__(self, outputs, labels: torch.Tensor) -> torch.Tensor:
+        from mf_ds.loss import IGNORE_INDEX, linear_cross_entropy_sum
+
+        aux, out = outputs if isinstance(outputs, tuple) else (None, outputs)
+        targets = labels.flatten()
+        if self.fused:
+            loss = linear_cross_entropy_sum(out.flatten(0, 1), self.weight, targets) / (targets != IGNORE_INDEX).sum()
+        else:
+            loss = nn.functional.cross_entropy(out.float().flatten(0, 1), targets, ignore_index=IGNORE_INDEX)
+        return loss if aux is None else loss + aux.sum()
+
+
+def fused_loss(meta: nn.Module, plan: Plan) -> tuple[bool, str]:
+    """Whether the last stage fuses its loss (mf_ds.fused_loss as mf_ds/loss_model.py decides it), and the line."""
+    from mf_ds.errors import RunError
+    from mf_ds.loss import backend
+    from mf_ds.loss_model import refusal
+
+    setting, why = plan.run.fused_loss, refusal(meta, plan.parallel.tensor_parallel)
+    if setting is False:
+        return False, "fused loss: off (mf_ds.fused_loss: false): the last stage takes the whole logits"
+    if why:
+        if setting:
+            raise RunError(f"mf_ds.fused_loss: true: {why}; set it false (or leave it out)")
+        return False, f"fused loss: off: {why}"
+    where = backend(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    return True, f"fused loss: on, on the last stage ({where}): the [tokens, vocab] logits are never held whole"
