@@ -7,10 +7,11 @@ decoder layers sit on the stages that plan.layers[].stage names (MindFormers' La
 
 The model is first built on the meta device (no memory); then only this stage's modules are materialised, with
 their weights read tensor by tensor from the HF safetensors directory (or initialised fresh), and patched by the
-patch room (MoE, fused kernels, recompute: mf_ds/pipeline_stage.py). No rank holds the whole model. DeepSpeed runs 1F1B over `gradient_accumulation_steps` (= micro_batch_num) micro batches, averages the
-loss over them and the data-parallel ranks (PipelineEngine._aggregate_total_loss), clips by the norm over every
-stage (runtime/utils.clip_grad_norm_ with the pipeline grid as mpu) and steps the optimizer mf-ds built, ZeRO-1
-inside each stage's data-parallel group. docs/DESIGN.md "Pipeline parallelism" says why this engine.
+patch room (MoE, fused kernels, recompute: mf_ds/pipeline_stage.py). No rank holds the whole model. DeepSpeed
+runs 1F1B over `gradient_accumulation_steps` (= micro_batch_num) micro batches, averages the loss over them and
+the data-parallel ranks (PipelineEngine._aggregate_total_loss), clips by the norm over every stage
+(runtime/utils.clip_grad_norm_ with the pipeline grid as mpu) and steps the optimizer mf-ds built, ZeRO-1 inside
+each stage's data-parallel group. docs/DESIGN.md "Pipeline parallelism" says why this engine.
 """
 
 from __future__ import annotations
