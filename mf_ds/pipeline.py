@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mf_ds.errors import RunError
-from mf_ds.pipeline_stage import StageLoss, aux_start, carry_aux, fused_loss, patch_stage
+from mf_ds.pipeline_stage import FinalNorm, StageLoss, aux_start, carry_aux, fused_loss, patch_stage, tied_head
 from translators.plan_types import Plan
 
 
@@ -37,9 +38,6 @@ def refusal(plan: Plan, resume: bool) -> str | None:
                 "set model.model_config.pp_interleave_num: 1")
     if (ds.get("zero_optimization") or {}).get("stage", 0) > 1:
         return "mf_ds.zero_stage 2/3 with pipeline_stage > 1: DeepSpeed's PipelineEngine takes ZeRO-1 at most"
-    if (plan.hf_config or {}).get("tie_word_embeddings"):
-        return ("tie_word_embeddings with pipeline_stage > 1: the embedding (first stage) and the LM head (last) "
-                "are not summed across stages yet")
     if plan.mtp is not None:
         return ("model_config.mtp_depth with pipeline_stage > 1: the MTP layers are not placed on the last stage "
                 "yet; set mf_ds.pipeline: false (the stages fold into data parallel) or mtp_depth: 0")
@@ -168,7 +166,7 @@ class Pieces:
 
 def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.Module, list[str]]:
     """This rank's stage as a DeepSpeed PipelineModule (stage-major ranks: rank = stage x dp + data rank)."""
-    from deepspeed.pipe import LayerSpec, PipelineModule
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
     if weights and not (Path(weights).is_dir() and any(Path(weights).glob("*.safetensors"))):
@@ -176,11 +174,16 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
                        "only so far (MindSpore .ckpt and Checkpoint 2.0 need the whole model)")
     pp, dp = plan.parallel.pipeline_stage, plan.parallel.data_parallel
     stages = [layer.stage for layer in plan.layers if not layer.mtp]
-    # DeepSpeed's parts: the embedding is layer 0, decoder layer i is i + 1, the head is the last.
-    parts = [0] + [1 + stages.index(s) if s in stages else len(stages) + 1 for s in range(1, pp)] + [len(stages) + 2]
     pieces = Pieces(plan, weights)
     specs = [LayerSpec(Embed, pieces)] + [LayerSpec(Decoder, pieces, i) for i in range(len(stages))] + \
         [LayerSpec(Head, pieces)]
+    if pieces.config.tie_word_embeddings:  # the embedding on the first and the last stage, gradients summed
+        specs[0] = TiedLayerSpec("embed", Embed, pieces, tied_weight_attr="embed_tokens.weight")
+        specs[-1:] = [LayerSpec(FinalNorm, pieces), TiedLayerSpec("embed", Embed, pieces, tied_weight_attr=
+                                                                  "embed_tokens.weight",
+                                                                  forward_fn=partial(tied_head, pieces.loss))]
+    # DeepSpeed's parts: the embedding is layer 0, decoder layer i is i + 1, the head layer(s) last.
+    parts = [0] + [1 + stages.index(s) if s in stages else len(stages) + 1 for s in range(1, pp)] + [len(specs)]
 
     class Staged(PipelineModule):
         def _partition_layers(self, method="uniform"):  # MindFormers' LayerSetting, not DeepSpeed's balancing
@@ -251,8 +254,12 @@ def record_norm(engine) -> None:
     group = engine.grid.get_pipe_parallel_group()
 
     def clip():
-        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-        squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else \
+        # a tied weight's copy past the first stage holds the same (summed) gradient: counted once, as DeepSpeed's
+        # clip_grad_norm_ skips it (ds_pipe_replicated, set by PipelineModule._index_tied_modules)
+        params = [p for p in engine.module.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        counted = [p.grad for p in params if not getattr(p, "ds_pipe_replicated", False)]
+        squares = torch.stack([g.detach().float().pow(2).sum() for g in counted]).sum() if counted else \
             torch.zeros((), device=engine.device)
         dist.all_reduce(squares, group=group)
         norm = float(squares.sqrt())

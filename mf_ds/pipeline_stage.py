@@ -114,3 +114,26 @@ def fused_loss(meta: nn.Module, plan: Plan) -> tuple[bool, str]:
         return False, f"fused loss: off: {why}"
     where = backend(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     return True, f"fused loss: on, on the last stage ({where}): the [tokens, vocab] logits are never held whole"
+
+
+class FinalNorm(nn.Module):
+    """The final norm alone: under tied embeddings the LM head is the embedding module's own (`tied_head`)."""
+
+    def __init__(self, pieces):
+        super().__init__()
+        self.norm = pieces.take("model.norm")
+
+    def forward(self, inputs):
+        aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)
+        return self.norm(hidden) if aux is None else (aux, self.norm(hidden))
+
+
+def tied_head(loss: StageLoss, embed: nn.Module, inputs):
+    """The LM head of tied embeddings (TiedLayerSpec's forward_fn on the last stage): the logits by the embedding's
+    weight, DeepSpeed's copy of the first stage's, whose gradient PipelineEngine sums over the two stages
+    (allreduce_tied_weight_gradients) before the data-parallel reduction; fused, the weight goes to the loss."""
+    aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)
+    weight = embed.embed_tokens.weight
+    loss.weight = weight
+    out = hidden if loss.fused else nn.functional.linear(hidden, weight)
+    return out if aux is None else (aux, out)

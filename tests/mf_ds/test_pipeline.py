@@ -199,3 +199,31 @@ def test_moe_stages_equal_one_rank(tmp_path):
     _assert_same(_moe_rows(tmp_path / "four"), _moe_rows(tmp_path / "dp2"), "pp2 x dp2 x ep2")
     held = dict(re.findall(r"rank (\d) \(stage \d of 2\) holds decoder layers (\[[\d, ]*\])", four.stderr))
     assert held == {"0": "[0, 1]", "1": "[0, 1]", "2": "[2]", "3": "[2]"}
+
+
+@pytest.mark.deepspeed
+def test_tied_embeddings_summed_across_the_first_and_last_stage(tmp_path):
+    """tie_word_embeddings (as Qwen2-0.5B): the first and the last stage each hold the embedding (DeepSpeed's
+    TiedLayerSpec), PipelineEngine sums its two gradients before the data-parallel reduction, and the norm counts it
+    once: losses and global norms (clipping active) equal one rank, with ZeRO-0 on pp 2 and ZeRO-1 with the fused
+    loss on pp 2 x dp 2."""
+    from mf_ds.model import build_model
+
+    tie = "model.model_config.tie_word_embeddings=True"
+    model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR, tie).plan)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(str(tmp_path / "init"))
+    _run(tmp_path / "one", tie, "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4")
+    one = metrics(tmp_path / "one")
+    assert max(m["grad_norm"] for m in one) > 1.0
+    embed = model.model.embed_tokens.weight.numel()
+    for name, ranks, sets in (("pp2", 2, ["mf_ds.zero_stage=0"]),
+                              ("pp2xdp2", 4, ["mf_ds.zero_stage=1", "mf_ds.fused_loss=true"])):
+        proc = _run(tmp_path / name, tie, *PIPE, *sets, ranks=ranks)
+        two = metrics(tmp_path / name)
+        assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5), name
+        assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5), name
+        held = dict(re.findall(r"rank (\d) \(stage \d of 2\) holds decoder layers \[[\d, ]*\] \((\d+) parameters\)",
+                               proc.stderr))
+        assert int(held["0"]) == int(held[str(ranks - 1)]) - model.model.norm.weight.numel()  # both hold the embedding
+        assert int(held["0"]) > embed
