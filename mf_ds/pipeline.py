@@ -27,15 +27,13 @@ from torch import nn
 
 from mf_ds.errors import RunError
 from mf_ds.pipeline_stage import FinalNorm, StageLoss, aux_start, carry_aux, fused_loss, patch_stage, tied_head
+from translators.pipeline import run_stages
 from translators.plan_types import Plan
 
 
 def refusal(plan: Plan, resume: bool) -> str | None:
     """One line on what does not compose with the pipeline yet, or None."""
     run, ds = plan.run, plan.deepspeed
-    if any(layer.chunk for layer in plan.layers):
-        return ("pp_interleave_num > 1 under a pipeline: DeepSpeed's PipelineEngine has no interleaved 1F1B; "
-                "set model.model_config.pp_interleave_num: 1")
     if (ds.get("zero_optimization") or {}).get("stage", 0) > 1:
         return "mf_ds.zero_stage 2/3 with pipeline_stage > 1: DeepSpeed's PipelineEngine takes ZeRO-1 at most"
     if plan.mtp is not None:
@@ -173,7 +171,8 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
         raise RunError(f"{weights}: pipeline_stage > 1 loads weights per stage from an HF safetensors directory "
                        "only so far (MindSpore .ckpt and Checkpoint 2.0 need the whole model)")
     pp, dp = plan.parallel.pipeline_stage, plan.parallel.data_parallel
-    stages = [layer.stage for layer in plan.layers if not layer.mtp]
+    # LayerSetting's per-stage counts, each stage one contiguous block (interleaved chunks too: run_stages)
+    stages = run_stages([layer for layer in plan.layers if not layer.mtp], pp)
     pieces = Pieces(plan, weights)
     specs = [LayerSpec(Embed, pieces)] + [LayerSpec(Decoder, pieces, i) for i in range(len(stages))] + \
         [LayerSpec(Head, pieces)]
@@ -211,7 +210,12 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
 def stage_table(plan: Plan) -> list[str]:
     from translators.pipeline import stage_table as table
 
-    return table(list(plan.layers), plan.parallel.pipeline_stage)
+    layers, pp = [x for x in plan.layers if not x.mtp], plan.parallel.pipeline_stage
+    lines = table(list(plan.layers), pp)
+    if any(x.chunk for x in layers):  # DeepSpeed has no virtual stages: say where each layer runs
+        lines.append(f"runs on DeepSpeed's 1F1B without interleave: stage of each layer {run_stages(layers, pp)} "
+                     "(each stage's chunks as one contiguous block)")
+    return lines
 
 
 def train_step(trainer, data, poison: bool) -> torch.Tensor:

@@ -13,6 +13,7 @@ import pytest
 from mf_ds.pipeline import refusal
 from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, free_port
 from tests.mf_ds.test_train import LLAMA, metrics
+from translators.pipeline import run_stages
 from translators.plan import translate_file
 
 PIPE = ["parallel_config.data_parallel=1", "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=4",
@@ -72,8 +73,15 @@ def test_what_does_not_compose_folds_or_is_refused():
     assert "CheckpointMonitor" in refusal(plan_of(*PIPE).plan, resume=False)
     assert "--resume_training" in refusal(plan_of(*PIPE, *base).plan, resume=True)
     interleaved = plan_of(*PIPE, *FOUR, *base, "model.model_config.pp_interleave_num=2",
-                          "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: 1f1b}").plan
-    assert "interleaved" in refusal(interleaved, resume=False)
+                          "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: zero_bubble_v}",
+                          "recompute_config.recompute=[[1, 0], [0, 0]]")
+    assert refusal(interleaved.plan, resume=False) is None  # runs on 1F1B (test_two_stages_equal_one_rank...)
+    note = next(n for n in interleaved.plan.notes if n.key == "parallel.pipeline_config.pipeline_scheduler")
+    assert note.kind == "differs" and "zero_bubble_v interleaved" in note.message and "contiguous" in note.message
+    # LayerSetting: one layer per mini-stage (zero_bubble_v reverses chunk 1's equal counts); the run places
+    # each stage's two layers as one block
+    assert [(x.stage, x.chunk) for x in interleaved.plan.layers] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert run_stages(list(interleaved.plan.layers), 2) == [0, 0, 1, 1]
     mtp = plan_of(*PIPE, *base, "use_parallel=True", "model.model_config.offset=[1, 0]",
                   config=str(ROOT / "tests" / "fixtures" / "mindformers" / "mtp" / "ds3_mtp_tiny.yaml"))
     assert mtp.plan.mtp is not None and mtp.plan.parallel.pipeline_stage == 2
@@ -114,7 +122,13 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
              # SwiGLU (stage 0), fused RoPE and SwiGLU, the fused loss on the last stage
              ("patched", 2, ["recompute_config.recompute=[0, 1]", "recompute_config.select_recompute=[1, 0]",
                              "model.model_config.use_fused_rope=True", "model.model_config.use_fused_swiglu=True",
-                             "mf_ds.fused_loss=true"], [[0, 1], [2, 3]]))
+                             "mf_ds.fused_loss=true"], [[0, 1], [2, 3]]),
+             # interleave 2 with a [chunk][stage] offset under seqpipe: LayerSetting puts layers 0-1 on (0, 0),
+             # 2 on (1, 0), 3 on (0, 1); 1F1B without virtual stages runs stage 0's three layers as one block
+             ("interleaved", 2, ["model.model_config.pp_interleave_num=2",
+                                 "model.model_config.offset=[[1, 0], [0, -1]]",
+                                 "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: seqpipe}"],
+              [[0, 1, 2], [3]]))
     for name, ranks, sets, per_stage in cases:
         proc = _run(tmp_path / name, *PIPE, *sets, ranks=ranks)
         two = metrics(tmp_path / name)
@@ -128,7 +142,12 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
             layers = per_stage[rank // dp]
             assert held[rank] == (layers, ends[rank // dp] + layer * len(layers)), (name, rank)
         assert sum(n for _, n in held.values()) == dp * sum(sizes.values())
-        assert "Pipeline id list: " + str([s for s, layers in enumerate(per_stage) for _ in layers]) in proc.stderr
+        ids = [s for s, layers in enumerate(per_stage) for _ in layers]
+        if name == "interleaved":
+            assert "Pipeline id list: [0, 0, 1, 0]" in proc.stderr and "Interleave id list: [0, 0, 0, 1]" in proc.stderr
+            assert f"stage of each layer {ids}" in proc.stderr
+        else:
+            assert "Pipeline id list: " + str(ids) in proc.stderr
         if name == "patched":  # each stage applied the patches to its own layers (rank 0 at start-up, rank 1 here)
             for line in ("mf-ds: recompute: model.layers.0.mlp: recompute act_fn, mul (SwiGLU)",
                          "mf-ds: pipeline: rank 1: recompute: model.layers.2: full recompute",
