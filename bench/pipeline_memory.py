@@ -5,11 +5,11 @@
 configs/tiny_llama.yaml widened to ~168M parameters (32k vocabulary, untied; fp32 weights, gradients and Adam: ~2.7 GB
 on one rank), so the model states dominate the process' own floor (torch, DeepSpeed, transformers imported: measured
 alone). The same global batch (micro batch 1 x 8 micro batches) runs on one rank (GA 8) and on 2 stages
-(mf_ds.pipeline, ZeRO-0), 3 steps each. Peak: each rank's ru_maxrss at exit (a sitecustomize in a temporary
-directory records it). Bubble: with a perfect split the pipeline's step takes T1 / pp, so 1 - T1 / (pp x Tpp) is the time the stages stand idle
-(1F1B's theoretical (pp - 1) / (m + pp - 1) beside it); the step times are the medians of steps 2-3 from
-metrics.jsonl (tokens per step / tokens_per_s). Fresh weights (the pipeline seeds each layer: its losses are not the
-one-rank run's; tests/mf_ds/test_pipeline.py proves equality from the same weights).
+(mf_ds.pipeline, ZeRO-0), 3 steps each. Peak: each rank's ru_maxrss at exit (a sitecustomize in a temporary directory
+records it). Bubble: with a perfect split the pipeline's step takes T1 / pp, so 1 - T1 / (pp x Tpp) is the time the
+stages stand idle (1F1B's theoretical (pp - 1) / (m + pp - 1) beside it); the step times are the medians of steps 2-3
+from metrics.jsonl (tokens per step / tokens_per_s). Fresh weights (the pipeline seeds each layer: its losses are not
+the one-rank run's; tests/mf_ds/test_pipeline.py proves equality from the same weights).
 """
 
 from __future__ import annotations
