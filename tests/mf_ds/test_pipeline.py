@@ -169,7 +169,8 @@ def test_layout_refuses_a_pipeline_in_one_line(capsys):
 
 DS3 = str(CONFIGS / "tiny_deepseek_v3.yaml")
 # the bias update at 0.5 moves the routing visibly by step 2 (a stage that missed it would route otherwise)
-DS3_BASE = ("model.model_config.seq_length=32", "model.model_config.mtp_depth=0", "model.model_config.offset=[1, 0]",
+# offset as an int: LayerSetting adds it to every stage (3 layers, pp 2: [[2, 2]] slots, layers 0-1 | 2)
+DS3_BASE = ("model.model_config.seq_length=32", "model.model_config.mtp_depth=0", "model.model_config.offset=1",
             "callbacks=[{type: MFLossMonitor, per_print_times: 1}, {type: TopkBiasBalanceCallback, "
             "balance_via_topk_bias: True, topk_bias_update_rate: 0.5, num_layers: 3, mtp_depth: 0, expert_num: 8, "
             "micro_batch_num: 1}, {type: MoEDropRateCallback, expert_num: 8, capacity_factor: 1.5, num_layers: 3, "
@@ -194,7 +195,7 @@ def _assert_same(a: list[tuple], b: list[tuple], name: str) -> None:
 @pytest.mark.deepspeed
 def test_moe_stages_equal_one_rank(tmp_path):
     """The tiny DeepSeek-V3 (a dense layer 0, MoE layers 1-2 with the expert aux loss, capacity drops and the top-k
-    bias update) on 2 stages, LayerSetting's offset [1, 0] (layers 0-1 | 2): losses, global norms (clipping at 1.0
+    bias update) on 2 stages, LayerSetting's int offset 1 (layers 0-1 | 2): losses, global norms (clipping at 1.0
     active), per-layer drop rates and expert loads equal one rank with the same global batch; and pp 2 x dp 2 with
     expert parallel 2 inside each stage on 4 ranks equals dp 2 x ep 2 unpipelined (MindFormers groups capacity and
     routing statistics per data-parallel shard, so that one is the reference for data parallel)."""
