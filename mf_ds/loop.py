@@ -200,7 +200,7 @@ class Trainer:
         self.moe = plan.moe is not None
         self.moe_logs = plan.logs_drop_rate
         model.train()
-        if not self.pipe:  # the last stage computes its own loss (mf_ds/pipeline.py causal_lm_loss)
+        if not self.pipe:  # the last stage computes its own loss (mf_ds/pipeline_stage.py StageLoss)
             _log(f"mf-ds: {fused_loss.install(model, run.fused_loss, plan.parallel.tensor_parallel)}")
         self.attn_implementation = "sdpa" if self.pipe else model.config._attn_implementation
         self.mpu = None
@@ -471,6 +471,10 @@ class Trainer:
         if not self.moe:
             return {}
         metrics = moe_layer.step_metrics(self.engine.module)
+        if self.pipe:  # each stage summed its own layers; every rank gets all of them (mf_ds/pipeline_stage.py)
+            from mf_ds.pipeline_stage import all_stages
+
+            metrics = all_stages(metrics)
         moe_layer.update_topk_bias(self.engine.module, self.plan)
         if self.moe_logs:  # MoEDropRateCallback with callback_moe_droprate: True
             for line in moe_layer.drop_rate_lines(metrics):

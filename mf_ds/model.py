@@ -70,9 +70,8 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
     seed_everything(run.seed)  # the model's initial weights do not depend on what reading the data drew
     lora = plan.run.lora is not None
     whole = full_reason or ("LoRA: PEFT wraps whole Linear layers (mf_ds/lora.py)" if lora else None)
-    if stage_builder is not None:  # a pipeline stage (mf_ds/pipeline.py): its own modules, unpatched
-        model, report = stage_builder(plan, weights, log), ["pipeline stages run unpatched: no recompute, no fused "
-                                                            "kernels (not composed with the pipeline yet)"]
+    if stage_builder is not None:  # a pipeline stage (mf_ds/pipeline.py): its own modules, patched there
+        model, report = stage_builder(plan, weights, log, checkpoint_fn)
     else:
         model = build_model(plan, weights, log=log, full_reason=whole)
         report = patch.apply(model, plan, checkpoint_fn=checkpoint_fn)

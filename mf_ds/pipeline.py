@@ -2,21 +2,23 @@
 
 The HF causal LM is cut into DeepSpeed layers: the token embedding (first stage), one layer per decoder layer
 (rotary embedding and causal mask made on the stage from the hidden state's shape, as LlamaModel.forward makes them
-once), and the final norm + LM head (last stage), whose logits meet the labels in `causal_lm_loss`. The decoder
-layers sit on the stages that plan.layers[].stage names (MindFormers' LayerSetting, translators/layout.py).
+once), and the final norm + LM head (last stage), whose logits meet the labels in `pipeline_stage.StageLoss`. The
+decoder layers sit on the stages that plan.layers[].stage names (MindFormers' LayerSetting, translators/layout.py).
 
 The model is first built on the meta device (no memory); then only this stage's modules are materialised, with
-their weights read tensor by tensor from the HF safetensors directory (or initialised fresh). No rank holds the
-whole model. DeepSpeed runs 1F1B over `gradient_accumulation_steps` (= micro_batch_num) micro batches, averages the
-loss over them and the data-parallel ranks (PipelineEngine._aggregate_total_loss), clips by the norm over every
-stage (runtime/utils.clip_grad_norm_ with the pipeline grid as mpu) and steps the optimizer mf-ds built, ZeRO-1
-inside each stage's data-parallel group. docs/DESIGN.md "Pipeline parallelism" says why this engine.
+their weights read tensor by tensor from the HF safetensors directory (or initialised fresh), and patched by the
+patch room (MoE, fused kernels, recompute: mf_ds/pipeline_stage.py). No rank holds the whole model. DeepSpeed
+runs 1F1B over `gradient_accumulation_steps` (= micro_batch_num) micro batches, averages the loss over them and
+the data-parallel ranks (PipelineEngine._aggregate_total_loss), clips by the norm over every stage
+(runtime/utils.clip_grad_norm_ with the pipeline grid as mpu) and steps the optimizer mf-ds built, ZeRO-1 inside
+each stage's data-parallel group. docs/DESIGN.md "Pipeline parallelism" says why this engine.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,20 +26,16 @@ import torch.distributed as dist
 from torch import nn
 
 from mf_ds.errors import RunError
+from mf_ds.pipeline_stage import FinalNorm, StageLoss, aux_start, carry_aux, fused_loss, patch_stage, tied_head
+from translators.pipeline import run_stages
 from translators.plan_types import Plan
 
 
 def refusal(plan: Plan, resume2: bool) -> str | None:
     """One line on what does not compose with the pipeline yet, or None. `resume2`: resuming a Checkpoint 2.0."""
     run, ds = plan.run, plan.deepspeed
-    if any(layer.chunk for layer in plan.layers):
-        return ("pp_interleave_num > 1 under a pipeline: DeepSpeed's PipelineEngine has no interleaved 1F1B; "
-                "set model.model_config.pp_interleave_num: 1")
     if (ds.get("zero_optimization") or {}).get("stage", 0) > 1:
         return "mf_ds.zero_stage 2/3 with pipeline_stage > 1: DeepSpeed's PipelineEngine takes ZeRO-1 at most"
-    if (plan.hf_config or {}).get("tie_word_embeddings"):
-        return ("tie_word_embeddings with pipeline_stage > 1: the embedding (first stage) and the LM head (last) "
-                "are not summed across stages yet")
     if plan.mtp is not None:
         return ("model_config.mtp_depth with pipeline_stage > 1: the MTP layers are not placed on the last stage "
                 "yet; set mf_ds.pipeline: false (the stages fold into data parallel) or mtp_depth: 0")
@@ -57,9 +55,11 @@ class Embed(nn.Module):
     def __init__(self, pieces: Pieces):
         super().__init__()
         self.embed_tokens = pieces.take("model.embed_tokens")
+        self.moe = pieces.moe
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+    def forward(self, input_ids: torch.Tensor):
+        hidden = self.embed_tokens(input_ids)
+        return (aux_start(hidden), hidden) if self.moe else hidden
 
 
 class Decoder(nn.Module):
@@ -71,31 +71,34 @@ class Decoder(nn.Module):
         self.config = pieces.config
         self.rotary = [pieces.rotary]  # a list: shared, not registered (buffers only, no weights)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs):
         from transformers.masking_utils import create_causal_mask
 
+        aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)  # (carried aux losses, hidden): MoE
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
                                   past_key_values=None, position_ids=positions)
         out = self.layer(hidden, attention_mask=mask, position_embeddings=self.rotary[0](hidden, positions),
                          position_ids=positions)
-        return out[0] if isinstance(out, tuple) else out
+        out = out[0] if isinstance(out, tuple) else out
+        return out if aux is None else (carry_aux(aux, self.layer), out)
 
 
 class Head(nn.Module):
+    """The final norm and the LM head; under the fused loss it hands over the normed hidden state and lends the
+    head's weight to the loss (pipeline_stage.StageLoss)."""
+
     def __init__(self, pieces: Pieces):
         super().__init__()
         self.norm = pieces.take("model.norm")
         self.lm_head = pieces.take("lm_head")
+        self.fused = pieces.loss.fused
+        pieces.loss.weight = self.lm_head.weight
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """transformers' ForCausalLMLoss with shift_labels (the labels are already the next tokens): fp32 logits, the
-    mean over the tokens whose label is not -100."""
-    return nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+    def forward(self, inputs):
+        aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)
+        out = self.norm(hidden) if self.fused else self.lm_head(self.norm(hidden))
+        return out if aux is None else (aux, out)
 
 
 class Pieces:
@@ -112,7 +115,11 @@ class Pieces:
             raise RunError(f"pipeline_stage > 1: {type(self.meta).__name__} is not cut into stages yet (mf-ds "
                            "cuts models with model.embed_tokens / layers / norm / rotary_emb, as Llama and Qwen2)")
         self.rotary = type(inner.rotary_emb)(config=self.config)  # its inv_freq, computed on the CPU
+        self.moe = plan.moe is not None  # the stages pass (aux losses, hidden) along (mf_ds/pipeline_stage.py)
         self.files = weight_files(Path(weights)) if weights else None
+        self.family = plan.weights_family
+        fused, self.loss_line = fused_loss(self.meta, plan)
+        self.loss = StageLoss(fused)  # the last stage's loss_fn
 
     def take(self, prefix: str) -> nn.Module:
         module = self.meta.get_submodule(prefix).to_empty(device="cpu")
@@ -120,38 +127,61 @@ class Pieces:
             for sub in module.modules():
                 self.meta._init_weights(sub)
             return module
-        from safetensors import safe_open
-
-        for name, param in module.named_parameters():
-            key = f"{prefix}.{name}"
-            if key not in self.files:
-                raise RunError(f"{self.files and next(iter(self.files.values())).parent}: weight {key} is not in "
-                               "the checkpoint; is it a checkpoint of another model?")
-            with safe_open(str(self.files[key]), framework="pt") as f:
-                tensor = f.get_tensor(key)
-            if tensor.shape != param.shape or not torch.isfinite(tensor).all():
-                raise RunError(f"{self.files[key]}: weight {key} has shape {tuple(tensor.shape)} (expected "
-                               f"{tuple(param.shape)}) or holds inf/NaN")
-            with torch.no_grad():
-                param.copy_(tensor.to(param.dtype))
+        self._load(prefix, module)
         return module
 
+    def _load(self, prefix: str, module: nn.Module) -> None:
+        """This module's tensors from the checkpoint, under the names HF saves (per-expert tensors into the fused
+        `experts.gate_up_proj` / `down_proj`: mf_ds.weights.model_slot, as the whole-model loader reads them)."""
+        from safetensors import safe_open
 
-def build(plan: Plan, weights: str | None, log) -> nn.Module:
+        from mf_ds.weights import model_slot
+        from translators import names
+
+        state = {f"{prefix}.{key}": value for key, value in module.state_dict(keep_vars=True).items()}
+        filled: dict[str, int] = {}
+        for file in sorted(set(self.files.values())):
+            with safe_open(str(file), framework="pt") as f:
+                for saved in f.keys():
+                    key = names.hf_module_name(saved, self.family) if self.family else saved
+                    slot = model_slot(key, state) if key.startswith(prefix + ".") else None
+                    if slot is None:
+                        continue
+                    target, index = slot
+                    tensor, want = f.get_tensor(saved), state[target][index] if index else state[target]
+                    if tensor.shape != want.shape or not torch.isfinite(tensor).all():
+                        raise RunError(f"{file}: weight {key} has shape {tuple(tensor.shape)} (expected "
+                                       f"{tuple(want.shape)}) or holds inf/NaN")
+                    with torch.no_grad():
+                        want.copy_(tensor.to(want.dtype))
+                    filled[target] = filled.get(target, 0) + tensor.numel()
+        for name, param in module.named_parameters():
+            if filled.get(f"{prefix}.{name}", 0) < param.numel():
+                raise RunError(f"{next(iter(self.files.values())).parent}: weight {prefix}.{name} is not in the "
+                               "checkpoint; is it a checkpoint of another model?")
+
+
+def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.Module, list[str]]:
     """This rank's stage as a DeepSpeed PipelineModule (stage-major ranks: rank = stage x dp + data rank)."""
-    from deepspeed.pipe import LayerSpec, PipelineModule
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
     if weights and not (Path(weights).is_dir() and any(Path(weights).glob("*.safetensors"))):
         raise RunError(f"{weights}: pipeline_stage > 1 loads weights per stage from an HF safetensors directory "
                        "only so far (MindSpore .ckpt and Checkpoint 2.0 need the whole model)")
     pp, dp = plan.parallel.pipeline_stage, plan.parallel.data_parallel
-    stages = [layer.stage for layer in plan.layers if not layer.mtp]
-    # DeepSpeed's parts: the embedding is layer 0, decoder layer i is i + 1, the head is the last.
-    parts = [0] + [1 + stages.index(s) if s in stages else len(stages) + 1 for s in range(1, pp)] + [len(stages) + 2]
+    # LayerSetting's per-stage counts, each stage one contiguous block (interleaved chunks too: run_stages)
+    stages = run_stages([layer for layer in plan.layers if not layer.mtp], pp)
     pieces = Pieces(plan, weights)
     specs = [LayerSpec(Embed, pieces)] + [LayerSpec(Decoder, pieces, i) for i in range(len(stages))] + \
         [LayerSpec(Head, pieces)]
+    if pieces.config.tie_word_embeddings:  # the embedding on the first and the last stage, gradients summed
+        specs[0] = TiedLayerSpec("embed", Embed, pieces, tied_weight_attr="embed_tokens.weight")
+        specs[-1:] = [LayerSpec(FinalNorm, pieces), TiedLayerSpec("embed", Embed, pieces, tied_weight_attr=
+                                                                  "embed_tokens.weight",
+                                                                  forward_fn=partial(tied_head, pieces.loss))]
+    # DeepSpeed's parts: the embedding is layer 0, decoder layer i is i + 1, the head layer(s) last.
+    parts = [0] + [1 + stages.index(s) if s in stages else len(stages) + 1 for s in range(1, pp)] + [len(specs)]
 
     class Staged(PipelineModule):
         def _partition_layers(self, method="uniform"):  # MindFormers' LayerSetting, not DeepSpeed's balancing
@@ -161,21 +191,31 @@ def build(plan: Plan, weights: str | None, log) -> nn.Module:
 
     # seed_layers: each DeepSpeed layer's fresh weights drawn after seeding with seed + its index, so a fresh run
     # starts from the same weights whatever the stage layout (they differ from a one-rank run's sequential draws)
-    module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=causal_lm_loss,
+    module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=pieces.loss,
                     partition_method="uniform", seed_layers=True, base_seed=plan.run.seed)
     module.pieces = pieces  # the HF names of the stage's weights, for its checkpoints (mf_ds/pipeline_checkpoint.py)
     rank = dist.get_rank()
+    report = patch_stage(pieces.meta, plan, [i for i, s in enumerate(stages) if s == rank // dp], checkpoint_fn,
+                         module._grid.get_data_parallel_group())
     held = sum(p.numel() for p in module.parameters())
     # every rank says what it holds (the proof that no rank built the whole model: tests/mf_ds/test_pipeline.py)
     print(f"mf-ds: pipeline: rank {rank} (stage {rank // dp} of {pp}) holds decoder layers "
           f"{[i for i, s in enumerate(stages) if s == rank // dp]} ({held} parameters)", file=sys.stderr, flush=True)
-    return module
+    if rank != 0:  # rank 0 logs its lines at start-up; the others say what they applied to their own layers
+        for line in report:
+            print(f"mf-ds: pipeline: rank {rank}: {line}", file=sys.stderr, flush=True)
+    return module, [*report, pieces.loss_line]
 
 
 def stage_table(plan: Plan) -> list[str]:
     from translators.pipeline import stage_table as table
 
-    return table(list(plan.layers), plan.parallel.pipeline_stage)
+    layers, pp = [x for x in plan.layers if not x.mtp], plan.parallel.pipeline_stage
+    lines = table(list(plan.layers), pp)
+    if any(x.chunk for x in layers):  # DeepSpeed has no virtual stages: say where each layer runs
+        lines.append(f"runs on DeepSpeed's 1F1B without interleave: stage of each layer {run_stages(layers, pp)} "
+                     "(each stage's chunks as one contiguous block)")
+    return lines
 
 
 def train_step(trainer, data, poison: bool) -> torch.Tensor:
@@ -218,8 +258,12 @@ def record_norm(engine) -> None:
     group = engine.grid.get_pipe_parallel_group()
 
     def clip():
-        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-        squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else \
+        # a tied weight's copy past the first stage holds the same (summed) gradient: counted once, as DeepSpeed's
+        # clip_grad_norm_ skips it (ds_pipe_replicated, set by PipelineModule._index_tied_modules)
+        params = [p for p in engine.module.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        counted = [p.grad for p in params if not getattr(p, "ds_pipe_replicated", False)]
+        squares = torch.stack([g.detach().float().pow(2).sum() for g in counted]).sum() if counted else \
             torch.zeros((), device=engine.device)
         dist.all_reduce(squares, group=group)
         norm = float(squares.sqrt())

@@ -71,14 +71,15 @@ def account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po:
         "parallel.parallel_optimizer_config.optimizer_level": ("dropped", "MindSpore optimizer-parallel level"),
         "parallel.pipeline_config.pipeline_interleave": ("runtime", "decides whether pp_interleave_num counts in "
                                                                     "the recompute layout"),
-        "parallel.pipeline_config.pipeline_scheduler": ("runtime", "zero_bubble_v reverses the second interleave "
-                                                                   "in the layout; no pipeline schedule here"),
     }
     for path, (kind, message) in table.items():
         if ledger.present(path):
             if kind == "differs" and not _non_default(path, pc, po):
                 kind = "dropped"
             ledger.add(path, kind, message)
+    schedule = pipeline.scheduler_note(lay, parallel.pipeline_config, shape.pp_interleave_num if shape else 1)
+    if ledger.present(pipeline.SCHEDULER) or schedule[0] == "differs":  # the pipeline's schedule
+        ledger.add(pipeline.SCHEDULER, *schedule)
     for path, reason in lay.folded.items():
         if not ledger.present(path):  # a fold the YAML did not write (a default degree) still gets its line
             ledger.differs(path, reason)

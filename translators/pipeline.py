@@ -15,11 +15,12 @@ from typing import Any
 from translators import layout
 
 STAGES = "parallel_config.pipeline_stage"
-# Until a pipelined run recomputes and composes with the rest (it saves and resumes: mf_ds/pipeline_checkpoint.py),
+SCHEDULER = "parallel.pipeline_config.pipeline_scheduler"
+# Until the pipeline composes with the rest (MTP, LoRA, evaluation, tensor and context parallel, Checkpoint 2.0),
 # real stages are asked for by name: a YAML that trained before (its stages folded into data parallel) trains the
 # same way unless the user opts in.
-OPT_IN = ("real stages run only with mf_ds.pipeline: true (DeepSpeed's PipelineEngine: dense models, 1F1B, ZeRO-1, "
-          "checkpoints saved and resumed; no recompute or interleave on stages yet)")
+OPT_IN = ("real stages run only with mf_ds.pipeline: true (DeepSpeed's PipelineEngine: 1F1B, ZeRO-1, MoE, "
+          "recompute and tied embeddings on stages, checkpoints saved and resumed)")
 
 
 def fold_reason(pc: Any, hf_model_type: str | None, dims: Any, caller: str | None = None) -> str | None:
@@ -30,9 +31,6 @@ def fold_reason(pc: Any, hf_model_type: str | None, dims: Any, caller: str | Non
         return f"{head}: {caller}; ZeRO shards the model states instead"
     if hf_model_type is None or dims is None:
         return f"{head}: no transformers architecture to cut into stages"
-    if dims.experts > 1:
-        return (f"{head}: mf-ds' pipeline runs dense models only so far (MoE layers with expert parallel inside a "
-                "stage are not composed yet); ZeRO shards the model states instead")
     if pc.model_parallel > 1:
         return (f"{head}: tensor parallel (AutoTP) inside pipeline stages is not composed yet; ZeRO shards the "
                 "model states instead")
@@ -74,3 +72,34 @@ def stage_table(layers: list, pp: int) -> list[str]:
     accu = [flat[v * pp:(v + 1) * pp] for v in range(vpp)]
     return [f"num_layers per stage: {counts}", f"Accumulated num_layers per stage: {accu}",
             f"Pipeline id list: {[x.stage for x in placed]}", f"Interleave id list: {[x.chunk for x in placed]}"]
+
+
+# DeepSpeed's PipelineEngine has one schedule (TrainSchedule: 1F1B) and no virtual stages.
+ENGINE_SCHEDULE = "1f1b"
+
+
+def run_stages(layers: list, pp: int) -> list[int]:
+    """The stage each decoder layer runs on: LayerSetting's per-stage layer counts (all of a stage's chunks
+    together), as one contiguous block per stage in layer order. Without interleave that is LayerSetting's own
+    placement; with it (pp_interleave_num > 1) stage s holds as many layers as its chunks do in MindFormers, but the
+    block [sum of the earlier stages' counts, + its count), since PipelineEngine runs each stage's layers once per
+    micro batch in order (no virtual stages)."""
+    stages = [x["stage"] if isinstance(x, dict) else x.stage for x in layers]
+    counts = [stages.count(s) for s in range(pp)]
+    return [s for s in range(pp) for _ in range(counts[s])]
+
+
+def scheduler_note(lay: Any, pipe: dict, vpp: int) -> tuple[str, str]:
+    """The ledger entry of parallel.pipeline_config.pipeline_scheduler."""
+    scheduler = pipe.get("pipeline_scheduler", "1f1b") if isinstance(pipe, dict) else "1f1b"
+    if lay.pipeline_stage <= 1 or STAGES in lay.folded:
+        return "runtime", "zero_bubble_v reverses the second interleave in the layout; no pipeline schedule here"
+    interleaved = vpp > 1 and isinstance(pipe, dict) and pipe.get("pipeline_interleave")
+    if scheduler == ENGINE_SCHEDULE and not interleaved:
+        return "runtime", "DeepSpeed's PipelineEngine runs 1F1B (mf_ds/pipeline.py)"
+    held = ("; no virtual stages: each stage runs its chunks' layers as one contiguous block in layer order "
+            "(translators/pipeline.run_stages; plan.layers[] keep LayerSetting's stage and chunk)" if interleaved
+            else "")
+    return "differs", (f"{scheduler}{' interleaved' if interleaved else ''}: DeepSpeed's PipelineEngine has only "
+                       f"1F1B and runs that: the same math (losses and gradients), another bubble and activation "
+                       f"memory{held}")

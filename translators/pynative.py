@@ -206,8 +206,9 @@ def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger) 
                 experts=_experts(m.config))
     with _renamed(view):
         lay = resolve(pc, family.hf_model_type, dims, deg.world, pipeline_reason=(
-            "the PyNative schema's layers per stage (pipeline_parallel_layers_per_stage) are not read into "
-            "plan.layers yet"))
+            "pipeline_parallel_layers_per_stage (PpLayerSetting's 'auto' or per-stage 'start-end' ranges) is "
+            "checked as MindFormers checks it but not turned into plan.layers[].stage, which mf_ds/pipeline.py "
+            "places by"))
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
     moe = None
     if not family.moe_plan and hf_config is not None:

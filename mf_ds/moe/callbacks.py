@@ -17,7 +17,8 @@ identical everywhere) and u = topk_bias_update_rate. MindFormers' target `micro_
 its loads summed over the step, so the sign is the same; its quirk of taking micro_batch_num from the YAML when
 pipeline_stage is 1 (a target off by that factor) is not reproduced.
 
-Both reductions are collectives over the default process group: every rank calls them at every step end.
+Both reductions are collectives over the default process group (a pipeline stage's data-parallel group under a
+pipeline, device_state.GROUP): every rank calls them at every step end.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ import torch.distributed as dist
 from torch import nn
 from transformers import TrainerCallback
 
+from mf_ds.moe.device_state import GROUP, stats_ranks
 from mf_ds.moe.layer import MFMoE, moe_layers
 from translators.plan_types import Plan
 
 
 def _sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(x)
+    if stats_ranks() > 1:  # every rank, or a pipeline stage's data-parallel ranks (device_state.GROUP)
+        dist.all_reduce(x, group=GROUP.get("stats"))
     return x
 
 

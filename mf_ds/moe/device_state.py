@@ -23,6 +23,16 @@ import torch
 from torch import Tensor
 
 SCALE: dict[str, Tensor] = {}  # "scale": d(loss)/d(aux) of the backward in progress, while there is one
+# "stats": the process group over which the MoE statistics and gbs_aux_loss's f are summed: a pipeline stage's
+# data-parallel group (mf_ds/pipeline_stage.py; the other stages hold other layers); absent: every rank
+GROUP: dict[str, object] = {}
+
+
+def stats_ranks() -> int:
+    """How many ranks the MoE statistics are summed over (1 without torch.distributed)."""
+    if not torch.distributed.is_initialized():
+        return 1
+    return torch.distributed.get_world_size(GROUP.get("stats"))
 
 
 class LayerStats:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mf_ds.moe.device_state import AuxHandle, LayerStats
+from mf_ds.moe.device_state import GROUP, AuxHandle, LayerStats, stats_ranks
 from mf_ds.moe.router import MFRouter, Routing, aux_losses, aux_top_k, expert_fractions, route
 from mf_ds.ops.gmm import gather_supported, grouped_mm, grouped_mm_gather
 from mf_ds.ops.permute import Permuted, permute, unpermute
@@ -202,12 +202,13 @@ class MFMoE(nn.Module):
         """gbs_aux_loss's f (mcore TopKRouter._expert_load_balancing, fi_accu): this micro-batch's f averaged over
         every rank (MindFormers' dp x tp x cp groups), added to the step's running sum, normalised. A recompute
         in backward reuses the value of the forward it repeats; `step_metrics` resets the sum every step.
-        Collective over the default group in every counted training forward."""
+        Collective over the default group (a pipeline stage's data-parallel group) in every counted training forward."""
         if counted or self._gbs_f is None:
             f_E = expert_fractions(aux_top_k(routing.scores_TE, routing.expert_ids_TK, spec), spec, groups).mean(0)
-            if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-                torch.distributed.all_reduce(f_E)
-                f_E /= torch.distributed.get_world_size()
+            ranks = stats_ranks()  # every rank, or this pipeline stage's data-parallel ranks
+            if ranks > 1:
+                torch.distributed.all_reduce(f_E, group=GROUP.get("stats"))
+                f_E /= ranks
             self._gbs_accu = f_E if self._gbs_accu is None else self._gbs_accu + f_E
             self._gbs_f = self._gbs_accu / self._gbs_accu.sum()
         return self._gbs_f

@@ -46,7 +46,7 @@ def group_name(size: int) -> str:
 class ExpertParallel:
     """This rank's place in the expert-parallel group of size `size` (DeepSpeed's groups, created if absent)."""
 
-    def __init__(self, size: int, num_experts: int, tensor_parallel: int = 1):
+    def __init__(self, size: int, num_experts: int, tensor_parallel: int = 1, pipeline_stages: int = 1):
         if not dist.is_initialized():
             raise RuntimeError(f"expert_parallel {size} needs torch.distributed initialised before the MoE patch")
         if num_experts % size:
@@ -59,7 +59,9 @@ class ExpertParallel:
         if self.name not in groups._get_expert_parallel_group_dict():
             # Under AutoTP the TP peers (consecutive ranks) hold the same tokens: the expert-parallel groups are
             # TP-strided (mp_size = tp), so an expert group spans ranks of distinct data.
-            groups._create_expert_and_data_parallel(size, mp_size=tensor_parallel, pp_size=1,
+            # Under a pipeline (stage-major ranks, mf_ds/pipeline.py) DeepSpeed's pp_size keeps each group inside one
+            # stage's data-parallel ranks: [stage * dp + j * size, ...) and the strided expert-data-parallel ones.
+            groups._create_expert_and_data_parallel(size, mp_size=tensor_parallel, pp_size=pipeline_stages,
                                                     mp_mode="tp")
         self.group = groups._get_expert_parallel_group(self.name)
         self.rank = dist.get_rank(group=self.group)

@@ -53,7 +53,8 @@ def _patch(family: PatchTargets, model: nn.Module, plan: Plan, recorder: Recorde
     if moe.expert_parallel > 1:
         from mf_ds.moe.parallel import ExpertParallel
 
-        ep = ExpertParallel(moe.expert_parallel, moe.num_experts, plan.parallel.tensor_parallel)
+        ep = ExpertParallel(moe.expert_parallel, moe.num_experts, plan.parallel.tensor_parallel,
+                            plan.parallel.pipeline_stage or 1)
     for index, layer in enumerate(layers):
         block = layer.mlp
         sparse = type(block).__name__ == family.moe_block

@@ -13,6 +13,7 @@ import pytest
 from mf_ds.pipeline import refusal
 from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, free_port
 from tests.mf_ds.test_train import LLAMA, metrics
+from translators.pipeline import run_stages
 from translators.plan import translate_file
 
 PIPE = ["parallel_config.data_parallel=1", "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=4",
@@ -64,27 +65,34 @@ def test_the_hf_trainer_path_refuses_a_pipeline(monkeypatch):
 def test_what_does_not_compose_folds_or_is_refused():
     moe = plan_of("parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2", "mf_ds.pipeline=true",
                   config=str(CONFIGS / "tiny_qwen3_moe.yaml"))
-    assert moe.plan.parallel.pipeline_stage is None
-    assert "dense models only" in moe.plan.parallel.folded["parallel_config.pipeline_stage"]
-    assert all(x.stage is None for x in moe.plan.layers)
+    assert moe.plan.parallel.pipeline_stage == 2  # MoE runs on stages (test_moe_stages_equal_one_rank)
+    assert [x.stage for x in moe.plan.layers] == [0, 1]
     base = ["callbacks=[{type: MFLossMonitor}]"]
     assert refusal(plan_of(*PIPE, *base).plan, resume2=False) is None
     assert "ZeRO-1 at most" in refusal(plan_of(*PIPE, *base, "mf_ds.zero_stage=2").plan, resume2=False)
     assert refusal(plan_of(*PIPE).plan, resume2=False) is None  # saves and resumes: test_pipeline_checkpoint.py
     interleaved = plan_of(*PIPE, *FOUR, *base, "model.model_config.pp_interleave_num=2",
-                          "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: 1f1b}").plan
-    assert "interleaved" in refusal(interleaved, resume2=False)
+                          "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: zero_bubble_v}",
+                          "recompute_config.recompute=[[1, 0], [0, 0]]")
+    assert refusal(interleaved.plan, resume2=False) is None  # runs on 1F1B (test_two_stages_equal_one_rank...)
+    note = next(n for n in interleaved.plan.notes if n.key == "parallel.pipeline_config.pipeline_scheduler")
+    assert note.kind == "differs" and "zero_bubble_v interleaved" in note.message and "contiguous" in note.message
+    # LayerSetting: one layer per mini-stage (zero_bubble_v reverses chunk 1's equal counts); the run places
+    # each stage's two layers as one block
+    assert [(x.stage, x.chunk) for x in interleaved.plan.layers] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert run_stages(list(interleaved.plan.layers), 2) == [0, 0, 1, 1]
     mtp = plan_of(*PIPE, *base, "use_parallel=True", "model.model_config.offset=[1, 0]",
                   config=str(ROOT / "tests" / "fixtures" / "mindformers" / "mtp" / "ds3_mtp_tiny.yaml"))
     assert mtp.plan.mtp is not None and mtp.plan.parallel.pipeline_stage == 2
     assert "MTP layers" in refusal(mtp.plan, resume2=False)
 
 
-def _run(out: Path, *sets: str, ranks: int = 1) -> subprocess.CompletedProcess:
+def _run(out: Path, *sets: str, ranks: int = 1, config: str = LLAMA, base: tuple = (*FOUR, PRINT)
+         ) -> subprocess.CompletedProcess:
     launcher = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()),
-                str(ROOT / "mf_ds" / "train.py"), "--mf-config", LLAMA]
+                str(ROOT / "mf_ds" / "train.py"), "--mf-config", config]
     args = ["--output_dir", str(out), "--max_steps", "3", "--load_checkpoint", str(out.parent / "init")]
-    for item in (*FOUR, PRINT, *sets):
+    for item in (*base, *sets):
         args += ["--set", item]
     proc = subprocess.run(launcher + args, cwd=ROOT, env=QUIET_CPU_ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -108,7 +116,18 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
     layer = sum(n for name, n in sizes.items() if name.startswith("model.layers.0."))
     cases = (("even", 2, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]),
              ("uneven", 2, ["mf_ds.zero_stage=0", "model.model_config.offset=[1, -1]"], [[0, 1, 2], [3]]),
-             ("pp2xdp2", 4, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]))  # 2 stages x 2 data-parallel ranks, GA 2
+             ("pp2xdp2", 4, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]),  # 2 stages x 2 data-parallel ranks, GA 2
+             # the patch room on each stage: full recompute of layer 2 (stage 1), select recompute of layer 0's
+             # SwiGLU (stage 0), fused RoPE and SwiGLU, the fused loss on the last stage
+             ("patched", 2, ["recompute_config.recompute=[0, 1]", "recompute_config.select_recompute=[1, 0]",
+                             "model.model_config.use_fused_rope=True", "model.model_config.use_fused_swiglu=True",
+                             "mf_ds.fused_loss=true"], [[0, 1], [2, 3]]),
+             # interleave 2 with a [chunk][stage] offset under seqpipe: LayerSetting puts layers 0-1 on (0, 0),
+             # 2 on (1, 0), 3 on (0, 1); 1F1B without virtual stages runs stage 0's three layers as one block
+             ("interleaved", 2, ["model.model_config.pp_interleave_num=2",
+                                 "model.model_config.offset=[[1, 0], [0, -1]]",
+                                 "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: seqpipe}"],
+              [[0, 1, 2], [3]]))
     for name, ranks, sets, per_stage in cases:
         proc = _run(tmp_path / name, *PIPE, *sets, ranks=ranks)
         two = metrics(tmp_path / name)
@@ -122,4 +141,98 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
             layers = per_stage[rank // dp]
             assert held[rank] == (layers, ends[rank // dp] + layer * len(layers)), (name, rank)
         assert sum(n for _, n in held.values()) == dp * sum(sizes.values())
-        assert "Pipeline id list: " + str([s for s, layers in enumerate(per_stage) for _ in layers]) in proc.stderr
+        ids = [s for s, layers in enumerate(per_stage) for _ in layers]
+        if name == "interleaved":
+            assert "Pipeline id list: [0, 0, 1, 0]" in proc.stderr and "Interleave id list: [0, 0, 0, 1]" in proc.stderr
+            assert f"stage of each layer {ids}" in proc.stderr
+        else:
+            assert "Pipeline id list: " + str(ids) in proc.stderr
+        if name == "patched":  # each stage applied the patches to its own layers (rank 0 at start-up, rank 1 here)
+            for line in ("mf-ds: recompute: model.layers.0.mlp: recompute act_fn, mul (SwiGLU)",
+                         "mf-ds: pipeline: rank 1: recompute: model.layers.2: full recompute",
+                         "mf-ds: pipeline: rank 1: model.layers.3.mlp: LlamaMLP.forward -> fused SwiGLU",
+                         "fused loss: on, on the last stage"):
+                assert line in proc.stderr, line
+            assert "model.layers.2: full recompute" not in proc.stderr.replace("rank 1: recompute: model.layers.2", "")
+
+
+DS3 = str(CONFIGS / "tiny_deepseek_v3.yaml")
+# the bias update at 0.5 moves the routing visibly by step 2 (a stage that missed it would route otherwise)
+# offset as an int: LayerSetting adds it to every stage (3 layers, pp 2: [[2, 2]] slots, layers 0-1 | 2)
+DS3_BASE = ("model.model_config.seq_length=32", "model.model_config.mtp_depth=0", "model.model_config.offset=1",
+            "callbacks=[{type: MFLossMonitor, per_print_times: 1}, {type: TopkBiasBalanceCallback, "
+            "balance_via_topk_bias: True, topk_bias_update_rate: 0.5, num_layers: 3, mtp_depth: 0, expert_num: 8, "
+            "micro_batch_num: 1}, {type: MoEDropRateCallback, expert_num: 8, capacity_factor: 1.5, num_layers: 3, "
+            "mtp_depth: 0}]")
+
+
+def _moe_rows(out: Path) -> list[tuple]:
+    return [(m["loss"], m["grad_norm"], {k: (v["drop_rate"], v["expert_load"]) for k, v in m["moe"].items()})
+            for m in metrics(out)]
+
+
+def _assert_same(a: list[tuple], b: list[tuple], name: str) -> None:
+    assert [r[0] for r in a] == pytest.approx([r[0] for r in b], rel=1e-5), name
+    assert [r[1] for r in a] == pytest.approx([r[1] for r in b], rel=1e-5), name
+    for x, y in zip(a, b, strict=True):
+        assert x[2].keys() == y[2].keys() == {"1", "2"}, name
+        for layer in x[2]:
+            assert x[2][layer][0] == pytest.approx(y[2][layer][0], abs=1e-9), (name, layer)
+            assert x[2][layer][1] == pytest.approx(y[2][layer][1], abs=1e-9), (name, layer)
+
+
+@pytest.mark.deepspeed
+def test_moe_stages_equal_one_rank(tmp_path):
+    """The tiny DeepSeek-V3 (a dense layer 0, MoE layers 1-2 with the expert aux loss, capacity drops and the top-k
+    bias update) on 2 stages, LayerSetting's int offset 1 (layers 0-1 | 2): losses, global norms (clipping at 1.0
+    active), per-layer drop rates and expert loads equal one rank with the same global batch; and pp 2 x dp 2 with
+    expert parallel 2 inside each stage on 4 ranks equals dp 2 x ep 2 unpipelined (MindFormers groups capacity and
+    routing statistics per data-parallel shard, so that one is the reference for data parallel)."""
+    from mf_ds.model import build_model
+
+    build_model(plan_of("parallel_config.data_parallel=1", *DS3_BASE, config=DS3).plan).save_pretrained(
+        str(tmp_path / "init"))
+    run = {"config": DS3, "base": DS3_BASE}
+    pipe = ("parallel_config.pipeline_stage=2", "mf_ds.pipeline=true", "mf_ds.zero_stage=1")
+    _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4", **run)
+    two = _run(tmp_path / "two", "parallel_config.data_parallel=1", "parallel_config.micro_batch_num=4", *pipe,
+               ranks=2, **run)
+    one = _moe_rows(tmp_path / "one")
+    assert max(r[1] for r in one) > 1.0 and max(r[2]["2"][0] for r in one) > 0.1  # clipping; the bias moved loads
+    _assert_same(_moe_rows(tmp_path / "two"), one, "pp2")
+    # rank 0 (stage 0) logs MindFormers' drop-rate lines of both stages' layers
+    assert "layer: 1, measured_drop_rate:" in two.stderr and "layer: 2, measured_drop_rate:" in two.stderr
+    ep = ("parallel_config.data_parallel=2", "parallel_config.expert_parallel=2")
+    _run(tmp_path / "dp2", *ep, "runner_config.gradient_accumulation_steps=2", "mf_ds.zero_stage=1", ranks=2, **run)
+    four = _run(tmp_path / "four", *ep, "parallel_config.micro_batch_num=2", *pipe, ranks=4, **run)
+    _assert_same(_moe_rows(tmp_path / "four"), _moe_rows(tmp_path / "dp2"), "pp2 x dp2 x ep2")
+    held = dict(re.findall(r"rank (\d) \(stage \d of 2\) holds decoder layers (\[[\d, ]*\])", four.stderr))
+    assert held == {"0": "[0, 1]", "1": "[0, 1]", "2": "[2]", "3": "[2]"}
+
+
+@pytest.mark.deepspeed
+def test_tied_embeddings_summed_across_the_first_and_last_stage(tmp_path):
+    """tie_word_embeddings (as Qwen2-0.5B): the first and the last stage each hold the embedding (DeepSpeed's
+    TiedLayerSpec), PipelineEngine sums its two gradients before the data-parallel reduction, and the norm counts it
+    once: losses and global norms (clipping active) equal one rank, with ZeRO-0 on pp 2 and ZeRO-1 with the fused
+    loss on pp 2 x dp 2."""
+    from mf_ds.model import build_model
+
+    tie = "model.model_config.tie_word_embeddings=True"
+    model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR, tie).plan)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(str(tmp_path / "init"))
+    _run(tmp_path / "one", tie, "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4")
+    one = metrics(tmp_path / "one")
+    assert max(m["grad_norm"] for m in one) > 1.0
+    embed = model.model.embed_tokens.weight.numel()
+    for name, ranks, sets in (("pp2", 2, ["mf_ds.zero_stage=0"]),
+                              ("pp2xdp2", 4, ["mf_ds.zero_stage=1", "mf_ds.fused_loss=true"])):
+        proc = _run(tmp_path / name, tie, *PIPE, *sets, ranks=ranks)
+        two = metrics(tmp_path / name)
+        assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5), name
+        assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5), name
+        held = dict(re.findall(r"rank (\d) \(stage \d of 2\) holds decoder layers \[[\d, ]*\] \((\d+) parameters\)",
+                               proc.stderr))
+        assert int(held["0"]) == int(held[str(ranks - 1)]) - model.model.norm.weight.numel()  # both hold the embedding
+        assert int(held["0"]) > embed
