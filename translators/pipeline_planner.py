@@ -49,18 +49,14 @@ def runtime_gaps(plan: dict, tp: int, cp: int, ep: int) -> list[str]:
     """What the layout needs that mf-ds' pipeline (mf_ds/pipeline.py, translators/pipeline.fold_reason) does not
     compose yet."""
     gaps = []
-    if memory.num_experts(memory.with_defaults(plan["hf_config"])):
-        gaps.append(f"MoE layers inside stages{f' (expert parallel {ep})' if ep > 1 else ''}")
     if tp > 1:
         gaps.append(f"tensor parallel {tp} (AutoTP) inside stages")
     if cp > 1:
         gaps.append(f"context parallel {cp} (Ulysses) inside stages")
     if plan.get("mtp"):
         gaps.append("MTP blocks on the last stage")
-    if any(e["full_recompute"] or e["select_recompute"] or e["comm_recompute"] for e in plan["layers"]):
-        gaps.append("recompute on stages (the activations above count the Plan's)")
-    if plan["hf_config"].get("tie_word_embeddings") or plan["hf_config"]["model_type"] == "gpt2":
-        gaps.append("tied embeddings across the first and last stage")
+    if plan["hf_config"]["model_type"] in ("gpt2", "deepseek_v4"):  # mf_ds/pipeline.Pieces: not cut into stages
+        gaps.append(f"{plan['hf_config']['model_type']} cut into stages")
     return gaps
 
 
@@ -201,8 +197,8 @@ def table(c: dict) -> list[str]:
         out.append(f"  {s['stage']:>5}  {ids:<10}{s['parameters'] / 1e9:>10.2f} B  {_gib(s['model_states']):>12}  "
                    f"{_gib(s['activations']):>11}  {s['in_flight']:>9}  {_gib(s['peak'])}")
     if c["not_composed"]:
-        out.append("  the runtime does not run this layout yet: mf-ds' pipeline (mf_ds.pipeline: true) runs dense "
-                   "models only; not composed yet: " + ", ".join(c["not_composed"]))
+        out.append("  the runtime does not run this layout yet: mf-ds' pipeline (mf_ds.pipeline: true) does not "
+                   "compose yet: " + ", ".join(c["not_composed"]))
     return out
 
 
