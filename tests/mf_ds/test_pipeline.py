@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mf_ds.pipeline import refusal
-from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, free_port
+from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, ds_launch
 from tests.mf_ds.test_train import LLAMA, metrics
 from translators.pipeline import run_stages
 from translators.plan import translate_file
@@ -90,10 +90,9 @@ def test_what_does_not_compose_folds_or_is_refused():
 
 def _run(out: Path, *sets: str, ranks: int = 1, config: str = LLAMA, base: tuple = (*FOUR, PRINT)
          ) -> subprocess.CompletedProcess:
-    # one rank: mf-train in one process (the deepspeed runner and its launch.py would start two more Pythons that
-    # import torch and DeepSpeed, seconds each on 2 loaded cores); test_pipeline_checkpoint.py's reference runs so
-    launcher = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()),
-                str(ROOT / "mf_ds" / "train.py"), "--mf-config", config] if ranks > 1 else \
+    # one rank: mf-train in one process (DeepSpeed's launchers would start more Pythons that import torch and
+    # DeepSpeed, seconds each on 2 loaded cores); test_pipeline_checkpoint.py's reference runs so
+    launcher = [*ds_launch(ranks), str(ROOT / "mf_ds" / "train.py"), "--mf-config", config] if ranks > 1 else \
         [sys.executable, "-m", "mf_ds.cli", config]
     args = ["--output_dir", str(out), "--max_steps", "3", "--load_checkpoint", str(out.parent / "init")]
     for item in (*base, *sets):
