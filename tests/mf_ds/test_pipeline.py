@@ -236,3 +236,33 @@ def test_tied_embeddings_summed_across_the_first_and_last_stage(tmp_path):
                                proc.stderr))
         assert int(held["0"]) == int(held[str(ranks - 1)]) - model.model.norm.weight.numel()  # both hold the embedding
         assert int(held["0"]) > embed
+
+
+@pytest.mark.deepspeed
+def test_mtp_on_the_last_stage_equals_one_rank(tmp_path):
+    """The tiny research DeepSeek-V3 with mtp_depth 1 (its MTP block an MoE layer) on 2 stages: LayerSetting lays
+    out 3 + 1 layers as [2, 2] (layers 0-1 | 2 and the MTP block), the last stage holds the MTP block and a copy of
+    the embedding tied to stage 0's (mf_ds/pipeline_mtp.py). Losses (the MTP term inside), mtp_loss, global norms
+    (clipping at 1.0 active) and every MoE layer's drop rate and load, the MTP block's included, equal one rank."""
+    from mf_ds.model import build_model
+
+    base = tuple(s.replace("mtp_depth: 0", "mtp_depth: 1") for s in DS3_BASE if "offset" not in s and
+                 "mtp_depth=0" not in s)
+    plan = plan_of("parallel_config.data_parallel=1", *base, config=DS3).plan
+    assert plan.mtp is not None and plan.mtp.variant == "research" and [x.stage for x in plan.layers] == [None] * 4
+    build_model(plan).save_pretrained(str(tmp_path / "init"))
+    run = {"config": DS3, "base": base}
+    _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4", **run)
+    two = _run(tmp_path / "two", "parallel_config.data_parallel=1", "parallel_config.micro_batch_num=4",
+               "parallel_config.pipeline_stage=2", "mf_ds.pipeline=true", "mf_ds.zero_stage=1", ranks=2, **run)
+    one, pp = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert max(m["grad_norm"] for m in one) > 1.0 and all(m["mtp_loss"] > 0.1 for m in one)
+    for key in ("loss", "mtp_loss", "grad_norm"):
+        assert [m[key] for m in pp] == pytest.approx([m[key] for m in one], rel=1e-5), key
+    for x, y in zip(pp, one, strict=True):
+        assert x["moe"].keys() == y["moe"].keys() == {"1", "2", "3"}
+        for layer, row in y["moe"].items():
+            assert x["moe"][layer]["drop_rate"] == pytest.approx(row["drop_rate"], abs=1e-9), layer
+            assert x["moe"][layer]["expert_load"] == pytest.approx(row["expert_load"], abs=1e-9), layer
+    assert "rank 1 (stage 1 of 2) holds decoder layers [2]" in two.stderr
+    assert "MTP blocks [3] and the embedding tied to stage 0's" in two.stderr
