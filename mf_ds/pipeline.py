@@ -172,8 +172,9 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
     pieces = Pieces(plan, weights)
     specs = [LayerSpec(Embed, pieces)] + [LayerSpec(Decoder, pieces, i) for i in range(len(stages))] + \
         [LayerSpec(Head, pieces)]
-    if pieces.config.tie_word_embeddings:  # the embedding on the first and the last stage, gradients summed
+    if pieces.config.tie_word_embeddings or pieces.mtp:  # the embedding on the first and the last stage, summed
         specs[0] = TiedLayerSpec("embed", Embed, pieces, tied_weight_attr="embed_tokens.weight")
+    if pieces.config.tie_word_embeddings:
         specs[-1:] = [LayerSpec(FinalNorm, pieces), TiedLayerSpec("embed", Embed, pieces, tied_weight_attr=
                                                                   "embed_tokens.weight",
                                                                   forward_fn=partial(tied_head, pieces.loss))]
