@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from mf_ds.pipeline import refusal
 from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, free_port
@@ -246,8 +247,9 @@ def test_mtp_on_the_last_stage_equals_one_rank(tmp_path):
     (clipping at 1.0 active) and every MoE layer's drop rate and load, the MTP block's included, equal one rank."""
     from mf_ds.model import build_model
 
-    base = tuple(s.replace("mtp_depth: 0", "mtp_depth: 1") for s in DS3_BASE if "offset" not in s and
-                 "mtp_depth=0" not in s)
+    save = ", {type: CheckpointMonitor, prefix: t, save_checkpoint_steps: 3, keep_checkpoint_max: 1}]"
+    base = tuple(s.replace("mtp_depth: 0", "mtp_depth: 1").removesuffix("]") + save if s.startswith("callbacks")
+                 else s for s in DS3_BASE if "offset" not in s and "mtp_depth=0" not in s)
     plan = plan_of("parallel_config.data_parallel=1", *base, config=DS3).plan
     assert plan.mtp is not None and plan.mtp.variant == "research" and [x.stage for x in plan.layers] == [None] * 4
     build_model(plan).save_pretrained(str(tmp_path / "init"))
@@ -266,3 +268,18 @@ def test_mtp_on_the_last_stage_equals_one_rank(tmp_path):
             assert x["moe"][layer]["expert_load"] == pytest.approx(row["expert_load"], abs=1e-9), layer
     assert "rank 1 (stage 1 of 2) holds decoder layers [2]" in two.stderr
     assert "MTP blocks [3] and the embedding tied to stage 0's" in two.stderr
+    # the saved HF weights: the MTP block under the one-rank names, the embedding written once (by stage 0)
+    from safetensors.torch import load_file
+
+    saved, pp_weights = load_file(str(tmp_path / "one" / "checkpoint" / "t-step3" / "model.safetensors")), {}
+    for shard in sorted((tmp_path / "two" / "checkpoint" / "t-step3").glob("*.safetensors")):
+        part = load_file(str(shard))
+        assert not part.keys() & pp_weights.keys(), shard
+        pp_weights.update(part)
+    # MoE experts' names are mf_ds/pipeline_checkpoint.py's (fused on stages, per expert on one rank): the same for
+    # the MTP block's as for the other MoE layers'
+    assert all(".mlp.experts." in k for k in saved.keys() ^ pp_weights.keys())
+    mtp_keys = [k for k in saved if k.startswith("model.layers.3.") and ".mlp.experts." not in k]
+    assert {"model.layers.3.eh_proj.weight", "model.layers.3.shared_head.norm.weight"} <= set(mtp_keys)
+    for key in [*mtp_keys, "model.embed_tokens.weight"]:
+        torch.testing.assert_close(pp_weights[key], saved[key], rtol=1e-5, atol=1e-6, msg=key)
