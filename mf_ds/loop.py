@@ -215,6 +215,8 @@ class Trainer:
         self.dataset = prepared.dataset
         self.pad_id = run.loss_mask_pad_id
         self.mtp = MtpLoss(plan) if plan.mtp is not None else None
+        if self.pipe and self.mtp is not None:  # the last stage's loss keeps the term (mf_ds/pipeline_mtp.py)
+            self.mtp = model.pieces.loss.mtp
         self.micro = run.micro_batch_size
         self.ga = run.gradient_accumulation_steps
         self.interleave = run.micro_batch_interleave_num  # micro batches are parts whose losses MindFormers adds

@@ -60,7 +60,11 @@ def shard_name(stage: int, stages: int) -> str:
 def stage_weights(module: Any) -> dict[str, torch.Tensor]:
     """This stage's tensors under their HF names (the state_dict save_pretrained would write for them)."""
     pieces = module.pieces
-    return {name: t.detach() for name, t in pieces.meta.state_dict().items() if t.device.type != "meta"}
+    # a copy of a weight tied to an earlier stage's (the MTP blocks' embedding on the last stage: pipeline_mtp.py)
+    # is that stage's to write; DeepSpeed marks such copies ds_pipe_replicated
+    copies = {name for name, p in pieces.meta.named_parameters() if getattr(p, "ds_pipe_replicated", False)}
+    return {name: t.detach() for name, t in pieces.meta.state_dict().items()
+            if t.device.type != "meta" and name not in copies}
 
 
 def write_hf(engine: Any, directory: Path) -> None:

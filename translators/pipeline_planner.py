@@ -56,8 +56,6 @@ def runtime_gaps(plan: Plan, tp: int, cp: int, ep: int) -> list[str]:
         gaps.append(f"tensor parallel {tp} (AutoTP) inside stages")
     if cp > 1:
         gaps.append(f"context parallel {cp} (Ulysses) inside stages")
-    if plan.mtp:
-        gaps.append("MTP blocks on the last stage")
     if plan.hf_config["model_type"] in ("gpt2", "deepseek_v4"):  # mf_ds/pipeline.Pieces: not cut into stages
         gaps.append(f"{plan.hf_config['model_type']} cut into stages")
     return gaps
