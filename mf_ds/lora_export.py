@@ -26,7 +26,7 @@ def export(engine, output_dir, plan: Plan, log: Callable[[str], None] | None = N
 
     import torch.distributed as dist
 
-    from mf_ds.checkpoint import whole_weights
+    from mf_ds.checkpoint.native import whole_weights
 
     state = whole_weights(engine)
     if dist.is_initialized() and dist.get_rank() != 0:
@@ -96,7 +96,7 @@ def mindformers_to_peft(plan: Plan, src: str, dst: str, config) -> int:
 
     from safetensors.torch import save_file
 
-    from mf_ds.mindspore_ckpt import mindformers_weights
+    from mf_ds.checkpoint.mindspore_ckpt import mindformers_weights
     from mf_ds.weights import layout_of, to_hf
 
     family = plan.weights_family
@@ -132,7 +132,7 @@ def peft_to_mindformers(plan: Plan, src: str, dst: str, config) -> int:
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
-    from mf_ds.mindspore_ckpt import write_ckpt
+    from mf_ds.checkpoint.mindspore_ckpt import write_ckpt
 
     if plan.run.lora is None:
         raise RunError(f"{src}: a PEFT adapter directory; the YAML names no pet_config / lora_config to say "

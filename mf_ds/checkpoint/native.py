@@ -11,7 +11,7 @@ Layout of `<output_dir>/checkpoint/`:
 A checkpoint is written into `<name>.tmp/` and fsynced; `latest` then names it and the directory is renamed into
 place (a checkpoint of the same step saved again is first set aside as `<name>.replaced/`, and removed only once the
 new one is in place), so a crash at any moment leaves every earlier checkpoint intact and `<name>` either complete or
-absent; `mf_ds/durable.py` `recover`, at the next run's start, finishes a save cut short after `latest` named it.
+absent; durable.py `recover`, at the next run's start, finishes a save cut short after `latest` named it.
 Resume takes `latest` when it names a complete checkpoint, else the complete one with the highest step. A checkpoint
 whose files no longer match checksums.json (truncated, bit-flipped, missing) is refused with the file named: loading
 a damaged optimizer state would not fail, it would train on garbage (torch.load checks no CRC).
@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mf_ds import durable
+from mf_ds.checkpoint import durable
 
 STATE = "trainer_state.json"
 CHECKSUMS = "checksums.json"
@@ -277,7 +277,7 @@ def verify(directory: Path, only: set[str] | None = None, required: bool = False
     return (directory / min(problems), problems[min(problems)]) if problems else None
 
 
-def _expert_parallel(model: torch.nn.Module) -> bool:
+def expert_parallel(model: torch.nn.Module) -> bool:
     from mf_ds.moe import moe_layers
 
     return any(layer.expert_parallel is not None for layer in moe_layers(model))
@@ -299,7 +299,7 @@ def whole_weights(engine: Any) -> dict[str, torch.Tensor] | None:
             # rank) would be missing from model.safetensors, e.g. DeepSeek-V3's trained router bias
             # `mlp.gate.e_score_correction_bias`.
             weights.update({k: v.detach().cpu() for k, v in engine.module.state_dict().items() if k not in weights})
-    if not stage3 and _expert_parallel(engine.module):
+    if not stage3 and expert_parallel(engine.module):
         # Under expert parallelism each rank holds its own experts: gather them whole for the HF layout.
         from mf_ds.moe.parallel import gather_full_state_dict
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mf_ds.checkpoint2 import _FILE
+from mf_ds.checkpoint.sharded import _FILE
 from mf_ds.errors import RunError
 
 TORCH_KEYS = {"adam_m": "exp_avg", "adam_v": "exp_avg_sq", "muon_m": "momentum_buffer"}

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from mf_ds import durable
+from mf_ds.checkpoint import durable
 from mf_ds.errors import RunError
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -335,12 +335,12 @@ def write(root: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tensor]], 
     {"format": "ms"}, opt-... when optimizer state is given, common.json, no metadata.json, then the tracker);
     MindFormers' load_checkpoint reshards it onto any layout. Returns the number of model tensors.
 
-    Written as mf_ds/durable.py says: whole into iteration_N.tmp/ and fsynced, the tracker then names it, then the
+    Written as durable.py says: whole into iteration_N.tmp/ and fsynced, the tracker then names it, then the
     rename (an earlier iteration_N set aside until the new one is in place). A root whose tracker names a later
     iteration holds a run's checkpoints: writing there would move its tracker back, and is refused."""
     from safetensors.torch import save_file
 
-    from mf_ds.checkpoint import fault_point
+    from mf_ds.checkpoint.native import fault_point
 
     root = Path(root)
     newer = _tracked(root)

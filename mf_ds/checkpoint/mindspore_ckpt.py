@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mf_ds import checkpoint2
+from mf_ds.checkpoint import sharded
 from mf_ds.errors import RunError
 from mf_ds.weights import DEFAULT_LAYOUT, WeightLayout, attach_router_bias, model_slot, to_hf
 from translators import names
@@ -184,10 +184,10 @@ def mindformers_weights(path: str | os.PathLike) -> Iterator[tuple[str, str, obj
     """(MindFormers name, file, loader) for every tensor of a MindFormers checkpoint: a .ckpt file, a directory
     holding rank_0/*.ckpt (a single-rank run) or *.ckpt, a MindFormers-named .safetensors file, or a directory of
     them (unified / merged safetensors, with or without their param_name_map.json index), or a MindFormers 2.x
-    Checkpoint 2.0 directory (mf_ds/checkpoint2.py: its ranks' slices merged)."""
+    Checkpoint 2.0 directory (mf_ds/checkpoint/sharded.py: its ranks' slices merged)."""
     path = Path(path)
-    if checkpoint2.is_checkpoint2(path):
-        yield from checkpoint2.mindformers_weights(path)
+    if sharded.is_checkpoint2(path):
+        yield from sharded.mindformers_weights(path)
         return
     files = _checkpoint_files(path)
     for file in files:
@@ -222,8 +222,8 @@ def _checkpoint_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise RunError(f"{path}: load_checkpoint does not exist")
-    if checkpoint2.is_checkpoint2(path):
-        return checkpoint2.Checkpoint2(path).files()
+    if sharded.is_checkpoint2(path):
+        return sharded.Checkpoint2(path).files()
     rank0 = path / "rank_0"
     if rank0.is_dir():
         ckpts = sorted(rank0.glob("*.ckpt")) or sorted(rank0.glob("*.safetensors"))
