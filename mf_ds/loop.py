@@ -4,8 +4,9 @@ One optimizer step = `gradient_accumulation_steps` micro batches per rank; `engi
 DeepSpeed averages over data parallel, so the gradient is the mean over the global batch (as MindFormers' mean
 loss). Tensor parallel (AutoTP) peers read the same micro batches; context parallel (Ulysses) ranks each hold a
 sequence shard of every micro batch of their group (mf_ds/parallel.py). Clipping, loss scaling and ZeRO come from
-plan.deepspeed; the optimizer and the exact MindFormers LR schedule are built here (mf_ds/optim.py) and handed to
-deepspeed.initialize.
+plan.deepspeed; the optimizer and the exact MindFormers LR schedule are built by mf_ds/engine.py (mf_ds/optim.py)
+and handed to deepspeed.initialize. `Trainer` reads as prepare -> build the engine -> resume (mf_ds/checkpoint/) ->
+`fit()`; one optimizer step is `train_step` (GA x `forward_backward`), which a pipeline schedule replaces.
 
 Numerics (issue 7): a step whose gradients hold inf/NaN is skipped, as DeepSpeed's fp16 loss scaler skips an
 overflow: no update, the LR schedule holds, `engine.skipped_steps` counts it and metrics.jsonl carries the count.
@@ -14,7 +15,7 @@ DeepSpeed's ZeRO and bf16/fp16 optimizers do this themselves; the plain fp32 opt
 run (RunError, exit 2), and no checkpoint is ever written from weights that hold inf/NaN.
 
 Test-only: `MF_DS_TEST_INJECT_NAN_STEPS=3,4` makes the loss of those steps NaN, and so every gradient
-(tests/mf_ds/test_numerics.py); `MF_DS_TEST_KILL_AT` is described in checkpoint.py.
+(tests/mf_ds/test_numerics.py); `MF_DS_TEST_KILL_AT` is described in mf_ds/checkpoint/native.py.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ checkpoint whose files do not match it, and one without it unless the caller tru
 Test-only fault injection: `MF_DS_TEST_KILL_AT=<point>@<step>` makes the process SIGKILL itself when it reaches
 `fault_point(<point>, <step>)` (points: step.backward, step.update, step.record in loop.py; save.engine,
 save.weights, save.manifest, save.state, save.latest, save.aside, save.rename and load.engine here; save2.* in
-checkpoint2.py). tests/mf_ds/test_kill.py and test_durable.py use it to land a kill exactly inside a save; unset, it
+sharded.py). tests/mf_ds/test_kill.py and test_durable.py use it to land a kill exactly inside a save; unset, it
 costs one dictionary lookup.
 """
 
