@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from mf_ds.checkpoint import durable, native
 from mf_ds.errors import RunError
 
 LOCK = ".mf-ds.lock"
@@ -75,8 +76,6 @@ def _inside(path: Path, directory: Path) -> bool:
 def acquire(output_dir: Path, checkpoint_dir: Path) -> RunLock:
     """Lock the run's directories (rank 0) and repair an interrupted save; every rank raises the same RunError
     when another run holds them. Collective when torch.distributed is initialized."""
-    from mf_ds.checkpoint import durable, native
-
     rank = dist.get_rank() if dist.is_initialized() else 0
     files, error = [], None
     if rank == 0:

@@ -30,6 +30,7 @@ from mf_ds.checkpoint.native import (
     CheckpointError,
     check_hf_checkpoint,
     fault_point,
+    install_safe_loading,
     verify,
     whole_weights,
     write_checksums,
@@ -38,8 +39,11 @@ from mf_ds.errors import RunError
 from mf_ds.weights import layout_of
 from translators.plan_types import Plan
 
-__all__ = ["STATE", "CheckpointError", "Start", "check_hf_checkpoint", "check_save", "fault_point", "last_note",
-           "latest", "load", "save", "start", "verify", "whole_weights", "write_checksums"]
+# Besides the interface, from native.py: what the HF Trainer path uses (mf_ds/hf.py: its HF Trainer checkpoints are
+# checksummed and read as native ones are) and the test-only fault injection.
+__all__ = ["STATE", "CheckpointError", "Start", "check_hf_checkpoint", "check_save", "fault_point",
+           "install_safe_loading", "last_note", "latest", "load", "save", "start", "verify", "whole_weights",
+           "write_checksums"]
 
 
 @dataclass(frozen=True)

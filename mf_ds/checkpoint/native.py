@@ -51,6 +51,10 @@ import torch.distributed as dist
 
 from mf_ds.checkpoint import durable
 
+# DeepSpeed and mf_ds.moe are imported inside the functions that use them: DeepSpeed picks its accelerator at its
+# first import (mf_ds/train.py sets it before), and mf-convert, which reads checkpoints through this package, needs
+# neither.
+
 STATE = "trainer_state.json"
 CHECKSUMS = "checksums.json"
 LATEST = "latest"
@@ -278,6 +282,7 @@ def verify(directory: Path, only: set[str] | None = None, required: bool = False
 
 
 def expert_parallel(model: torch.nn.Module) -> bool:
+    """Whether the model's MoE layers hold only this rank's experts (mf_ds/moe/parallel.py)."""
     from mf_ds.moe import moe_layers
 
     return any(layer.expert_parallel is not None for layer in moe_layers(model))

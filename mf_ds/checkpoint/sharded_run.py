@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from mf_ds.checkpoint import optim_state, sharded
 from mf_ds.errors import RunError
+from mf_ds.weights import from_hf, mindformers_names, model_slot
 from translators import names
 
 # transformers 5 stacks the experts of a layer into one parameter; MindFormers' tables (and HF checkpoints) name
@@ -52,8 +53,6 @@ def mindformers_tensors(state: dict[str, torch.Tensor], model: torch.nn.Module, 
                         ) -> Iterator[tuple[str, torch.Tensor]]:
     """`state` (parameter name -> whole tensor, the model's parameter shapes) under MindFormers' names, converted as
     mf-convert converts an HF directory (mf_ds/weights.py mindformers_names / from_hf)."""
-    from mf_ds.weights import from_hf, mindformers_names, model_slot
-
     def read(hf_name: str) -> torch.Tensor:
         slot = model_slot(hf_name, state)
         if slot is None:
