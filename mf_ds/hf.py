@@ -7,8 +7,8 @@
 
 `setup.args` carries batch size, gradient accumulation, clipping, bf16, seed, the LR schedule (as the HF scheduler
 type with the same formula where one exists), output dir, logging and save steps; `deepspeed=` is the translated
-config with the values the Trainer checks set equal to the arguments, so it raises no mismatch. The optimizer and
-scheduler are built by `MFTrainer` exactly as mf_ds/train.py builds them (mf_ds/optim.py): MindSpore's
+config with the values the Trainer checks set equal to the arguments, so it raises no mismatch. The DeepSpeed
+config, optimizer and scheduler are mf_ds/train.py's own (mf_ds/engine.py, mf_ds/optim.py): MindSpore's
 AdamWeightDecay without bias correction where the YAML asks for it, decay only on matrices, and every MindFormers
 schedule, also those HF has no type for. `train_dataset` yields the samples in the order mf_ds/train.py consumes
 them, so both paths see the same data (one rank; with several, accelerate splits the stream across ranks).

@@ -279,8 +279,9 @@ class Trainer:
         return torch.stack(grads).norm().item() if grads else 0.0
 
     def forward_backward(self, batch: dict[str, torch.Tensor], poison: bool = False) -> torch.Tensor:
-        """One micro batch: forward, loss, engine.backward; returns the loss (MoE balance losses included). The
-        seam a pipeline schedule replaces (mf_ds/pipeline.py runs DeepSpeed's PipelineEngine instead)."""
+        """One micro batch: forward, loss, engine.backward; returns the loss (MoE balance losses included).
+        `train_step` runs GA of them; a pipeline schedule replaces both (mf_ds/pipeline.py runs DeepSpeed's
+        PipelineEngine instead)."""
         batch = {name: t.to(self.engine.device, non_blocking=True) for name, t in batch.items()}
         labels = batch["labels"]
         if self.pad_id is not None:

@@ -37,7 +37,6 @@ import torch.distributed as dist
 
 from mf_ds.checkpoint.sharded import _FILE
 from mf_ds.errors import RunError
-from mf_ds.muon import Muon
 from mf_ds.optim import _Fp32StateAdam
 from mf_ds.weights import model_slot, to_hf
 from translators import names
@@ -54,6 +53,8 @@ class Unmapped(RunError):
 def state_keys(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, tuple[str, ...]]:
     """{parameter name: the torch state keys its optimizer keeps}, from the optimizer mf_ds/optim.py built (call it
     before deepspeed.initialize, which replaces the groups of a ZeRO optimizer). Unmapped for other optimizers."""
+    from mf_ds.muon import Muon  # here: its class derives from DeepSpeed's, and DeepSpeed is imported only when used
+
     if not isinstance(optimizer, (torch.optim.AdamW, _Fp32StateAdam, Muon)):
         raise Unmapped(f"this run's optimizer is {type(optimizer).__name__}, whose state has no MindFormers "
                        "counterpart (AdamW and Muon map)")
