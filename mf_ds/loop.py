@@ -179,7 +179,7 @@ class Trainer:
         parameters (ZeRO-3 partitions what exists at initialize); the data; the step counts."""
         plan, run = self.plan, self.run
         if self.pipe:
-            why = pipeline.refusal(plan, self.start.resuming)
+            why = pipeline.refusal(plan, self.start.sharded is not None)
             if why:
                 raise RunError(why)
             for line in pipeline.stage_table(plan):

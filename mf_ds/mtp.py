@@ -27,6 +27,23 @@ mtp_name_replace / _mtp_pt_to_ms: enorm <-> mtp_hidden_fusers.k.norm_emb, hnorm 
 copied unchanged, shared_head.norm <-> mtp_norms.k). So `eh_proj` multiplies [hnorm(h), enorm(emb)], MindFormers'
 column order; DeepSeek's own inference code concatenates [enorm(emb), hnorm(h)]: an HF release's MTP weights run
 here as they run in MindFormers after its converter, not as in DeepSeek's inference code.
+
+Plan.mtp.variant "mcore": the graph-mode GPTModel of MindFormers 1.7.0-2.1.0
+(parallel_core/training_graph/transformer/multi_token_prediction.py, the math unchanged in those versions; lines
+cited for 1.7.0). Three differences from research, the rest (roll with 0, the shared embedding and head, the masked
+CE over sum(mask) + 1e-8, factor / depth, the term added to the logged loss) the same:
+- GPTModel.construct (gpt_model.py 428-452) hands the MTP block the decoder's output, which TransformerBlock has
+  already put through its final_layernorm (transformer_block.py 195-196): `h` is taken *after* the final norm;
+- MultiTokenPredictionLayer.construct (multi_token_prediction.py 237-243): concat((enorm(emb), hnorm(h))), embedding
+  first, as DeepSeek's own inference code (and its HF MTP weights) have it;
+- each depth's head norm is the layer's own `final_layernorm` (253), held here as `shared_head.norm`.
+The mask is PreprocessLabelsAndMasks's (gpt_model.py): (ids != pad) x (labels != ignore_token_id -100), rolled with
+0 (multi_token_prediction.py 498-499): what `labels` with -100 at every masked position, shifted with -100, give.
+
+Plan.mtp.variant "pynative": 2.x's PyNative GPTModel (2.1.0 pynative/base_models/gpt/gpt_model.py construct,
+pynative/transformers/multi_token_prediction.py): the mcore layers (embedding first, h after the final norm,
+final_layernorm per depth, roll with 0), each depth's CE sum(ce x mask) / sum(mask); only its gradient joins the
+main loss's (MtpLoss below).
 """
 
 from __future__ import annotations
@@ -37,6 +54,7 @@ from torch import nn
 
 from mf_ds.errors import RunError
 from mf_ds.loss import IGNORE_INDEX, linear_cross_entropy_sum
+from translators.mtp import SOURCES
 from translators.plan_types import Plan
 
 EPS = 1e-8  # CrossEntropyLoss's denominator guard
@@ -46,8 +64,14 @@ def refusal(plan: Plan) -> str | None:
     """Why this runtime cannot build the Plan's MTP, None when it can."""
     if plan.mtp is None:
         return None
-    if plan.mtp.variant != "research":
+    if plan.mtp.variant not in ("research", "mcore", "pynative"):
         return f"MTP variant {plan.mtp.variant!r} is not built by mf-ds"
+    hf = plan.hf_config or {}
+    n, first = hf.get("num_hidden_layers"), hf.get("first_k_dense_replace")
+    if plan.mtp.variant != "research" and hf.get("n_routed_experts") and n is not None and first is not None \
+            and n <= first < n + plan.mtp.depth:  # gpt_layer_specs.py get_gpt_mtp_block_spec: the last layer's spec
+        return (f"MindFormers builds the MTP layer as its last decoder layer (dense: first_k_dense_replace {first}), "
+                f"transformers' DeepseekV3 makes layer {first} MoE; set first_k_dense_replace > {n} or below {n}")
     if plan.parallel.context_parallel > 1:
         return "MTP with context parallel: the ids are shifted along the sequence that Ulysses shards"
     if plan.parallel.tensor_parallel > 1:
@@ -73,9 +97,6 @@ def attach(model: nn.Module) -> list[str]:
     config = model.config
     if getattr(config, "mtp_variant", None) is None:
         return []
-    if hasattr(next(model.parameters()), "ds_id"):
-        raise RunError("model.model_config.mtp_depth: MTP layers are not added to a model built partitioned by "
-                       "ZeRO-3 (deepspeed.zero.Init); use ZeRO stage 1 or 2")
     layers = model.model.layers
     n, depth = config.num_hidden_layers, config.num_nextn_predict_layers
     layer_class, norm_class = type(layers[0]), type(model.model.norm)
@@ -87,27 +108,43 @@ def attach(model: nn.Module) -> list[str]:
         block.eh_proj = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
         block.shared_head = nn.Module()
         block.shared_head.norm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        if hasattr(first, "ds_id"):  # built inside zero.Init (mf_ds/zero.py construction): partitioned as built
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(block.parameters()), modifier_rank=0):
+                block.apply(model._init_weights)
+            layers.append(block)
+            continue
         if first.device.type != "meta":
             block.apply(model._init_weights)
         layers.append(block.to(device=first.device, dtype=first.dtype))
-    capture = _Capture()
-    model.model.norm.register_forward_pre_hook(capture.pre_norm)
+    capture = _Capture(config.mtp_variant)
+    if capture.after_norm:  # mcore: the decoder's output, after its final_layernorm
+        model.model.norm.register_forward_hook(capture.post_norm)
+    else:
+        model.model.norm.register_forward_pre_hook(capture.pre_norm)
     layers[0].register_forward_pre_hook(capture.layer_inputs, with_kwargs=True)
     model._mf_mtp = capture
     count = sum(p.numel() for p in layers[n:].parameters())
-    return [f"mf-ds: mtp: {depth} MTP block(s) of research/deepseek3 at model.layers.{n}..{n + depth - 1} "
+    source = SOURCES[config.mtp_variant]
+    return [f"mf-ds: mtp: {depth} MTP block(s) of {source} at model.layers.{n}..{n + depth - 1} "
             f"({count:,} parameters; embedding and head shared)"]
 
 
 class _Capture:
-    """What the MTP blocks take from the main forward: h before the final norm, the first layer's mask and RoPE."""
+    """What the MTP blocks take from the main forward: h before the final norm (research) or after it (mcore), the
+    first layer's mask and RoPE."""
 
-    def __init__(self):
+    def __init__(self, variant: str):
+        self.after_norm = variant in ("mcore", "pynative")
         self.hidden = None
         self.kwargs = None
 
     def pre_norm(self, module, args):
         self.hidden = args[0]
+
+    def post_norm(self, module, args, output):
+        self.hidden = output
 
     def layer_inputs(self, module, args, kwargs):
         self.kwargs = {key: kwargs.get(key) for key in ("attention_mask", "position_ids", "position_embeddings")}
@@ -130,7 +167,8 @@ def depth_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor
     for k in range(1, model.config.num_nextn_predict_layers + 1):
         block = model.model.layers[n + k - 1]
         emb = embed(_shift(input_ids, k, 0))
-        h = block.eh_proj(torch.cat([block.hnorm(h), block.enorm(emb)], dim=-1))  # MTPHiddenFuser's order
+        pair = [block.enorm(emb), block.hnorm(h)] if capture.after_norm else [block.hnorm(h), block.enorm(emb)]
+        h = block.eh_proj(torch.cat(pair, dim=-1))  # mcore: embedding first; research (MTPHiddenFuser): h first
         h = block(h, **capture.kwargs)
         h_NH = block.shared_head.norm(h).flatten(0, 1)
         target = _shift(labels, k, IGNORE_INDEX).flatten()
@@ -146,17 +184,23 @@ def depth_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor
 
 
 class MtpLoss:
-    """The loop's MTP term: `add` returns loss + factor / depth x sum_k CE_k and keeps the term for the log."""
+    """The loop's MTP term. research, mcore: `add` returns loss + factor / depth x sum_k CE_k and keeps the term for
+    the log. pynative: MindFormers' _MTPLossAutoScaler (pynative/transformers/multi_token_prediction.py
+    process_mtp_loss) adds only the term's gradient, at the main loss's backward scale: `add` returns
+    loss + (term - term.detach()), the main loss's value with the term's gradient, and keeps sum_k CE_k unscaled
+    (loss_callback.py logs mtp_1_loss, the depth's CE summed over micro batches / their count)."""
 
     def __init__(self, plan: Plan):
         self.factor = plan.mtp.loss_factor / plan.mtp.depth
+        self.gradient_only = plan.mtp.variant == "pynative"
         self.total = None
 
     def add(self, model: nn.Module, loss: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor):
-        term = torch.stack(depth_losses(model, input_ids, labels)).sum() * self.factor
-        value = term.detach().double()
+        ces = torch.stack(depth_losses(model, input_ids, labels))
+        term = ces.sum() * self.factor
+        value = (ces.sum() if self.gradient_only else term).detach().double()
         self.total = value if self.total is None else self.total + value
-        return loss + term
+        return loss + (term - term.detach()) if self.gradient_only else loss + term
 
     def take(self, divisor: int) -> float | None:
         """This step's MTP term, averaged as the loop averages the loss (summed over ranks, / divisor); resets."""

@@ -60,6 +60,7 @@ from fnmatch import fnmatch
 
 import torch
 
+from mf_ds import families
 from translators.plan_types import MuonOptimizer
 
 # HF name suffix -> the MindFormers piece layout along dim 0 (periodic: (a, b, blocks) rows repeated per block)
@@ -92,23 +93,14 @@ _MCORE_NAMES = (("model.embed_tokens.", "embedding.word_embeddings."), ("lm_head
                 (".mlp.down_proj.", ".mlp.linear_fc2."))
 
 
-# HF DeepSeek-V4 names the weight table does not rename (its stacked experts and fused shared fc1 are converted
-# by kind, translators/names.py DEEPSEEK4_EXPERTS / DEEPSEEK4_FUSED): HF name part -> MindFormers name part
-_V4_STACKED = ((".mlp.experts.gate_up_proj", ".mlp.experts.weight1"),
-               (".mlp.experts.down_proj", ".mlp.experts.weight2"),
-               (".mlp.shared_experts.gate_proj.", ".mlp.shared_experts.linear_fc1."),
-               (".mlp.shared_experts.up_proj.", ".mlp.shared_experts.linear_fc1."))
 
 
 def mindformers_name(name: str, model_type: str | None = None) -> str:
     """The MindFormers name of an HF parameter, as adamw_include's globs see it: mcore's for DeepSeek-V3 (and any
-    other MLA model), PyNativeDeepseekV4ForCausalLM's (`model.decoder...`, as MindSpore names them) for deepseek_v4."""
-    if model_type == "deepseek_v4":
-        from translators.names import hf_to_mf
-
-        for hf, mf in _V4_STACKED:
-            name = name.replace(hf, mf)
-        return "model." + hf_to_mf(name, "deepseek_v4/mcore")
+    other MLA model), or the family's own (its `mindformers_name` hook, mf_ds/families/<family>.py: DeepSeek-V4's)."""
+    own = families.hook(model_type, "mindformers_name")
+    if own is not None:
+        return own(name)
     for hf, mf in _MCORE_NAMES:
         name = name.replace(hf, mf)
     return name
@@ -117,8 +109,9 @@ def mindformers_name(name: str, model_type: str | None = None) -> str:
 def split_rule(name: str, config) -> tuple:
     """How MindFormers cuts this parameter before Newton-Schulz: ("whole",), ("periodic", a, b, blocks) or
     ("halves",) (stacked experts gate_up [E, 2I, H]: gate rows, up rows)."""
-    if getattr(config, "model_type", None) == "deepseek_v4":  # the schema's experts.weight1 rule only (docstring)
-        return ("halves",) if name.endswith("experts.gate_up_proj") else ("whole",)
+    own = families.hook(getattr(config, "model_type", None), "muon_split_rule")
+    if own is not None:
+        return own(name)
     for suffix, parts in _PERIODIC.items():
         if name.endswith(suffix):
             return ("periodic", *parts(config))

@@ -27,8 +27,8 @@ from mf_ds.errors import RunError
 from translators.plan_types import Plan
 
 
-def refusal(plan: Plan, resume: bool) -> str | None:
-    """One line on what does not compose with the pipeline yet, or None."""
+def refusal(plan: Plan, resume2: bool) -> str | None:
+    """One line on what does not compose with the pipeline yet, or None. `resume2`: resuming a Checkpoint 2.0."""
     run, ds = plan.run, plan.deepspeed
     if any(layer.chunk for layer in plan.layers):
         return ("pp_interleave_num > 1 under a pipeline: DeepSpeed's PipelineEngine has no interleaved 1F1B; "
@@ -43,12 +43,11 @@ def refusal(plan: Plan, resume: bool) -> str | None:
                 "yet; set mf_ds.pipeline: false (the stages fold into data parallel) or mtp_depth: 0")
     if run.lora is not None or run.evaluation is not None:
         return "LoRA or do_eval with pipeline_stage > 1: not composed with the pipeline yet"
-    if resume:
-        return "--resume_training with pipeline_stage > 1: a pipelined run saves no checkpoint yet"
-    ckpt = run.callbacks.checkpoint
-    if ckpt and ckpt.save_checkpoint_steps:
-        return ("CheckpointMonitor under pipeline_stage > 1: saving a pipelined run (its stages gathered to HF "
-                "layout) is not done yet; set its save_checkpoint_steps: 0 or drop it")
+    from mf_ds.checkpoint.pipelined import refusal as checkpoint_refusal  # saving and resuming
+
+    why = checkpoint_refusal(plan, resume2)
+    if why:
+        return why
     if run.micro_batch_interleave_num > 1:
         return "micro_batch_interleave_num > 1 with pipeline_stage > 1: not composed with the pipeline yet"
     return None
@@ -164,6 +163,7 @@ def build(plan: Plan, weights: str | None, log) -> nn.Module:
     # starts from the same weights whatever the stage layout (they differ from a one-rank run's sequential draws)
     module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=causal_lm_loss,
                     partition_method="uniform", seed_layers=True, base_seed=plan.run.seed)
+    module.pieces = pieces  # the HF names of the stage's weights, for its checkpoints (mf_ds/checkpoint/pipelined.py)
     rank = dist.get_rank()
     held = sum(p.numel() for p in module.parameters())
     # every rank says what it holds (the proof that no rank built the whole model: tests/mf_ds/test_pipeline.py)

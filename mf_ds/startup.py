@@ -21,7 +21,7 @@ from translators.plan_types import Plan
 
 
 def translation_lines(result: Any) -> list[str]:
-    """The Formative lines and the ledger's warnings of a `translators.plan.Translation`."""
+    """The Formative lines and the ledger's warnings of a `translators.plan_types.Translation`."""
     return [*result.formative, *(f"mf-ds: note: {note.line()}" for note in result.warnings)]
 
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from translators import mtp as mtp_names
 from translators import names
+from translators.families.mcore import MCORE_MLA_ROPE
 from translators.plan_types import Plan
 
 
@@ -130,8 +132,8 @@ def _num_experts(config) -> int:
 
 
 def _mla_rope(hf_name: str, tensor: torch.Tensor, config, to_hf: bool) -> torch.Tensor:
-    """An mcore MLA tensor's rope rows between MindFormers' halves and HF's pairs (names.MCORE_MLA_ROPE)."""
-    kind = next((k for part, k in names.MCORE_MLA_ROPE.items() if part in hf_name), None)
+    """An mcore MLA tensor's rope rows between MindFormers' halves and HF's pairs (MCORE_MLA_ROPE)."""
+    kind = next((k for part, k in MCORE_MLA_ROPE.items() if part in hf_name), None)
     if kind is None:
         return tensor
     heads, nope, rope, _ = _mla(config)
@@ -175,7 +177,8 @@ def _split_piece(kind: str, half: int, hf_name: str, tensor: torch.Tensor, confi
 def to_hf(mf_name: str, tensor: torch.Tensor, family: str, config, layout: WeightLayout) -> list[Piece] | None:
     """The HF checkpoint tensors (or parts of them) that MindFormers tensor `mf_name` holds; None when it is not a
     model weight."""
-    stem = names.mf_to_hf(names.mtp_to_hf(mf_name, config.num_hidden_layers), family)
+    stem = names.mf_to_hf(names.mtp_to_hf(mtp_names.to_decoder(mf_name, family, config.num_hidden_layers),
+                                          config.num_hidden_layers), family)
     if stem is None:
         return None
     for part, (_, constant, _) in names.frozen(family).items():
@@ -271,9 +274,10 @@ def mindformers_names(hf_names: list[str], family: str, layout: WeightLayout = D
                 for part in split[1]:
                     out[stem.replace("\0", part)] = [name]
             else:
-                mtp = name if num_layers is None else names.mtp_to_mf(name, num_layers)
+                research = num_layers is not None and family != mtp_names.MCORE_FAMILY  # mcore's: below
+                mtp = names.mtp_to_mf(name, num_layers) if research else name
                 out[names.hf_to_mf(mtp, family, layout.gmm, layout.mla_concat)] = [name]
-    return out
+    return out if num_layers is None else {mtp_names.from_decoder(mf, family, num_layers): hf for mf, hf in out.items()}
 
 
 def from_hf(mf_name: str, hf_names: list[str], read: Callable[[str], torch.Tensor], family: str, config,

@@ -99,15 +99,15 @@ def run(argv: list[str] | None = None) -> int:
         lines = result.ledger.explain() if args.explain else [note.line() for note in result.warnings]
         for line in lines:
             print(line, file=sys.stderr)
-        plan = result.json
+        plan = result.plan
         if args.hf_config:
-            if plan["hf_config"] is None:
+            if plan.hf_config is None:
                 print(f"mf-translate: no HF config written to {args.hf_config}: see the note on 'model'",
                       file=sys.stderr)
             else:
-                _write(args.hf_config, plan["hf_config"])
+                _write(args.hf_config, dict(plan.hf_config))
         if args.plan:
-            _write(args.plan, plan)
+            _write(args.plan, result.json)
         if args.layout:
             # what the YAML asked for (shown beside the degrees); MindFormers resets it without use_parallel
             raw_pc = result.asked if result.asked is not None else \
@@ -117,8 +117,11 @@ def run(argv: list[str] | None = None) -> int:
                 from translators.pynative import layout_setting
 
                 def rename(setting: str) -> str:
-                    return layout_setting(setting, len(plan["layers"]))
-            report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory, rename)
+                    return layout_setting(setting, len(plan.layers))
+            # model_config.offset: the YAML's stages as LayerSetting places them (translators/pipeline_planner.py)
+            mc = tree["model"].get("model_config") if isinstance(tree.get("model"), dict) else None
+            offset = mc.get("offset", 0) if isinstance(mc, dict) else 0
+            report = layout_report(plan, raw_pc if isinstance(raw_pc, dict) else {}, gpu_memory, rename, offset)
             if problems:  # the asked global batch is out of reach on this world: the nearest, said
                 asked = problems[0]
                 report["data"]["planned"] = (f"{asked.path}: {asked.message}; {asked.hint}; planned the nearest: "
@@ -133,7 +136,7 @@ def run(argv: list[str] | None = None) -> int:
         else:
             print("\n".join(render(report)))
         return 0
-    json.dump(plan["deepspeed"], sys.stdout, indent=2)
+    json.dump(result.printed_deepspeed(), sys.stdout, indent=2)  # with the nearest optimizer / scheduler blocks
     sys.stdout.write("\n")
     return 0
 

@@ -29,6 +29,8 @@ Other rules (keys.md Appendix A, deepspeed-and-hf.md):
   * optimizer: AdamW; MindSpore's AdamWeightDecay family has no bias correction (FusedAdam bias_correction: false);
   * scheduler: the nearest DeepSpeed scheduler when the step count is known; the runtime applies MindFormers'
     exact formula from plan.run.lr_schedule either way.
+The nearest optimizer, scheduler and activation_checkpointing blocks are for a person: they travel beside the Plan
+(plan_types.Translation.nearest) and `mf-translate` prints them; plan.deepspeed, what the engine receives, has none.
 """
 
 from __future__ import annotations
@@ -327,7 +329,8 @@ def parallel(lay: Any, hf_model_type: str | None, vocab_parallel: bool = False) 
 def activation_checkpointing(n_full: int, slice_activation: bool, mp: int, ledger: Ledger) -> dict[str, Any]:
     """DeepSpeed's activation_checkpointing block, every switch off: it records how many layers are fully recomputed.
     The runtime checkpoints those layers itself with torch's checkpoint (mf_ds/patch/recompute.py); nothing hands
-    this block to deepspeed.checkpointing (mf_ds.hf drops it from the Trainer's config)."""
+    this block to deepspeed.checkpointing (it travels in Translation.nearest: mf-translate prints it, the engine never
+    receives it)."""
     if slice_activation:
         # partition_activations splits saved activations over the model-parallel group; without TP there is none.
         ledger.differs("recompute_config.recompute_slice_activation", "DeepSpeed partitions checkpointed "

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 
 from translators.errors import ConfigError
+from translators.plan_types import Layer, Plan
 
 GiB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -51,6 +52,14 @@ def with_defaults(hf: dict) -> dict:
 
     found = registry.by_hf_type(hf["model_type"])
     return {**(found.memory_defaults if found else {}), **hf}
+
+
+def _family_hook(hf: dict, name: str):
+    """The memory hook `name` of the family module of hf's model_type (translators/families/<family>.py), or None:
+    the formulas here are the default, a family's hook its own count."""
+    from translators.families import registry
+
+    return registry.hook(registry.by_hf_type(hf["model_type"]), name)
 
 
 def _tied_default(model_type: str) -> bool:
@@ -82,10 +91,9 @@ def inventory(hf: dict) -> list[Weights]:
     """Every parameter tensor of `AutoModelForCausalLM.from_config(hf)` (checked against torch's meta device)."""
     hf = with_defaults(hf)
     mt = hf["model_type"]
-    if mt == "gpt2":
-        return _gpt2(hf)
-    if mt == "deepseek_v4":
-        return _deepseek_v4(hf)
+    own = _family_hook(hf, "memory_inventory")  # a model of its own layout (GPT-2, DeepSeek-V4)
+    if own is not None:
+        return own(hf)
     h, L, V = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
     a = hf["num_attention_heads"]
     k = _get(hf, "num_key_value_heads", default=a)
@@ -106,25 +114,16 @@ def inventory(hf: dict) -> list[Weights]:
 
 
 def _attention(hf: dict, h: int, a: int, k: int, d: int) -> list[Weights]:
-    mt = hf["model_type"]
-    if mt in ("deepseek_v2", "deepseek_v3"):
-        nope, rope, v, ql, kvl = _mla(hf)
-        bias = 1 if hf.get("attention_bias") else 0
-        w = [Weights("kv_a_proj_with_mqa", (h + bias) * (kvl + rope), 1, "whole"),
-             Weights("kv_a_layernorm", kvl, 1, "whole"), Weights("kv_b_proj", kvl * a * (nope + v), 1, "tp"),
-             Weights("o_proj", a * v * h + bias * h, 1, "tp")]
-        if ql:
-            w += [Weights("q_a_proj", (h + bias) * ql, 1, "whole"), Weights("q_a_layernorm", ql, 1, "whole"),
-                  Weights("q_b_proj", ql * a * (nope + rope), 1, "tp")]
-        else:
-            w.append(Weights("q_proj", h * a * (nope + rope), 1, "tp"))
-        return w
-    qkv_bias = {"qwen2": True, "qwen2_moe": True, "glm": hf.get("attention_bias", True)}.get(
-        mt, bool(hf.get("attention_bias")))
-    o_bias = bool(hf.get("attention_bias")) if mt in ("llama", "qwen3", "qwen3_moe") else False
+    own = _family_hook(hf, "memory_attention")  # its biases, q/k norms, or MLA
+    return own(hf, h, a, k, d) if own is not None else dense_attention(h, a, k, d, bool(hf.get("attention_bias")))
+
+
+def dense_attention(h: int, a: int, k: int, d: int, qkv_bias: bool, o_bias: bool = False,
+                    qk_norm: bool = False) -> list[Weights]:
+    """q, k, v and o projections of a + 2k heads of width d (their biases), and per-head q / k norms."""
     w = [Weights("q_proj", (h + qkv_bias) * a * d, 1, "tp"), Weights("kv_proj", (h + qkv_bias) * k * d, 2, "tp"),
          Weights("o_proj", a * d * h + o_bias * h, 1, "tp")]
-    if mt in ("qwen3", "qwen3_moe"):
+    if qk_norm:
         w.append(Weights("qk_norm", d, 2, "whole"))
     return w
 
@@ -139,20 +138,15 @@ def _mlp(hf: dict, h: int, width: int, name: str = "mlp") -> list[Weights]:
 
 
 def _moe_layers(hf: dict) -> list[int]:
-    mt, L = hf["model_type"], hf.get("num_hidden_layers")
-    if mt == "gpt2":
-        return []
-    if mt in ("deepseek_v2", "deepseek_v3"):
-        if not hf.get("n_routed_experts"):
-            return []
-        first, freq = hf.get("first_k_dense_replace", 0), hf.get("moe_layer_freq", 1)
-        return [i for i in range(L) if i >= first and i % freq == 0]
-    if mt in ("mixtral", "deepseek_v4"):
-        return list(range(L))
-    if mt in ("qwen2_moe", "qwen3_moe"):
-        step, only = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
-        return [i for i in range(L) if i not in only and hf.get("num_experts", 0) > 0 and (i + 1) % step == 0]
-    return []
+    own = _family_hook(hf, "memory_moe_layers")  # which decoder layers are MoE (none without the hook)
+    return own(hf) if own is not None else []
+
+
+def sparse_step_layers(hf: dict) -> list[int]:
+    """Qwen2-MoE's and Qwen3-MoE's MoE layers: every decoder_sparse_step-th, but mlp_only_layers."""
+    L = hf.get("num_hidden_layers")
+    step, only = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
+    return [i for i in range(L) if i not in only and hf.get("num_experts", 0) > 0 and (i + 1) % step == 0]
 
 
 def num_experts(hf: dict) -> int:
@@ -160,64 +154,16 @@ def num_experts(hf: dict) -> int:
 
 
 def _moe(hf: dict, h: int) -> list[Weights]:
-    mt, E = hf["model_type"], num_experts(hf)
-    width = hf["intermediate_size"] if mt == "mixtral" else hf["moe_intermediate_size"]
+    E = num_experts(hf)
+    width = _routed_width(hf)
     w = [Weights("router", E * h, 1, "whole"), Weights("experts", 3 * h * width, E, "expert")]
-    if mt in ("deepseek_v2", "deepseek_v3") and hf.get("n_shared_experts"):
-        w += _mlp(hf, h, width * hf["n_shared_experts"], "shared_experts")
-    if mt == "qwen2_moe":
-        w += _mlp(hf, h, hf["shared_expert_intermediate_size"], "shared_expert")
-        w.append(Weights("shared_expert_gate", h, 1, "whole"))
-    return w
+    own = _family_hook(hf, "memory_shared_experts")  # the shared experts' tensors (none without the hook)
+    return w + own(hf, h, width) if own is not None else w
 
 
-def _v4_layer_types(hf: dict) -> list[str]:
-    """HF DeepseekV4Config's layer_types (its own default when the hf_config leaves them out: 2 x HCA, then CSA /
-    HCA alternating)."""
-    L = hf["num_hidden_layers"]
-    types = hf.get("layer_types")
-    if types:
-        return list(types[:L])
-    csa, hca = "compressed_sparse_attention", "heavily_compressed_attention"
-    return [hca] * min(L, 2) + [csa if i % 2 else hca for i in range(max(L - 2, 0))]
-
-
-def _deepseek_v4(hf: dict) -> list[Weights]:
-    """DeepseekV4ForCausalLM (modeling_deepseek_v4.py, transformers 5.23): every layer is an MoE layer with mHC; its
-    attention has a low-rank q, one shared KV head, a grouped low-rank output and per-head sinks, plus a compressor
-    (CSA: with the lightning indexer) on the compressed layers. The same count as MindFormers' PyNative model's
-    trainable parameters without its MTP layer (tests/fixtures/deepseek4/counts.json)."""
-    h, L, V, a = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"], hf["num_attention_heads"]
-    d, ql, g, r = hf["head_dim"], hf["q_lora_rank"], hf["o_groups"], hf["o_lora_rank"]
-    n, E, width = hf["hc_mult"], hf["n_routed_experts"], hf["moe_intermediate_size"]
-    ih, idim = hf["index_n_heads"], hf["index_head_dim"]
-    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128, **(hf.get("compress_rates") or {})}
-    types = _v4_layer_types(hf)
-    mix = (2 + n) * n  # pre, post and comb weights of one hyper-connection
-    out = [Weights("embed_tokens", V * h, 1, "whole"), Weights("norm", h, 1, "whole"),
-           Weights("hc_head", n * n * h + n + 1, 1, "whole")]
-    if not hf.get("tie_word_embeddings", False):
-        out.append(Weights("lm_head", V * h, 1, "whole"))
-    out += [
-        Weights("moe.norms", h, 2 * L, "whole", "moe"),
-        Weights("moe.attention", h * ql + ql + ql * a * d + h * d + d + a * d * r + g * r * h + a, L, "whole", "moe"),
-        Weights("moe.hyper_connections", 2 * (mix * n * h + mix + 3), L, "whole", "moe"),
-        Weights("moe.router", E * h, L, "whole", "moe"),
-        Weights("moe.experts", 3 * h * width, E * L, "expert", "moe"),
-        Weights("moe.shared_experts.proj", h * hf.get("mf_shared_expert_intermediate_size", width), 3 * L, "whole",
-                "moe"),  # mf-ds builds a shared expert of its own width (translators/families/deepseek4.py)
-    ]
-    csa = types.count("compressed_sparse_attention")
-    hca = types.count("heavily_compressed_attention")
-    if csa:
-        m = rates["compressed_sparse_attention"]
-        out += [Weights("moe.csa_compressor", 2 * h * 2 * d + m * 2 * d + d, csa, "whole", "moe"),
-                Weights("moe.csa_indexer", 2 * h * 2 * idim + m * 2 * idim + idim + ql * ih * idim + h * ih, csa,
-                        "whole", "moe")]
-    if hca:
-        m = rates["heavily_compressed_attention"]
-        out.append(Weights("moe.hca_compressor", 2 * h * d + m * d + d, hca, "whole", "moe"))
-    return out
+def _routed_width(hf: dict) -> int:
+    own = _family_hook(hf, "memory_routed_width")  # Mixtral's experts are intermediate_size wide
+    return own(hf) if own is not None else hf["moe_intermediate_size"]
 
 
 def activated(hf: dict) -> int:
@@ -232,14 +178,6 @@ def activated(hf: dict) -> int:
         else:
             total += w.numel * w.count
     return total
-
-
-def _gpt2(hf: dict) -> list[Weights]:
-    h, L, V = hf["n_embd"], hf["n_layer"], hf["vocab_size"]
-    inner = hf.get("n_inner") or 4 * h
-    per_layer = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h)
-    return [Weights("wte", V * h, 1, "whole"), Weights("wpe", hf["n_positions"] * h, 1, "whole"),
-            Weights("ln_f", 2 * h, 1, "whole"), Weights("dense.layer", per_layer, L, "whole", "dense")]
 
 
 @dataclass(frozen=True)
@@ -329,73 +267,61 @@ class Activations:
     notes: list[str] = field(default_factory=list)
 
 
+def dense_attention_bytes(hf: dict, e: int, tp: int, h: int, a: int) -> float:
+    """Bytes per token a + 2k-head attention keeps: its input, q, k, v, SDPA out, lse."""
+    k = hf.get("num_key_value_heads") or a
+    d = hf.get("head_dim") or h // a
+    return e * 2 * h + e * (2 * a * d + 2 * k * d) / tp + 4 * a / tp
+
+
 def _layer_bytes(hf: dict, moe: bool, e: int, tp: int) -> tuple[float, float]:
     """(bytes per token a layer keeps with nothing recomputed, its MLP width per rank) for the layer kind."""
-    mt = hf["model_type"]
     h = hf.get("hidden_size") or hf["n_embd"]
     a = hf.get("num_attention_heads") or hf["n_head"]
     norms = 2 * (4 + e) * h
-    if mt in ("deepseek_v2", "deepseek_v3"):
-        nope, rope, v, ql, kvl = _mla(hf)
-        ql = ql or 0
-        attn = (e * 2 * h                              # q_a / kv_a input, the MLP input
-                + (4 + 2 * e) * ql                     # q_a_layernorm (fp32 x, normalised), q_b_proj input
-                + (4 + 2 * e) * kvl + e * rope         # kv_a_layernorm, kv_b_proj input, k_pe
-                + e * a * (2 * (nope + rope) + 2 * v) / tp + 4 * a / tp)  # q, k, v, SDPA out (o_proj input), lse
-    elif mt == "gpt2":
-        attn = e * 2 * h + e * 5 * h / tp + 4 * a / tp
-    else:
-        k = hf.get("num_key_value_heads") or a
-        d = hf.get("head_dim") or h // a
-        attn = e * 2 * h + e * (2 * a * d + 2 * k * d) / tp + 4 * a / tp
-        if mt in ("qwen3", "qwen3_moe"):
-            attn += (4 + e) * (a + k) * d / tp  # q_norm / k_norm on each head
+    own = _family_hook(hf, "memory_attention_bytes")  # MLA, GPT-2's, q/k norms
+    attn = own(hf, e, tp, h, a) if own is not None else dense_attention_bytes(hf, e, tp, h, a)
     if not moe:
         width = (hf.get("intermediate_size") or hf.get("n_inner") or 4 * h) / tp
         return norms + attn + 4 * e * width, width
-    width = hf["intermediate_size"] if mt == "mixtral" else hf["moe_intermediate_size"]
+    width = _routed_width(hf)
     top_k = hf.get("num_experts_per_tok", 1)
     E = num_experts(hf)
-    shared = width * hf.get("n_shared_experts", 0) if mt in ("deepseek_v2", "deepseek_v3") else \
-        hf.get("shared_expert_intermediate_size", 0)
+    own = _family_hook(hf, "memory_shared_width")  # DeepSeek's: n_shared_experts routed widths
+    shared = own(hf, width) if own is not None else hf.get("shared_expert_intermediate_size", 0)
     # router scores (fp32, a few copies of T x E), each routed row: its input, gate/up/act/product, output
     router = 3 * 4 * E
     routed = top_k * (2 * e * h + 4 * e * width)
     return norms + attn + router + routed + 4 * e * shared / tp, max(width, shared / tp)
 
 
-def activations(plan: dict, deg: Degrees, micro: int, seq: int, dtype: str) -> Activations:
+def activations(plan: Plan, deg: Degrees, micro: int, seq: int, dtype: str) -> Activations:
     """Peak activation bytes of one micro batch (forward + backward) on one rank under the Plan's recompute."""
-    hf = with_defaults(plan["hf_config"])
+    hf = with_defaults(dict(plan.hf_config))
     e = DTYPE_BYTES[dtype]
     T = micro * seq / deg.cp
     h = hf.get("hidden_size") or hf["n_embd"]
     V = hf["vocab_size"]
     moe_layers = set(_moe_layers(hf))
     notes = []
-    if hf["model_type"] == "gpt2":
-        notes.append("GPT-2: counted as a pre-norm layer of the same widths (LayerNorm, GELU MLP, dropout masks "
-                     "not counted separately; not measured)")
-    if hf["model_type"] == "deepseek_v4":
-        notes.append("DeepSeek-V4: counted as one-KV-head attention of its widths with its MoE; not counted: the "
-                     f"{hf.get('hc_mult', 4)} mHC streams a layer keeps (fp32 copies), the compressors, and the "
-                     "attention probabilities of its eager-only attention (heads x seq x (seq + compressed) per "
-                     "layer); not measured")
+    own = _family_hook(hf, "memory_note")  # what the formulas leave out of the family's model
+    if own is not None:
+        notes.append(own(hf))
     if moe_layers:
         notes.append("MoE layers: top_k routed rows per token, none dropped (tiny DeepSeek-V3 on CPU: 5% under "
                      "the measured peak)")
     kept, full = [], []
-    by_index = {entry["index"]: entry for entry in plan["layers"] if not entry.get("mtp")}
+    by_index = {entry.index: entry for entry in plan.layers if not entry.mtp}
     L = hf.get("num_hidden_layers") or hf["n_layer"]
     unmodelled = set()
     for i in range(L):
         whole, width = _layer_bytes(hf, i in moe_layers, e, deg.tp)
-        entry = by_index.get(i, {"full_recompute": False, "select_recompute": [], "comm_recompute": []})
-        if entry["full_recompute"]:
+        entry = by_index.get(i, Layer(i))
+        if entry.full_recompute:
             keep = e * h
         else:
             keep = whole
-            ops = set(entry["select_recompute"]) | set(entry["comm_recompute"])
+            ops = set(entry.select_recompute) | set(entry.comm_recompute)
             mlp_ops = {op.rpartition(".")[2] for op in ops if op.startswith("mlp.")} if i not in moe_layers else set()
             keep -= e * width * (len(mlp_ops & {"act_fn", "mul", "gate_proj", "up_proj"}))
             for op in ops:

@@ -24,6 +24,8 @@ from typing import Any
 
 from translators.errors import ConfigError, show
 from translators.notes import Ledger
+from translators.plan_json import from_json
+from translators.plan_types import AuxFactors, AuxGroups, MoE, Router
 from translators.schema import coerce
 from translators.sections import MfDs, MoEConfig, ParallelConfig
 
@@ -211,7 +213,7 @@ LLAMA_PATH = ("mixtral", "qwen2_moe", "llama")  # LlamaForCausalLM's MoE: built 
 
 
 def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_depth: int, ep: int,
-             pc: ParallelConfig, extra: MfDs, ledger: Ledger) -> tuple[dict[str, Any] | None, MoEConfig]:
+             pc: ParallelConfig, extra: MfDs, ledger: Ledger) -> tuple[MoE | None, MoEConfig]:
     """The Plan's `moe` (None for a dense model) and the parsed MoEConfig; `ep` is the degree this run uses,
     `pc` the YAML's parallel_config (after use_parallel's reset), whose expert_parallel is checked against the
     expert count and groups the comm loss."""
@@ -277,47 +279,58 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
                        "the capacity rounded up to a multiple of it")
     router_dtype = cfg.router_dense_type if cfg.router_dense_type == "bfloat16" else "float32"  # float16 -> fp32
     legacy_llama = family_name in LLAMA_PATH and not mcore
-    plan = {
-        "num_experts": cfg.expert_num,
-        "top_k": cfg.num_experts_chosen,
-        "intermediate_size": cfg.moe_intermediate_size if deepseek else None,
-        "shared_experts": cfg.shared_expert_num,
-        "shared_expert_gating": cfg.use_shared_expert_gating,
-        "layers": list(range(first_dense, num_layers + mtp_depth)),
-        "mtp_layers": list(range(num_layers, num_layers + mtp_depth)),
-        "path": path,
-        "router": {
-            "score": "sigmoid" if cfg.use_gating_sigmoid else "softmax",
-            "dtype": router_dtype,
-            "topk_method": topk_method,
-            "n_group": cfg.n_group,
-            "topk_group": cfg.topk_group,
-            "norm_topk_prob": cfg.norm_topk_prob and cfg.num_experts_chosen > 1,
-            "routed_scaling_factor": cfg.routed_scaling_factor,
-            "bias_balance": cfg.balance_via_topk_bias,
-            "bias_update_rate": cfg.topk_bias_update_rate,
-            # TopkBiasBalanceCallback moves the bias of `feed_forward.routed_experts` routers only: a legacy Llama
-            # model without shared experts (its feed_forward is the MoEV2 itself) never has its bias moved
-            "bias_updated": cfg.balance_via_topk_bias and not (legacy_llama and not cfg.shared_expert_num),
-        },
-        "aux_loss": {name: aux.get(name, 0.0) for name in AUX_TYPES},
+    plan = MoE(
+        num_experts=cfg.expert_num,
+        top_k=cfg.num_experts_chosen,
+        intermediate_size=cfg.moe_intermediate_size if deepseek else None,
+        shared_experts=cfg.shared_expert_num,
+        shared_expert_gating=cfg.use_shared_expert_gating,
+        layers=tuple(range(first_dense, num_layers + mtp_depth)),
+        mtp_layers=tuple(range(num_layers, num_layers + mtp_depth)),
+        path=path,
+        router=_router(cfg, topk_method, router_dtype, legacy_llama),
+        aux_loss=AuxFactors(**{name: aux.get(name, 0.0) for name in AUX_TYPES}),
         # as the YAML sets them: they choose the aux top-k and whether MoEDropRateCallback has an estimate
-        "aux_loss_configured": {name: configured.get(name, 0.0) for name in AUX_TYPES},
-        "aux_groups": {"device": cfg.expert_group_size, "comm": pc.expert_parallel},
-        "z_loss": z_loss,
-        "capacity_factor": cfg.capacity_factor,
-        "capacity_multiple": multiple,
-        "token_groups": token_groups,
-        "aux_f": "global_batch" if balancing == "gbs_aux_loss" else "group",
-        "dropless": dropless,
-        "drop_policy": "sdrop" if cfg.enable_sdrop else "kdrop",
-        "safe_tokens": cfg.enable_gmm_safe_tokens,
-        "expert_parallel": ep,
-        "drop_rate_callback": cfg.callback_moe_droprate,
-    }
-    if router_dtype == "bfloat16":
+        aux_loss_configured=AuxFactors(**{name: configured.get(name, 0.0) for name in AUX_TYPES}),
+        aux_groups=AuxGroups(device=cfg.expert_group_size, comm=pc.expert_parallel),
+        z_loss=z_loss,
+        capacity_factor=cfg.capacity_factor,
+        capacity_multiple=multiple,
+        token_groups=token_groups,
+        aux_f="global_batch" if balancing == "gbs_aux_loss" else "group",
+        dropless=dropless,
+        drop_policy="sdrop" if cfg.enable_sdrop else "kdrop",
+        safe_tokens=cfg.enable_gmm_safe_tokens,
+        expert_parallel=ep,
+        drop_rate_callback=cfg.callback_moe_droprate,
+    )
+    _account_plan(cfg, plan, mcore, ledger)
+    return plan, cfg
+
+
+def _router(cfg: MoEConfig, topk_method: str, router_dtype: str, legacy_llama: bool) -> Router:
+    """The router: scores, top-k method and groups, the balancing bias."""
+    return Router(
+        score="sigmoid" if cfg.use_gating_sigmoid else "softmax",
+        dtype=router_dtype,
+        topk_method=topk_method,
+        n_group=cfg.n_group,
+        topk_group=cfg.topk_group,
+        norm_topk_prob=cfg.norm_topk_prob and cfg.num_experts_chosen > 1,
+        routed_scaling_factor=cfg.routed_scaling_factor,
+        bias_balance=cfg.balance_via_topk_bias,
+        bias_update_rate=cfg.topk_bias_update_rate,
+        # TopkBiasBalanceCallback moves the bias of `feed_forward.routed_experts` routers only: a legacy Llama
+        # model without shared experts (its feed_forward is the MoEV2 itself) never has its bias moved
+        bias_updated=cfg.balance_via_topk_bias and not (legacy_llama and not cfg.shared_expert_num),
+    )
+
+
+def _account_plan(cfg: MoEConfig, plan: MoE, mcore: bool, ledger: Ledger) -> None:
+    """The notes on what the built MoE does with the router dtype, the bias and the fused / safe-token switches."""
+    if plan.router.dtype == "bfloat16":
         ledger.runtime("moe_config.router_dense_type", "bfloat16 router logits and scores, as MindFormers' Dense")
-    if cfg.balance_via_topk_bias and not plan["router"]["bias_updated"]:
+    if cfg.balance_via_topk_bias and not plan.router.bias_updated:
         ledger.runtime("moe_config.balance_via_topk_bias", "the bias selects but never moves: MindFormers' "
                        "TopkBiasBalanceCallback only reaches routed_experts routers (shared_expert_num > 0)")
     if cfg.use_fused_ops_permute and not cfg.use_gmm:
@@ -325,7 +338,12 @@ def moe_plan(tree: dict, family_name: str, mcore: bool, num_layers: int, mtp_dep
                        "mf_ds applies it to the capacity path as well")
     if cfg.enable_gmm_safe_tokens and not cfg.use_gmm and not mcore:
         ledger.differs("moe_config.enable_gmm_safe_tokens", "only meaningful with use_gmm; kept (no numeric effect)")
-    return plan, cfg
+
+
+def typed(moe: MoE | dict[str, Any] | None) -> MoE | None:
+    """A family hook's MoE as the Plan's type (DeepSeek-V4's hook, translators/families/deepseek4.py, writes it as a
+    mapping): every builder hands the assembler a `plan_types.MoE`."""
+    return None if moe is None else from_json(MoE, moe, "moe")
 
 
 def _losses(cfg: MoEConfig, path: str, family_name: str, keep: bool, ledger: Ledger) -> tuple[dict, float]:

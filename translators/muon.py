@@ -136,6 +136,33 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
     attention_variant: the model's experimental_attention_variant (dsv4_hybrid, dsa: no max-logit statistic);
     clipping: the run's gradient clipping (under ZeRO 1-3 DeepSpeed applies it to the Muon update); mixed: bf16 /
     fp16 compute (at ZeRO stage 0 DeepSpeed's bf16 / fp16 optimizer hands Muon flat fp32 copies: refused)."""
+    s, clip, threshold = _refusals(section, zero_stage=zero_stage, mla=mla, mcore=mcore, pynative=pynative,
+                                   attention_variant=attention_variant, context_parallel=context_parallel,
+                                   tensor_parallel=tensor_parallel, expert_parallel=expert_parallel, mixed=mixed)
+    include, ns_schedule, eps = _arithmetic(s, pynative)
+    betas = s["adamw_betas"]
+    if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
+        raise ConfigError("optimizer.adamw_betas", f"expected two numbers in [0, 1), got {betas!r}")
+    if not isinstance(s["nesterov"], bool):
+        raise ConfigError("optimizer.nesterov", f"expected true or false, got {s['nesterov']!r}")
+    run = {"type": "Muon", "torch": "Muon", "lr": lr, "weight_decay": _number(s, "weight_decay"),
+           "matched_adamw_rms": _number(s, "matched_adamw_rms"), "momentum": _number(s, "momentum"),
+           "nesterov": s["nesterov"], "ns_schedule": ns_schedule, "eps": eps,
+           "adamw_betas": [float(b) for b in betas], "adamw_eps": _number(s, "adamw_eps", 0),
+           "adamw_include": list(include), "bias_correction": True,
+           "weight_decay_on": "Muon weights and AdamW parameters with ndim > 1 that are not biases",
+           "mode": "pynative" if pynative else "graph", "qk_clip_threshold": threshold if clip else None}
+    _account(section, s, run, clip, threshold, attention_variant, pynative, zero_stage, clipping, mixed, ledger)
+    ds = {"type": "Muon", "params": {"lr": lr, "momentum": run["momentum"], "weight_decay": run["weight_decay"]}}
+    return ds, run
+
+
+def _refusals(section: dict, *, zero_stage: int, mla: bool, mcore: bool, pynative: bool,
+              attention_variant: str | None, context_parallel: int, tensor_parallel: int, expert_parallel: int,
+              mixed: bool) -> tuple[dict, bool, float]:
+    """What MindFormers' Muon stops on, and what mf-ds cannot run; the section with its defaults, whether QK-clip
+    runs, its threshold."""
     if not mcore:
         raise ConfigError("optimizer.type", "Muon: MindFormers stops with \"Muon does not support Legacy Model.\"")
     if not mla:
@@ -183,6 +210,11 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
                           "ZeRO partitions them flat; mf-ds clips at ZeRO stage 0 only: "
                           + ("set qk_clip_enabled: false or run at ZeRO stage 0 (mf_ds.zero_stage: 0)" if pynative
                              else "graph-mode Muon always clips: run at ZeRO stage 0 (mf_ds.zero_stage: 0)"))
+    return s, clip, threshold
+
+
+def _arithmetic(s: dict, pynative: bool) -> tuple[list, list, float]:
+    """The AdamW include patterns, the Newton-Schulz schedule and eps of the mode's update."""
     if pynative:
         if s["comm_strategy"] not in ("allgather", "allgather_deredundency"):
             raise ConfigError("optimizer.comm_strategy", f"comm_strategy must be 'allgather' or "
@@ -196,19 +228,12 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
         ns_schedule, eps = schedule(s["ns_coefficients"], s["ns_steps"]), _number(s, "eps", 0)
     else:
         include, ns_schedule, eps = ADAMW_INCLUDE, [list(GRAPH_TRIPLE) for _ in range(5)], 1e-7
-    betas = s["adamw_betas"]
-    if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(
-            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
-        raise ConfigError("optimizer.adamw_betas", f"expected two numbers in [0, 1), got {betas!r}")
-    if not isinstance(s["nesterov"], bool):
-        raise ConfigError("optimizer.nesterov", f"expected true or false, got {s['nesterov']!r}")
-    run = {"type": "Muon", "torch": "Muon", "lr": lr, "weight_decay": _number(s, "weight_decay"),
-           "matched_adamw_rms": _number(s, "matched_adamw_rms"), "momentum": _number(s, "momentum"),
-           "nesterov": s["nesterov"], "ns_schedule": ns_schedule, "eps": eps,
-           "adamw_betas": [float(b) for b in betas], "adamw_eps": _number(s, "adamw_eps", 0),
-           "adamw_include": list(include), "bias_correction": True,
-           "weight_decay_on": "Muon weights and AdamW parameters with ndim > 1 that are not biases",
-           "mode": "pynative" if pynative else "graph", "qk_clip_threshold": threshold if clip else None}
+    return include, ns_schedule, eps
+
+
+def _account(section: dict, s: dict, run: dict, clip: bool, threshold: float, attention_variant: str | None,
+             pynative: bool, zero_stage: int, clipping: float, mixed: bool, ledger: Ledger) -> None:
+    """Every key of the Muon section in the ledger."""
     source = "MindFormers 2.1.0 PyNative arithmetic" if pynative else \
         "MindFormers' graph-mode arithmetic, core/optim/muon.py: bf16 Newton-Schulz op by op, last piece's lr scale"
     summary = (f"mf_ds.muon.Muon ({source}): {len(run['ns_schedule'])} Newton-Schulz "
@@ -253,8 +278,6 @@ def plan(section: dict, lr: float, *, zero_stage: int, mla: bool, mcore: bool, p
     ledger.differs("optimizer.type", "Muon: mf-train and mf_ds.hf run MindFormers' update (mf_ds/muon.py); the "
                    "DeepSpeed JSON alone names DeepSpeed's Muon, which is not it (one triple, EMA momentum, no "
                    "per-head split)" + zero_note)
-    ds = {"type": "Muon", "params": {"lr": lr, "momentum": run["momentum"], "weight_decay": run["weight_decay"]}}
-    return ds, run
 
 
 def _account_clip(s: dict, clip: bool, threshold: float, attention_variant: str | None, pynative: bool,

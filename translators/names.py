@@ -1,8 +1,11 @@
-"""MindFormers parameter names <-> Hugging Face names (pure data; mf_ds/weights.py applies them).
+"""MindFormers parameter names <-> Hugging Face names: the shared machinery (mf_ds/weights.py applies it).
 
-The tables here are per MindFormers model code (LlamaForCausalLM, DeepSeek-V3, ChatGLM2, mcore GPTModel); each
-family's record (translators/families/record.py, `weights`) says which ones name its weights, and the functions below
-find them through the registry (`family` is the record's weights_key: `qwen3/mcore` for an mcore model).
+The tables are per MindFormers model code (LlamaForCausalLM, DeepSeek-V3, ChatGLM2, mcore GPTModel, the PyNative
+DeepSeek-V4) and live in the family's module (translators/families/llama.py LLAMA_NAMES, deepseek.py, glm.py,
+mcore.py, deepseek4.py); each family's record (translators/families/record.py, `weights`) holds them, and the
+functions below find them through the registry (`family` is the record's weights_key: `qwen3/mcore` for an mcore
+model). Here: the schema-wide fused layouts and name prefixes, what is not a weight, the checkpoint layout switches
+and DeepSeek's MTP names.
 
 The HF side is the layout Hugging Face checkpoints are saved in (what `save_pretrained` writes and what MindFormers'
 converters read): one tensor per expert and projection (`experts.3.w1.weight`), separate q/k/v and gate/up.
@@ -36,292 +39,16 @@ from __future__ import annotations
 
 import re
 
-# (MindFormers substring, HF substring), applied in order, as MindFormers' name_replace does.
-LLAMA = (
-    ("model.tok_embeddings.embedding_weight", "model.embed_tokens.weight"),
-    ("model.norm_out.", "model.norm."),
-    (".attention.wq.", ".self_attn.q_proj."),
-    (".attention.wk.", ".self_attn.k_proj."),
-    (".attention.wv.", ".self_attn.v_proj."),
-    (".attention.wo.", ".self_attn.o_proj."),
-    (".feed_forward.w1.", ".mlp.gate_proj."),
-    (".feed_forward.w2.", ".mlp.down_proj."),
-    (".feed_forward.w3.", ".mlp.up_proj."),
-    (".attention_norm.", ".input_layernorm."),
-    (".ffn_norm.", ".post_attention_layernorm."),
-)
-# balance_via_topk_bias: TopkRouterV2's `topk_bias` (moe.py 1.7.0) is the HF `e_score_correction_bias` (DeepSeek-V3's
-# name; mf-ds gives the other families' routers the same buffer: mf_ds/weights.py attach_router_bias).
-MIXTRAL = LLAMA + ((".feed_forward.router.dense.", ".block_sparse_moe.gate."),
-                   (".feed_forward.router.router.topk_bias", ".block_sparse_moe.gate.e_score_correction_bias"))
-# research/qwen2/convert_moe_weight.py (1.6.0; the folder left MindFormers in 1.7.0) name_replace.
-QWEN2_MOE = LLAMA + (
-    (".feed_forward.routed_experts.router.dense.", ".mlp.gate."),
-    (".feed_forward.routed_experts.router.router.topk_bias", ".mlp.gate.e_score_correction_bias"),
-    (".feed_forward.shared_experts.w1.", ".mlp.shared_expert.gate_proj."),
-    (".feed_forward.shared_experts.w2.", ".mlp.shared_expert.down_proj."),
-    (".feed_forward.shared_experts.w3.", ".mlp.shared_expert.up_proj."),
-    (".feed_forward.shared_experts_gate.", ".mlp.shared_expert_gate."),
-)
-# mindformers/models/qwen3_moe/utils.py weight_mapping, MindFormers side first (the table there reads HF -> mcore).
-MCORE = (
-    ("embedding.word_embeddings.", "model.embed_tokens."),
-    ("decoder.final_layernorm.", "model.norm."),
-    ("output_layer.", "lm_head."),
-    ("decoder.layers.", "model.layers."),
-    (".self_attention.linear_proj.", ".self_attn.o_proj."),
-    (".self_attention.q_layernorm.", ".self_attn.q_norm."),
-    (".self_attention.k_layernorm.", ".self_attn.k_norm."),
-    (".mlp.router.expert_bias", ".mlp.gate.e_score_correction_bias"),  # moe_router_enable_expert_bias
-    (".router.weight", ".gate.weight"),
-    (".linear_fc2.", ".down_proj."),
-    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
-)
-# mcore DeepSeek-V3 (TrainingDeepseekV3ForCausalLM, 1.7.0 to 2.1.0: GPTModel with multi-latent attention and MoE):
-# deepseek3/utils.py weight_mapping (HF -> mcore, MindFormers side first here) for the names it shares with the
-# network, and the network's own names where its training layers fuse (checked against the network built on CPU:
-# tests/fixtures/deepseek3_mcore). mla_qkv_concat False (the wheels' graph-mode YAMLs) names the MLA projections apart;
-# the rope rows of q_b_proj and kv_a_proj_with_mqa are in halves (evens, then odds): MindFormers rotates halves
-# (rotary_interleaved False) where HF DeepSeek-V3 de-interleaves pairs (rope_interleave), as in the legacy DEEPSEEK.
-MCORE_MLA = (
-    ("embedding.word_embeddings.", "model.embed_tokens."),
-    ("decoder.final_layernorm.", "model.norm."),
-    ("output_layer.", "lm_head."),
-    ("decoder.layers.", "model.layers."),
-    (".self_attention.linear_q_down_proj.", ".self_attn.q_a_proj."),
-    (".self_attention.q_layernorm.", ".self_attn.q_a_layernorm."),
-    (".self_attention.linear_q_up_proj.", ".self_attn.q_b_proj."),
-    (".self_attention.linear_kv_down_proj.", ".self_attn.kv_a_proj_with_mqa."),
-    (".self_attention.kv_layernorm.", ".self_attn.kv_a_layernorm."),
-    (".self_attention.linear_kv_up_proj.", ".self_attn.kv_b_proj."),
-    (".self_attention.linear_proj.", ".self_attn.o_proj."),
-    (".mlp.router.expert_bias", ".mlp.gate.e_score_correction_bias"),  # moe_router_enable_expert_bias
-    (".mlp.router.weight", ".mlp.gate.weight"),
-    (".linear_fc2.", ".down_proj."),
-    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
-)
-# mla_qkv_concat True (TransformerConfig's default; the 2.1.0 PyNative YAML) names them otherwise (gpt_layer_specs.py
-# `linear_qb`, `linear_kvb`, `k_layernorm`), and fuses the two down projections in `linear_qkv` (FUSED "mcore_mla"):
-# (name apart, name with mla_qkv_concat).
-MCORE_MLA_CONCAT = ((".self_attention.linear_q_up_proj.", ".self_attention.linear_qb."),
-                    (".self_attention.linear_kv_up_proj.", ".self_attention.linear_kvb."),
-                    (".self_attention.kv_layernorm.", ".self_attention.k_layernorm."))
-# The HF tensors whose rope rows MindFormers keeps in halves: HF part -> its rows (q_b: per head nope then rope;
-# kv_a: the latent rows then the shared k rope rows).
-MCORE_MLA_ROPE = {".self_attn.q_b_proj.": "q_b", ".self_attn.kv_a_proj_with_mqa.": "kv_a"}
-# research/deepseek3/convert_weight.py (1.7.0): plain_name_replace, mla_name_replace, mlp_name_replace with
-# use_grouped_gemm (its default; DEEPSEEK_BMM below for the other).
-DEEPSEEK = (
-    ("model.tok_embeddings.embedding_weight", "model.embed_tokens.weight"),
-    ("model.norm_out.", "model.norm."),
-    (".attention.q2l_proj.", ".self_attn.q_a_proj."),
-    (".attention.lq_norm.", ".self_attn.q_a_layernorm."),
-    (".attention.lkv_norm.", ".self_attn.kv_a_layernorm."),
-    (".attention.wo.", ".self_attn.o_proj."),
-    (".attention_norm.", ".input_layernorm."),
-    (".ffn_norm.", ".post_attention_layernorm."),
-    (".feed_forward.shared_experts.w1.", ".mlp.shared_experts.gate_proj."),
-    (".feed_forward.shared_experts.w2.", ".mlp.shared_experts.down_proj."),
-    (".feed_forward.shared_experts.w3.", ".mlp.shared_experts.up_proj."),
-    (".feed_forward.w1.", ".mlp.gate_proj."),
-    (".feed_forward.w2.", ".mlp.down_proj."),
-    (".feed_forward.w3.", ".mlp.up_proj."),
-    (".feed_forward.routed_experts.router_dense.weight", ".mlp.gate.weight"),
-    (".feed_forward.routed_experts.topk_bias", ".mlp.gate.e_score_correction_bias"),
-)
-# Without use_grouped_gemm the router has other names (mlp_name_replace's bmm_key): (gmm name, bmm name).
-DEEPSEEK_BMM = (
-    (".feed_forward.routed_experts.router_dense.weight", ".feed_forward.routed_experts.router.dense.weight"),
-    (".feed_forward.routed_experts.topk_bias", ".feed_forward.routed_experts.router.router.topk_bias"),
-)
-# With use_gmm the Llama path builds MoEV3, which holds its router and bias itself (moev3.py 1.7.0: router_dense,
-# topk_bias, expert_load; TopkBiasBalanceCallback's `routed_experts.topk_bias`): (MoEV2 name, MoEV3 name). Read
-# both ways; written (hf_to_mf) with the MoEV2 names, as research/mixtral/convert_weight.py writes them, use_gmm too.
-MIXTRAL_GMM = ((".feed_forward.router.dense.weight", ".feed_forward.router_dense.weight"),
-               (".feed_forward.router.router.topk_bias", ".feed_forward.topk_bias"))
-QWEN2_MOE_GMM = (
-    (".feed_forward.routed_experts.router.dense.weight", ".feed_forward.routed_experts.router_dense.weight"),
-    (".feed_forward.routed_experts.router.router.topk_bias", ".feed_forward.routed_experts.topk_bias"),
-)
-# MindFormers 2.1.0's PyNative DeepSeek-V4 (PyNativeDeepseekV4ForCausalLM: the names its GPTModel holds, checked
-# against the model built on CPU: tests/fixtures/deepseek4/params.*.json) to transformers' DeepseekV4ForCausalLM.
-# The HF side is transformers' own module names (save_pretrained writes DeepSeek's original names, and from_pretrained
-# reads both); its stacked experts are written per expert as `experts.{e}.w1/w3/w2.weight`, which it reads too.
-DEEPSEEK4 = (
-    ("embedding.word_embeddings.", "model.embed_tokens."),
-    ("decoder.final_layernorm.", "model.norm."),
-    ("output_layer.", "lm_head."),
-    ("decoder.hc_head.", "model.hc_head."),
-    (".hc_head.hc_fn.weight", ".hc_head.hc_fn"),
-    ("decoder.layers.", "model.layers."),
-    (".self_attention.core_attention.indexer.compressor.linear_wkv.", ".self_attn.compressor.indexer.kv_proj."),
-    (".self_attention.core_attention.indexer.compressor.linear_wgate.", ".self_attn.compressor.indexer.gate_proj."),
-    (".self_attention.core_attention.indexer.compressor.norm.", ".self_attn.compressor.indexer.kv_norm."),
-    (".self_attention.core_attention.indexer.compressor.ape", ".self_attn.compressor.indexer.position_bias"),
-    (".self_attention.core_attention.indexer.linear_wq_b.", ".self_attn.compressor.indexer.q_b_proj."),
-    (".self_attention.core_attention.indexer.linear_weights_proj.",
-     ".self_attn.compressor.indexer.scorer.weights_proj."),
-    (".self_attention.core_attention.compressor.linear_wkv.", ".self_attn.compressor.kv_proj."),
-    (".self_attention.core_attention.compressor.linear_wgate.", ".self_attn.compressor.gate_proj."),
-    (".self_attention.core_attention.compressor.norm.", ".self_attn.compressor.kv_norm."),
-    (".self_attention.core_attention.compressor.ape", ".self_attn.compressor.position_bias"),
-    (".self_attention.core_attention.attn_sink", ".self_attn.sinks"),
-    (".self_attention.linear_q_down_proj.", ".self_attn.q_a_proj."),
-    (".self_attention.q_layernorm.", ".self_attn.q_a_norm."),
-    (".self_attention.linear_q_up_proj.", ".self_attn.q_b_proj."),
-    (".self_attention.linear_kv_proj.", ".self_attn.kv_proj."),
-    (".self_attention.kv_layernorm.", ".self_attn.kv_norm."),
-    (".self_attention.linear_o_group_proj", ".self_attn.o_a_proj.weight"),  # a bare Parameter in MindFormers
-    (".self_attention.linear_proj.", ".self_attn.o_b_proj."),
-    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
-    (".mlp.router.weight", ".mlp.gate.weight"),
-    (".mlp.router.tid2eid", ".mlp.gate.tid2eid"),
-    (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
-    (".mlp.shared_experts.linear_fc2.", ".mlp.shared_experts.down_proj."),
-    (".attn_hc.mapping_proj.weight", ".attn_hc.fn"),
-    (".attn_hc.bias", ".attn_hc.base"),
-    (".ffn_hc.mapping_proj.weight", ".ffn_hc.fn"),
-    (".ffn_hc.bias", ".ffn_hc.base"),
-)
-# HF's mHC `scale` [3] is MindFormers' alpha_pre, alpha_post, alpha_res [1] each (utils.py ScaleSplitConvertOp).
-DEEPSEEK4_SPLIT = {
-    f".{hc}.scale": ("hc_scale", tuple(f".{hc}.alpha_{part}" for part in ("pre", "post", "res")))
-    for hc in ("attn_hc", "ffn_hc")
-}
-# experts.py: weight1 [E, H, 2I] = per expert [gate^T | up^T] (chunked into halves), weight2 [E, I, H] = down^T.
-DEEPSEEK4_EXPERTS = {
-    ".mlp.experts.weight1": ("experts_w1", (".mlp.experts.{e}.w1.weight", ".mlp.experts.{e}.w3.weight")),
-    ".mlp.experts.weight2": ("experts_w2", (".mlp.experts.{e}.w2.weight",)),
-}
-# MindFormers parameters HF does not hold, each written beside another when converting back (the frozen ones of the
-# weightless norms are checked to be ones when converting to HF): q_rms_gamma, the per-head q norm, v_head_dim wide
-# like kv_layernorm; rms_weight, the mHC norm over n x H, mapping_proj's input width; the router's load counter,
-# written as zeros (what the network holds after each step), in place of EXPERT_LOAD's expert_load.
-DEEPSEEK4_FROZEN = {
-    ".self_attention.q_rms_gamma": (".self_attention.kv_layernorm.weight", "ones", 0),
-    ".attn_hc.rms_weight": (".attn_hc.mapping_proj.weight", "ones", 1),
-    ".ffn_hc.rms_weight": (".ffn_hc.mapping_proj.weight", "ones", 1),
-    ".mlp.tokens_per_expert": (".mlp.router.weight", "zeros", 0),  # the router's load counter (NOT_WEIGHTS), float32
-}
-# transformers' save_pretrained writes DeepSeek-V4 under DeepSeek's own names (conversion_mapping.py "deepseek_v4",
-# reversed: `layers.N.attn.wq_a`, `ffn.experts.E.w1`, `hc_attn_fn`, `head.weight`, ...): (saved, module name), in
-# order, to read such a directory (an mf-ds checkpoint) back; per-expert `mlp.experts.E.w1/w3/w2` stay per expert.
-_V4_ATTN = (("wq_a.", "q_a_proj."), ("q_norm.", "q_a_norm."), ("wq_b.", "q_b_proj."), ("wkv.", "kv_proj."),
-            ("norm.", "kv_norm."), ("wo_a.", "o_a_proj."), ("wo_b.", "o_b_proj."))
-_V4_COMPRESSOR = (("wkv.", "kv_proj."), ("wgate.", "gate_proj."), ("norm.", "kv_norm."), ("ape", "position_bias"))
-DEEPSEEK4_SAVED = (
-    (".attn_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
-    *((f".hc_{part}_{w}", f".{part}_hc.{w}") for part in ("attn", "ffn") for w in ("fn", "base", "scale")),
-    (".attn.attn_sink", ".self_attn.sinks"),
-    *((f".attn.indexer.compressor.{a}", f".self_attn.compressor.indexer.{b}") for a, b in _V4_COMPRESSOR),
-    (".attn.indexer.weights_proj.", ".self_attn.compressor.indexer.scorer.weights_proj."),
-    (".attn.indexer.wq_b.", ".self_attn.compressor.indexer.q_b_proj."),
-    *((f".attn.compressor.{a}", f".self_attn.compressor.{b}") for a, b in _V4_COMPRESSOR),
-    *((f".attn.{a}", f".self_attn.{b}") for a, b in _V4_ATTN),
-    (".ffn.gate.bias", ".mlp.gate.e_score_correction_bias"), (".ffn.gate.", ".mlp.gate."),
-    (".ffn.shared_experts.w1.", ".mlp.shared_experts.gate_proj."),
-    (".ffn.shared_experts.w3.", ".mlp.shared_experts.up_proj."),
-    (".ffn.shared_experts.w2.", ".mlp.shared_experts.down_proj."),
-    (".ffn.experts.", ".mlp.experts."),
-)
-# and the top-level ones, whole names (DeepSeek's release also leaves out the `model.` prefix)
-DEEPSEEK4_SAVED_TOP = {"head.weight": "lm_head.weight", "embed.weight": "model.embed_tokens.weight",
-                       "norm.weight": "model.norm.weight", "hc_head_fn": "model.hc_head.hc_fn",
-                       "hc_head_base": "model.hc_head.hc_base", "hc_head_scale": "model.hc_head.hc_scale"}
-
-
-def hf_module_name(name: str, family: str) -> str:
-    """An HF checkpoint name as transformers' module holds it (DeepSeek-V4's saved names: DEEPSEEK4_SAVED); other
-    families' names are their module names already."""
-    from translators.families import registry
-
-    found = registry.weights(family)
-    if found is None or found.names is not DEEPSEEK4:
-        return name
-    if name in DEEPSEEK4_SAVED_TOP:
-        return DEEPSEEK4_SAVED_TOP[name]
-    if name.startswith("layers."):
-        name = "model." + name
-    for saved, module in DEEPSEEK4_SAVED:
-        name = name.replace(saved, module)
-    return name
-
-
-# One shared-expert MLP: linear_fc1 holds gate and up interleaved per row (pynative/transformers/mlp.py reshapes its
-# output to [..., I, 2] and takes gate = [..., 0], up = [..., 1]; MindFormers' own HF template, utils.py, concatenates
-# them instead, which that MLP does not read back).
-DEEPSEEK4_FUSED = {".shared_experts.linear_fc1.": ("gate_up", (".shared_experts.gate_proj.",
-                                                                ".shared_experts.up_proj."))}
-# mindformers/models/glm2/convert_weight.py + convert_reversed.py (1.7.0) and ChatGLM2ForConditionalGeneration's
-# own names, to transformers' `glm` (THUDM/glm-4-9b-hf): the same weights, renamed; both fuse gate/up, gate first.
-GLM = (
-    ("transformer.embedding.embedding_weight", "model.embed_tokens.weight"),
-    ("transformer.encoder.final_layernorm.", "model.norm."),
-    ("transformer.output_layer.", "lm_head."),
-    ("transformer.encoder.layers.", "model.layers."),
-    (".self_attention.dense.", ".self_attn.o_proj."),
-    (".self_attention.wq.", ".self_attn.q_proj."),
-    (".self_attention.wk.", ".self_attn.k_proj."),
-    (".self_attention.wv.", ".self_attn.v_proj."),
-    (".mlp.dense_h_to_4h.", ".mlp.gate_up_proj."),
-    (".mlp.dense_4h_to_h.", ".mlp.down_proj."),
-)
-# One HF tensor that MindFormers keeps in two (research/deepseek3/convert_weight.py _mla_pt_to_ms): HF part, kind,
-# MindFormers parts. The rope rows of q_b_proj and kv_a_proj_with_mqa are reordered from HF's interleaved pairs
-# to halves (evens, then odds), as MindFormers' rotary embedding rotates halves.
-# GLM with mlp_concat False: dense_left (gate) and dense_right (up) are the halves of gate_up_proj (mlp_split).
-DEEPSEEK_SPLIT = {
-    ".self_attn.q_b_proj.": ("q_b", (".attention.l2q_nope_proj.", ".attention.l2q_pe_proj.")),
-    ".self_attn.kv_a_proj_with_mqa.": ("kv_a", (".attention.kv2l_latent_kv.", ".attention.kv2l_k_pe.")),
-    ".self_attn.kv_b_proj.": ("kv_b", (".attention.lkv2kv_k_nope.", ".attention.lkv2kv_v.")),
-}
-GLM_SPLIT = {".mlp.gate_up_proj.": ("halves", (".mlp.dense_left.", ".mlp.dense_right."))}
-
 # Fused MindFormers tensors: (name part, kind, HF name parts it holds, in order).
-_QKV = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.")
+QKV = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.")
 FUSED = {
-    "legacy": {".attention.w_qkv.": ("qkv", _QKV),
+    "legacy": {".attention.w_qkv.": ("qkv", QKV),
                ".feed_forward.w_gate_hidden.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj."))},
-    "mcore": {".self_attention.linear_qkv.": ("qkv", _QKV),
+    "mcore": {".self_attention.linear_qkv.": ("qkv", QKV),
               ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj."))},
-    # glm2/convert_weight.py attn_split: query_key_value is q, k, v one after the other (np.split on axis 0)
-    "glm": {".self_attention.query_key_value.": ("qkv_cat", _QKV)},
-    "deepseek4": DEEPSEEK4_FUSED,
-    # multi_latent_attention.py: linear_qkv = concat(linear_q_down_proj, linear_kv_down_proj), split back into
-    # [q_lora_rank, kv_lora_rank, qk_rope_head_dim] rows
-    "mcore_mla": {".self_attention.linear_qkv.": ("mla_qkv", (".self_attn.q_a_proj.",
-                                                              ".self_attn.kv_a_proj_with_mqa.")),
-                  ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj.")),
-                  ".mlp.shared_experts.linear_fc1.": ("gate_up", (".mlp.shared_experts.gate_proj.",
-                                                                  ".mlp.shared_experts.up_proj."))},
-}
-# Stacked experts: (MindFormers name part, kind, HF per-expert name parts, `{e}` the expert).
-MIXTRAL_EXPERTS = {
-    ".feed_forward.ffn.w1.weight": ("stack", (".block_sparse_moe.experts.{e}.w1.weight",)),
-    ".feed_forward.ffn.w2.weight": ("stack", (".block_sparse_moe.experts.{e}.w2.weight",)),
-    ".feed_forward.ffn.w3.weight": ("stack", (".block_sparse_moe.experts.{e}.w3.weight",)),
-}
-QWEN2_MOE_EXPERTS = {
-    ".feed_forward.routed_experts.ffn.w1.weight": ("stack", (".mlp.experts.{e}.gate_proj.weight",)),
-    ".feed_forward.routed_experts.ffn.w2.weight": ("stack", (".mlp.experts.{e}.down_proj.weight",)),
-    ".feed_forward.routed_experts.ffn.w3.weight": ("stack", (".mlp.experts.{e}.up_proj.weight",)),
-}
-# use_grouped_gemm: w1 [E, H, 2I] = [gate^T | up^T], w2 [E, I, H] = down^T (no `.weight`); else stacked as is.
-DEEPSEEK_EXPERTS = {
-    ".feed_forward.routed_experts.ffn.w1": ("gmm_w1", (".mlp.experts.{e}.gate_proj.weight",
-                                                       ".mlp.experts.{e}.up_proj.weight")),
-    ".feed_forward.routed_experts.ffn.w2": ("gmm_w2", (".mlp.experts.{e}.down_proj.weight",)),
-    ".feed_forward.routed_experts.ffn.w1.weight": ("stack_bmm", (".mlp.experts.{e}.gate_proj.weight",)),
-    ".feed_forward.routed_experts.ffn.w2.weight": ("stack_bmm", (".mlp.experts.{e}.down_proj.weight",)),
-    ".feed_forward.routed_experts.ffn.w3.weight": ("stack_bmm", (".mlp.experts.{e}.up_proj.weight",)),
-}
-MCORE_EXPERTS = {
-    ".mlp.experts.weight1": ("weight1", (".mlp.experts.{e}.gate_proj.weight", ".mlp.experts.{e}.up_proj.weight")),
-    ".mlp.experts.weight2": ("weight2", (".mlp.experts.{e}.down_proj.weight",)),
 }
 LEGACY_PREFIXES = ("model.", "lm_head.")
 MCORE_PREFIXES = ("embedding.", "decoder.", "output_layer.")
-GLM_PREFIXES = ("transformer.",)
 # Not weights: inference KV caches a network saves beside its weights; the routers' per-step load counter
 # `expert_load` (TopkRouterV2 `router.router.expert_load`, MoEV3 `expert_load`, mcore `router.expert_load`, with
 # balance_via_topk_bias / moe_router_enable_expert_bias), which TopkBiasBalanceCallback (mcore: GPTModel.
@@ -410,6 +137,22 @@ def _gmm_names(family: str) -> tuple[tuple[str, str], ...]:
     return found.gmm_names if found else ()
 
 
+def _concat_names(family: str) -> tuple[tuple[str, str], ...]:
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return found.concat_names if found else ()
+
+
+def hf_module_name(name: str, family: str) -> str:
+    """An HF checkpoint name as transformers' module holds it (the record's Weights.saved_names: DeepSeek-V4's saved
+    names); other families' names are their module names already."""
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return found.saved_names(name) if found is not None and found.saved_names is not None else name
+
+
 def is_mcore(family: str) -> bool:
     return family.endswith("/mcore")
 
@@ -420,15 +163,16 @@ def style(family: str) -> str:
     from translators.families import registry
 
     found = registry.weights(family)
-    if found is not None and found.names is DEEPSEEK4:
-        return "deepseek4"
-    if found is not None and found.names is MCORE_MLA:
-        return "mcore_mla"
-    return "mcore" if is_mcore(family) else "glm" if found is not None and found.names is GLM else "legacy"
+    if found is not None and found.style:
+        return found.style
+    return "mcore" if is_mcore(family) else "legacy"
 
 
 def fused_parts(family: str) -> dict[str, tuple[str, tuple[str, ...]]]:
-    return FUSED[style(family)]
+    from translators.families import registry
+
+    found = registry.weights(family)
+    return found.fused if found is not None and found.fused is not None else FUSED[style(family)]
 
 
 def strip(name: str, family: str) -> str:
@@ -440,9 +184,11 @@ def strip(name: str, family: str) -> str:
 
 def is_weight(name: str, family: str = "llama") -> bool:
     """True for a model parameter; False for optimizer state and counters saved beside it."""
-    prefixes = {"mcore": MCORE_PREFIXES, "deepseek4": (*MCORE_PREFIXES, "mtp."), "mcore_mla": (*MCORE_PREFIXES, "mtp."),
-                "glm": GLM_PREFIXES}.get(
-        style(family), LEGACY_PREFIXES)
+    from translators.families import registry
+
+    found = registry.weights(family)
+    prefixes = found.prefixes if found is not None and found.prefixes else \
+        MCORE_PREFIXES if style(family) == "mcore" else LEGACY_PREFIXES
     return strip(name, family).startswith(prefixes) and not any(part in name for part in NOT_WEIGHTS)
 
 
@@ -471,9 +217,13 @@ def split_kind(name: str, family: str) -> tuple[str, str, str, int] | None:
 def mtp_layer(name: str, family: str, num_layers: int) -> bool:
     """A weight of DeepSeek's multi-token-prediction layers (research/deepseek3 mtp_name_replace: the fusers and
     norms, and layers num_layers and up), which transformers' DeepseekV3 does not build."""
-    if family in ("deepseek_v4/mcore", "deepseek_v3/mcore"):  # GPTModel's `mtp.layers.N` (MultiTokenPrediction)
+    from translators.families import registry
+
+    found = registry.weights(family)
+    kind = found.mtp if found is not None else ""
+    if kind == "gpt":  # GPTModel's `mtp.layers.N` (MultiTokenPrediction)
         return strip(name, family).startswith("mtp.")
-    if family != "deepseek_v3":
+    if kind != "research":
         return False
     if name.startswith(("model.mtp_hidden_fusers.", "model.mtp_norms.")):
         return True
@@ -532,9 +282,8 @@ def mf_to_hf(name: str, family: str) -> str | None:
     if not is_weight(name, family):
         return None
     name = strip(name, family)
-    if style(family) == "mcore_mla":
-        for apart, concat in MCORE_MLA_CONCAT:
-            name = name.replace(concat, apart)
+    for apart, concat in _concat_names(family):
+        name = name.replace(concat, apart)
     for gmm, bmm in _bmm_names(family):
         name = name.replace(bmm, gmm)
     for moev2, moev3 in _gmm_names(family):
@@ -549,8 +298,8 @@ def hf_to_mf(name: str, family: str, gmm: bool = True, mla_concat: bool = False)
     `mla_concat`: an mcore MLA model's mla_qkv_concat names."""
     for mf, hf in reversed(name_map(family)):
         name = name.replace(hf, mf)
-    if mla_concat and style(family) == "mcore_mla":
-        for apart, concat in MCORE_MLA_CONCAT:
+    if mla_concat:
+        for apart, concat in _concat_names(family):
             name = name.replace(apart, concat)
     for gmm_name, bmm_name in () if gmm else _bmm_names(family):
         name = name.replace(gmm_name, bmm_name)

@@ -15,10 +15,11 @@ from typing import Any
 from translators import layout
 
 STAGES = "parallel_config.pipeline_stage"
-# Until a pipelined run saves, resumes and recomputes, real stages are asked for by name: a YAML that trained before
-# (its stages folded into data parallel, with checkpoints) trains the same way unless the user opts in.
-OPT_IN = ("real stages run only with mf_ds.pipeline: true (DeepSpeed's PipelineEngine: dense models, 1F1B, ZeRO-1; "
-          "no checkpoint saving, resume, recompute or interleave on stages yet)")
+# Until a pipelined run recomputes and composes with the rest (it saves and resumes: mf_ds/pipeline_checkpoint.py),
+# real stages are asked for by name: a YAML that trained before (its stages folded into data parallel) trains the
+# same way unless the user opts in.
+OPT_IN = ("real stages run only with mf_ds.pipeline: true (DeepSpeed's PipelineEngine: dense models, 1F1B, ZeRO-1, "
+          "checkpoints saved and resumed; no recompute or interleave on stages yet)")
 
 
 def fold_reason(pc: Any, hf_model_type: str | None, dims: Any, caller: str | None = None) -> str | None:

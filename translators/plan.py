@@ -1,7 +1,11 @@
 """`translate(tree) -> Translation`: the whole YAML -> Plan pipeline (DESIGN.md, "Data flow").
 
+`translate` picks the schema's front end: MindFormers 2.x's PyNative schema (translators/pynative.py) or graph mode's
+(`runner_config`, `parallel_config`, `model.model_config`: this module). A front end reads its YAML, notes every key in
+the ledger, and fills one typed `Intent`; translators/assemble.py builds the Plan from it, once.
+
 The Plan is the contract with the runtime (translators/plan_types.py, its typed form; `--plan` writes its JSON):
-  deepspeed  the DeepSpeed config dict          hf_config  {model_type, ...} for AutoConfig.for_model, or null
+  deepspeed  the DeepSpeed config the engine receives   hf_config  {model_type, ...} for AutoConfig.for_model, or null
   layers     per decoder layer: full recompute, selected ops (HF module paths), comm recompute
   moe        router / capacity / drop policy / dispatch settings, or null for a dense model
   kernels    fused_rope, fused_swiglu
@@ -12,8 +16,7 @@ The Plan is the contract with the runtime (translators/plan_types.py, its typed 
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from translators import deepspeed as ds
@@ -30,19 +33,22 @@ from translators import (
     recompute,
     recompute_ops,
 )
-from translators.attention import attention_plan, trailing_pads_inert
+from translators.assemble import Degrees, Intent, Loading, Model, Schedule, Settings, Training, assemble, typed
+from translators.attention import attention_plan
 from translators.callbacks import parse_callbacks
 from translators.data import parse_data
 from translators.errors import ConfigError, show
 from translators.evaluation import parse_evaluation
-from translators.general import check_section_types, parse_general, parse_trainer, weights_path
+from translators.general import General, check_section_types, parse_general, parse_trainer, weights_path
+from translators.graph_account import account_parallel, account_runner, account_wrapper, vocab_parallel
 from translators.loader import apply_overrides, load_yaml
 from translators.lora import parse_pet_config, split_pet_config
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
-from translators.notes import Ledger, Note
+from translators.moe import typed as moe_typed
+from translators.notes import Ledger
 from translators.parallel import Dims, resolve
-from translators.plan_types import Kernels, Plan
+from translators.plan_types import Kernels, MoE, Plan, Translation
 from translators.sections import (
     PARALLEL_MODES,
     LrSchedule,
@@ -57,31 +63,8 @@ from translators.sections import (
     RunnerWrapper,
 )
 
+__all__ = ["PLAN_KEYS", "Translation", "translate", "translate_file"]
 PLAN_KEYS = tuple(f.name for f in fields(Plan))
-
-
-@dataclass
-class Translation:
-    """The Plan plus what the CLI prints beside it (the Formative log lines, the ledger for --explain)."""
-
-    plan: Plan
-    formative: tuple[str, ...] = ()
-    ledger: Ledger | None = field(default=None, repr=False)
-    asked: dict | None = None
-    """The parallel degrees the YAML asks for, in parallel_config's names, where its schema has no parallel_config
-    (the PyNative schema's parallelism); the layout report shows them beside the ones that run."""
-
-    @property
-    def warnings(self) -> list[Note]:
-        return self.ledger.warnings() if self.ledger else []
-
-    @property
-    def json(self) -> dict[str, Any]:
-        """The Plan's JSON (what `--plan` writes)."""
-        return self.plan.to_json()
-
-    def to_json(self) -> str:
-        return json.dumps(self.json, indent=2, sort_keys=False)
 
 
 def translate_file(path: str, overrides: list[str] = (), world_size: int | None = None,
@@ -111,7 +94,30 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     if extra.fused_loss is not None:
         ledger.runtime("mf_ds.fused_loss", f"run.fused_loss = {extra.fused_loss} (mf_ds/loss_model.py)")
     MfDs.note_compile(tree, ledger)
+    intent, formative = _read(tree, general, extra, ledger, world_size, gradient_accumulation_steps,
+                              mindformers_version)
+    return assemble(intent, ledger, formative)
 
+
+@dataclass(frozen=True)
+class _Model:
+    """The model a graph-mode YAML describes, read (translators/families)."""
+
+    version: str
+    family: Any
+    shape: Any
+    hf_config: dict | None
+    built: dict
+    """The tree with the model_config MindFormers builds (mcore: with its defaults): the MoE plan and the layout
+    checks read it."""
+    tree: dict
+    """The YAML without its LoRA section (translators/lora.py notes it; the family rules never see it)."""
+    pet_config: dict | None
+
+
+def _read(tree: dict, general: General, extra: MfDs, ledger: Ledger, world_size: int | None,
+          gradient_accumulation_steps: int | None, mindformers_version: str | None) -> tuple[Intent, tuple[str, ...]]:
+    """Graph mode's front end: the YAML's sections in MindFormers' order, into the Intent."""
     # Parallel layout. use_parallel False resets parallel_config to 1s, as MindFormers does (build_parallel_config).
     pc = ParallelConfig.parse(tree.get("parallel_config"), ledger)
     if not general.use_parallel:
@@ -121,8 +127,59 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     parallel = Parallel.parse(tree.get("parallel"), ledger)
     po = ParallelOptimizerConfig.parse(parallel.parallel_optimizer_config, ledger)
     pipe = PipelineConfig.parse(parallel.pipeline_config, ledger)
+    m = _model(tree, general, mindformers_version, ledger)
+    shape, family = m.shape, m.family
+    lay = _layout(m, pc, extra, world_size, ledger)
+    account_parallel(ledger, pc, parallel, po, lay, shape)
 
-    # The model: what the YAML leaves out takes the defaults of the run's MindFormers version's config class.
+    # Recompute and the per-layer plan.
+    rc = RecomputeConfig.parse(m.tree.get("recompute_config"), ledger)
+    swap = recompute.swap_mode(m.tree.get("swap_config"))
+    layers, formative = _layers(rc, pc, pipe, shape, family, ledger, swap=swap)
+    if lay.pipeline_stage > 1:  # each layer's stage and chunk (mf_ds/pipeline.py builds only its stage's)
+        layers = pipeline.staged(layers, shape.num_layers + (shape.mtp_depth if family.layer_style == "deepseek"
+                                                             else 0), lay.pipeline_stage,
+                                 shape.pp_interleave_num if pipe.pipeline_interleave else 1, shape.offset,
+                                 pipe.pipeline_scheduler)
+    moe = _moe(m, pc, lay, extra, ledger)
+    runner, batch, training = _step(m, general, pc, parallel, po, lay, moe, extra, gradient_accumulation_steps,
+                                    ledger)
+    schedule, training, data, attention = _schedule(m, general, runner, pc, lay, batch, training, moe, extra, ledger)
+    full_layers = sum(1 for layer in layers if layer["full_recompute"])
+    checkpointing = None
+    if full_layers or rc.recompute_slice_activation:
+        checkpointing = ds.activation_checkpointing(
+            full_layers, rc.recompute_slice_activation and bool(rc.recompute is True), pc.model_parallel, ledger)
+    callbacks = _callbacks(m.tree, general, moe, ledger)
+    kernels = Kernels(fused_rope=bool(shape and shape.use_fused_rope),
+                      fused_swiglu=bool(shape and shape.use_fused_swiglu))
+    model = Model(family, m.hf_config, layers, moe, kernels, mtp.plan(family, shape, m.hf_config),
+                  (m.tree.get("trainer") or {}).get("model_name") or family.name, checkpointing)
+    loading = Loading(weights_path(general),
+                      # MindFormers reads a checkpoint as safetensors only when told so (load_ckpt_format ==
+                      # 'safetensors')
+                      "safetensors" if general.load_ckpt_format == "safetensors" else "ckpt",
+                      general.resume_training, general.ignore_data_skip,
+                      typed("checkpoint_layout", names.checkpoint_layout(m.tree)))
+    settings = Settings(
+        run_mode=general.run_mode or "train", seed=general.seed, output_dir=general.output_dir,
+        deterministic=bool(general.train_precision_sync), print_separate_loss=general.print_separate_loss,
+        # JSON-lines data: mf_ds.tokenizer_dir, else the tokenizer beside the weights (pretrained_model_dir)
+        tokenizer_dir=extra.tokenizer_dir or general.pretrained_model_dir or None, max_nan_steps=extra.max_nan_steps,
+        fused_loss=extra.fused_loss, compile_layers=extra.compile_layers,
+        loss_mask_pad_id=_loss_mask_pad_id(m.hf_config, family, data, ledger), mindformers_version=m.version,
+        log_line="graph")  # MFLossMonitor's step line (mf_ds/log_line.py)
+    lora = parse_pet_config(m.pet_config, family.mcore, ledger) if m.pet_config is not None else None
+    evaluation = parse_evaluation(m.tree, general, ledger, data["seq_length"], family.mcore,
+                                  bool(shape and shape.input_sliced_sig))
+    intent = Intent(Degrees(lay, vocab_parallel(pc, lay, shape)), batch, training, schedule, typed("data", data),
+                    attention, typed("callbacks", callbacks), model, loading, settings, typed("lora", lora),
+                    typed("evaluation", evaluation))
+    return intent, formative
+
+
+def _model(tree: dict, general: General, mindformers_version: str | None, ledger: Ledger) -> _Model:
+    """The model: what the YAML leaves out takes the defaults of the run's MindFormers version's config class."""
     version = (mf_defaults.resolve(mindformers_version, "--mindformers-version") if mindformers_version is not None
                else mf_defaults.resolve(general.mindformers_version, "mindformers_version"))
     family, shape, hf_config = families.detect_family(tree), None, None
@@ -138,48 +195,51 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     elif hf_config is None:
         ledger.differs("model", f"no HF config: {family.reason}. The DeepSpeed config and the Plan are complete; "
                        "training needs an HF architecture")
+    return _Model(version, family, shape, hf_config, built, tree, pet_config)
+
+
+def _layout(m: _Model, pc: ParallelConfig, extra: MfDs, world_size: int | None, ledger: Ledger) -> Any:
+    """The degrees DeepSpeed runs (translators/parallel.py), after MindFormers' own checks of the YAML's."""
+    shape, family = m.shape, m.family
     _check_model_parallel(pc, shape)
-    moe_model = shape is not None and _is_moe(built, family.mcore)
+    moe_model = shape is not None and _is_moe(m.built, family.mcore)
     if moe_model and not family.mcore and pc.expert_parallel > 1 \
             and (pc.data_parallel * pc.context_parallel) % pc.expert_parallel:
         raise ConfigError("parallel_config.expert_parallel", f"{pc.expert_parallel} must divide data_parallel x "
                           f"context_parallel {pc.data_parallel * pc.context_parallel} (MindFormers' _check_moe_config)")
-    lay = resolve(pc, family.hf_model_type, _dims(shape, hf_config, built, family.mcore), world_size,
+    lay = resolve(pc, family.hf_model_type, _dims(shape, m.hf_config, m.built, family.mcore), world_size,
                   pipeline_reason=None if extra.pipeline else pipeline.OPT_IN)
     if extra.pipeline:
         ledger.runtime("mf_ds.pipeline", f"plan.parallel.pipeline_stage = {lay.pipeline_stage} (mf_ds/pipeline.py)"
                        if lay.pipeline_stage > 1 else "no pipeline runs: " + lay.folded.get(
                            pipeline.STAGES, "parallel_config.pipeline_stage is 1"))
-    _account_parallel(ledger, pc, parallel, po, lay, shape)
+    return lay
 
-    # Recompute and the per-layer plan.
-    rc = RecomputeConfig.parse(tree.get("recompute_config"), ledger)
-    swap = recompute.swap_mode(tree.get("swap_config"))
-    layers, formative = _layers(rc, pc, pipe, shape, family, ledger, swap=swap)
-    if lay.pipeline_stage > 1:  # each layer's stage and chunk (mf_ds/pipeline.py builds only its stage's)
-        layers = pipeline.staged(layers, shape.num_layers + (shape.mtp_depth if family.layer_style == "deepseek"
-                                                             else 0), lay.pipeline_stage,
-                                 shape.pp_interleave_num if pipe.pipeline_interleave else 1, shape.offset,
-                                 pipe.pipeline_scheduler)
 
-    # MoE.
-    ep = lay.expert_parallel
+def _moe(m: _Model, pc: ParallelConfig, lay: Any, extra: MfDs, ledger: Ledger) -> MoE | None:
+    shape, family, hf_config, built = m.shape, m.family, m.hf_config, m.built
     moe = None
     if shape is not None and not family.moe_plan and hf_config is not None:
-        moe = families.family_moe(family, hf_config, built["model"]["model_config"], ledger)
+        moe = moe_typed(families.family_moe(family, hf_config, built["model"]["model_config"], ledger))
     elif shape is not None and family.moe_plan:
-        moe, _ = moe_plan(built, family.name, family.mcore, shape.num_layers, shape.mtp_depth, ep, pc, extra, ledger)
+        moe, _ = moe_plan(built, family.name, family.mcore, shape.num_layers, shape.mtp_depth, lay.expert_parallel,
+                          pc, extra, ledger)
     elif ledger.present("moe_config"):
         ledger.dropped("moe_config", "no model section to build experts in")
     if moe is None and hf_config is not None and family.layer_style == "deepseek":
         # A dense research DeepSeek (expert_num 1: DeepseekV2DecoderLayer builds its plain FFN everywhere); HF's
         # DeepseekV2/V3 build MoE blocks from first_k_dense_replace on, so every layer (MTP included) goes below it
         hf_config["first_k_dense_replace"] = shape.num_layers + shape.mtp_depth
+    return moe
 
-    # DeepSpeed.
+
+def _step(m: _Model, general: General, pc: ParallelConfig, parallel: Parallel, po: ParallelOptimizerConfig,
+          lay: Any, moe: MoE | None, extra: MfDs, gradient_accumulation_steps: int | None, ledger: Ledger
+          ) -> tuple[RunnerConfig, ds.Batch, Training]:
+    """runner_config and runner_wrapper: the batch, clipping, precision and ZeRO (translators/deepspeed.py)."""
+    tree, shape, family = m.tree, m.shape, m.family
     runner = RunnerConfig.parse(tree.get("runner_config"), ledger)
-    sink_size = runner.sink_size if runner.sink_mode and runner.sink_size != -1 else None
-    _account_runner(ledger, sink_size)
+    account_runner(ledger, _sink_size(runner))
     mbi = general.micro_batch_interleave_num
     if mbi > 1 and family.mcore:
         raise ConfigError("micro_batch_interleave_num", f"{mbi} with use_legacy: False: MindFormers 1.7.0 raises "
@@ -196,13 +256,24 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         ledger.runtime("", "no runner_wrapper: MindFormers' template (clipping on, dynamic loss scale 2^16)")
     replaced = pc.pipeline_stage > 1 or batch.gradient_accumulation_steps > batch.interleave  # parts are no GA
     clip = ds.clipping(wrapper, wrapper_given, replaced, ledger)
-    _account_wrapper(ledger)
+    account_wrapper(ledger)
     compute_dtype = shape.compute_dtype if shape else "float32"
     param_dtype = shape.param_init_type if shape else "float32"
     precision = ds.precision(compute_dtype, param_dtype, wrapper, ledger)
     zero = ds.zero(parallel, po.gradient_accumulation_shard, compute_dtype != "float32",
-                   moe["expert_parallel"] if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel)
+                   moe.expert_parallel if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel)
+    return runner, batch, Training(compute_dtype, param_dtype, precision, zero, clip, {}, {})
 
+
+def _sink_size(runner: RunnerConfig) -> int | None:
+    return runner.sink_size if runner.sink_mode and runner.sink_size != -1 else None
+
+
+def _schedule(m: _Model, general: General, runner: RunnerConfig, pc: ParallelConfig, lay: Any, batch: ds.Batch,
+              training: Training, moe: MoE | None, extra: MfDs, ledger: Ledger
+              ) -> tuple[Schedule, Training, dict, dict]:
+    """The optimizer, the LR schedule and the data (the schedule's length may count the data set)."""
+    tree, shape, family, hf_config = m.tree, m.shape, m.family, m.hf_config
     opt_given = "optimizer" in tree
     muon = opt_given and isinstance(tree["optimizer"], dict) and tree["optimizer"].get("type") == "Muon"
     opt = Optimizer.parse(tree["optimizer"] if opt_given and not muon else Optimizer.TEMPLATE, ledger)
@@ -231,46 +302,29 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
             ledger.differs("train_dataset.data_loader.sizes", f"{data['train_samples']} samples make no full "
                            f"global batch of {batch.global_batch}: the step count comes from the data at run time")
     data_size = steps_per_epoch * data["repeat"] if steps_per_epoch else None  # MindFormers' get_dataset_size()
-    lr = lr_plan(sched, sched_given, lr_scale, runner.epochs, data_size, sink_size, ledger)
+    lr = lr_plan(sched, sched_given, lr_scale, runner.epochs, data_size, _sink_size(runner), ledger)
     total = lr["resolved"]["total_steps"] if lr["resolved"] else lr["total_steps"]
+    zero = training.zero
     if muon:  # its own keys and refusals (translators/muon.py)
         from translators import muon as muon_optimizer
 
         ds_optimizer, run_optimizer = muon_optimizer.plan(
             tree["optimizer"], peak_lr(lr), zero_stage=zero["stage"], mla="kv_lora_rank" in (hf_config or {}),
             mcore=family.mcore, pynative=False, ledger=ledger, context_parallel=lay.context_parallel,
-            tensor_parallel=lay.tensor_parallel, clipping=clip, expert_parallel=moe["expert_parallel"] if moe else 1,
-            mixed=compute_dtype != "float32")
+            tensor_parallel=lay.tensor_parallel, clipping=training.clip,
+            expert_parallel=moe.expert_parallel if moe else 1, mixed=training.compute_dtype != "float32")
         zero = muon_optimizer.zero_block(zero)
     else:
         ds_optimizer, run_optimizer = ds.optimizer(opt, opt_given, peak_lr(lr), ledger)
     if not opt_given:
         ledger.runtime("", "no optimizer section: MindFormers' template AdamW (betas 0.9/0.999, eps 1e-8)")
+    training = Training(training.compute_dtype, training.param_dtype, training.precision, zero, training.clip,
+                        typed("optimizer", run_optimizer), ds_optimizer)
+    schedule = Schedule(lr, ds.scheduler(lr, ledger), runner.epochs, runner.stop_step, steps_per_epoch, total)
+    return schedule, training, data, attention
 
-    config: dict[str, Any] = {
-        "train_batch_size": batch.global_batch,  # = micro * GA * data-parallel ranks; DeepSpeed asserts it
-        "train_micro_batch_size_per_gpu": batch.micro,
-        "gradient_accumulation_steps": batch.gradient_accumulation_steps,
-        "gradient_clipping": clip,
-        **precision,
-        "zero_optimization": zero,
-        "optimizer": ds_optimizer,
-        "steps_per_print": 2**31 - 1,  # the runtime's MFLossMonitor prints; DeepSpeed's own lines would repeat it
-        "wall_clock_breakdown": False,
-    }
-    if lay.tensor_parallel * lay.context_parallel > 1:
-        # DeepSpeed's config counts the whole world as data parallel under AutoTP (no mpu at config time):
-        # micro batch and GA only, and it derives its own train_batch_size.
-        del config["train_batch_size"]
-    config.update(ds.parallel(lay, family.hf_model_type, _vocab_parallel(pc, lay, shape)))
-    scheduler = ds.scheduler(lr, ledger)
-    if scheduler:
-        config["scheduler"] = scheduler
-    full_layers = sum(1 for layer in layers if layer["full_recompute"])
-    if full_layers or rc.recompute_slice_activation:
-        config["activation_checkpointing"] = ds.activation_checkpointing(
-            full_layers, rc.recompute_slice_activation and bool(rc.recompute is True), pc.model_parallel, ledger)
 
+def _callbacks(tree: dict, general: General, moe: MoE | None, ledger: Ledger) -> dict:
     callbacks = parse_callbacks(tree, ledger)
     _check_callbacks(callbacks, moe, ledger)
     if not general.use_legacy_format and callbacks["checkpoint"] is not None:
@@ -279,62 +333,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         own = [e for e in entries if isinstance(e, dict) and e.get("type") == "CheckpointMonitor"]
         if not own or "use_legacy_format" not in own[-1]:
             callbacks["checkpoint"]["use_legacy_format"] = False
-    kernels = Kernels(fused_rope=bool(shape and shape.use_fused_rope),
-                      fused_swiglu=bool(shape and shape.use_fused_swiglu))
-    run = {
-        "run_mode": general.run_mode or "train",
-        "seed": general.seed,
-        "output_dir": general.output_dir,
-        "epochs": runner.epochs,
-        "stop_step": runner.stop_step,
-        "steps_per_epoch": steps_per_epoch,
-        "total_steps": total,
-        "world_size": batch.world_size,
-        "data_parallel": batch.data_parallel,
-        "micro_batch_size": batch.micro,
-        "gradient_accumulation_steps": batch.gradient_accumulation_steps,
-        "micro_batch_interleave_num": batch.interleave,
-        "global_batch_size": batch.global_batch,
-        "mindformers_global_batch_size": batch.mindformers_global,
-        "seq_length": data["seq_length"],
-        "compute_dtype": compute_dtype,
-        "param_dtype": param_dtype,
-        "gradient_clipping": clip,
-        "optimizer": run_optimizer,
-        "lr_schedule": lr,
-        "data": data,
-        "callbacks": callbacks,
-        "load_checkpoint": weights_path(general),
-        # MindFormers reads a checkpoint as safetensors only when told so (load_ckpt_format == 'safetensors')
-        "load_ckpt_format": "safetensors" if general.load_ckpt_format == "safetensors" else "ckpt",
-        "resume_training": general.resume_training,
-        "ignore_data_skip": general.ignore_data_skip,
-        "deterministic": bool(general.train_precision_sync),
-        "print_separate_loss": general.print_separate_loss,
-        "model_name": (tree.get("trainer") or {}).get("model_name") or family.name,
-        "family": family.name,
-        "layer_style": family.layer_style,
-        # JSON-lines data: mf_ds.tokenizer_dir, else the tokenizer beside the weights (pretrained_model_dir)
-        "tokenizer_dir": extra.tokenizer_dir or general.pretrained_model_dir or None,
-        "max_nan_steps": extra.max_nan_steps,
-        "fused_loss": extra.fused_loss,
-        "compile_layers": extra.compile_layers,
-        "loss_mask_pad_id": _loss_mask_pad_id(hf_config, family, data, ledger),
-        **attention,  # pad_attention_mask, pad_token_id
-        "checkpoint_layout": names.checkpoint_layout(tree),
-        "mindformers_version": version,
-        "log_line": "graph",  # MFLossMonitor's step line (mf_ds/log_line.py)
-    }
-    run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
-    if pet_config is not None:
-        run["lora"] = parse_pet_config(pet_config, family.mcore, ledger)
-    run["evaluation"] = parse_evaluation(tree, general, ledger, data["seq_length"], family.mcore,
-                                         bool(shape and shape.input_sliced_sig))
-    notes = ledger.finish()
-    plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
-                           "kernels": kernels, "run": run, "parallel": lay.as_plan(), "notes": notes,
-                           "mtp": mtp.plan(family, shape, hf_config)})
-    return Translation(plan, formative, ledger)
+    return callbacks
 
 
 def _layers(rc: RecomputeConfig, pc: ParallelConfig, pipe: PipelineConfig, shape: Any, family: Any,
@@ -438,144 +437,6 @@ def _layout_free(rc: RecomputeConfig) -> bool:
                                                       "select_recompute_exclude", "select_comm_recompute_exclude"))
 
 
-def _account_parallel(ledger: Ledger, pc: ParallelConfig, parallel: Parallel, po: ParallelOptimizerConfig,
-                      lay: Any, shape: Any) -> None:
-    table = {
-        "parallel_config.data_parallel": ("mapped", f"data parallel {lay.data_parallel} of the world "
-                                                    f"{lay.world_size} (plan.parallel)"),
-        "parallel_config.micro_batch_num": ("mapped", "gradient accumulation when pipeline_stage > 1"),
-        "parallel_config.pipeline_stage": pipeline.note(lay),
-        "parallel_config.model_parallel": _axis(lay, "parallel_config.model_parallel", pc.model_parallel, (
-            f"deepspeed.tensor_parallel.autotp_size = {lay.tensor_parallel} (AutoTP shards inside "
-            "deepspeed.initialize; " + ("the HF tp_plan" if lay.tp_rule == "hf_tp_plan" else
-                                        "mf-ds' partition_config: attention and dense / shared MLPs; routed experts "
-                                        "stay whole, expert parallelism shards them") + ")")),
-        "parallel_config.context_parallel": _axis(lay, "parallel_config.context_parallel", pc.context_parallel, (
-            f"deepspeed.sequence_parallel_size = {lay.context_parallel} (DeepSpeed Ulysses over SDPA attention: "
-            "each rank holds seq_length / cp tokens, all-to-all over heads; the loss is weighted by tokens over the "
-            "group)")),
-        "parallel_config.expert_parallel": ("differs", lay.folded["parallel_config.expert_parallel"])
-        if "parallel_config.expert_parallel" in lay.folded else
-        ("runtime", "moe.expert_parallel (DeepSpeed expert-parallel groups inside data parallel)"),
-        "parallel_config.use_seq_parallel": ("differs", _seq_parallel_cost(pc, shape)) if pc.use_seq_parallel
-        else ("dropped", "False: no Megatron sequence parallelism asked for"),
-        "parallel_config.seq_split_num": ("dropped", "seq-pipe needs pipeline parallelism"),
-        "parallel_config.vocab_emb_dp": ("mapped", "False: deepspeed.tensor_parallel.vocab_parallel_lm_head = true "
-                                                   "(lm_head sharded over the vocabulary, DeepSpeed's distributed "
-                                                   "cross-entropy; the input embedding stays whole unless tied)")
-        if _vocab_parallel(pc, lay, shape) else
-        ("differs", f"False: vocab_size {shape.vocab_size if shape else '?'} does not split over tensor parallel "
-                    f"{lay.tensor_parallel}: the embedding and lm_head stay whole on each TP rank")
-        if not pc.vocab_emb_dp and lay.tensor_parallel > 1 else
-        ("dropped", "embedding sharding belongs to tensor parallelism" + (
-            ", which does not run here" if not pc.vocab_emb_dp else "; True keeps it whole, as here")),
-        "parallel_config.gradient_aggregation_group": ("dropped", "MindSpore gradient comm fusion"),
-        "parallel_config.optimizer_shard": ("dropped", "deprecated since r0.7 and ignored by MindFormers"),
-        "parallel_config.context_parallel_algo": _cp_algo(pc, lay),
-        "parallel_config.ulysses_degree_in_cp": ("dropped", "the whole context-parallel degree is Ulysses here"
-                                                 if lay.context_parallel > 1 else "no context parallelism runs"),
-        "parallel_config.mem_coeff": ("dropped", "pipeline-balance tool coefficient"),
-        "parallel.parallel_mode": ("dropped", "DeepSpeed's own layout (plan.parallel); no MindSpore parallel modes "
-                                   "(read only for MindFormers' rule that 0 and 3 reset gradient_accumulation_steps "
-                                   "to 1)"),
-        "parallel.full_batch": ("runtime", "each data-parallel rank reads its own shard of the global batch; TP / "
-                                           "CP peers read the same one"),
-        "parallel.gradients_mean": ("dropped", "DeepSpeed averages gradients over data parallel"),
-        "parallel.enable_alltoall": ("dropped", "expert parallelism always uses all-to-all here"),
-        "parallel.search_mode": ("dropped", "MindSpore auto-parallel strategy search"),
-        "parallel.loss_repeated_mean": ("dropped", "TP peers compute the same loss; DeepSpeed averages over data "
-                                                   "parallel only"),
-        "parallel.dataset_strategy": ("dropped", "checked against data_parallel, then the PyTorch sampler shards"),
-        "parallel.strategy_ckpt_save_file": ("dropped", "no MindSpore sharding strategy"),
-        "parallel.strategy_ckpt_config": ("dropped", "no MindSpore sharding strategy"),
-        "parallel.parallel_optimizer_config.gradient_accumulation_shard": ("mapped", "ZeRO-2 when True"),
-        "parallel.parallel_optimizer_config.parallel_optimizer_threshold": ("dropped", "ZeRO shards every parameter"),
-        "parallel.parallel_optimizer_config.optimizer_weight_shard_size": ("differs", "ZeRO shards over the whole "
-                                                                                      "data-parallel group"),
-        "parallel.parallel_optimizer_config.optimizer_level": ("dropped", "MindSpore optimizer-parallel level"),
-        "parallel.pipeline_config.pipeline_interleave": ("runtime", "decides whether pp_interleave_num counts in "
-                                                                    "the recompute layout"),
-        "parallel.pipeline_config.pipeline_scheduler": ("runtime", "zero_bubble_v reverses the second interleave "
-                                                                   "in the layout; no pipeline schedule here"),
-    }
-    for path, (kind, message) in table.items():
-        if ledger.present(path):
-            if kind == "differs" and not _non_default(path, pc, po):
-                kind = "dropped"
-            ledger.add(path, kind, message)
-    for path, reason in lay.folded.items():
-        if not ledger.present(path):  # a fold the YAML did not write (a default degree) still gets its line
-            ledger.differs(path, reason)
-
-
-def _vocab_parallel(pc: ParallelConfig, lay: Any, shape: Any) -> bool:
-    """vocab_emb_dp: False under AutoTP, where the vocabulary splits evenly over the TP ranks."""
-    tp = lay.tensor_parallel
-    return not pc.vocab_emb_dp and tp > 1 and shape is not None and shape.vocab_size % tp == 0
-
-
-def _axis(lay: Any, path: str, degree: int, applied: str | None) -> tuple[str, str]:
-    """An axis DeepSpeed runs (mapped), folds into data parallel (differs, with the reason), or leaves at 1."""
-    if path in lay.folded:
-        return "differs", lay.folded[path]
-    if degree > 1 and applied:
-        return "mapped", applied
-    return "dropped", f"{degree}: nothing to split"
-
-
-def _cp_algo(pc: ParallelConfig, lay: Any) -> tuple[str, str]:
-    if lay.context_parallel == 1:
-        return "dropped", "no context parallelism runs"
-    if pc.context_parallel_algo == "ulysses_cp":
-        return "mapped", "DeepSpeed Ulysses"
-    return "differs", (f"{pc.context_parallel_algo}: DeepSpeed has no ring attention for HF models; Ulysses "
-                       "(all-to-all over heads) computes the same attention")
-
-
-def _seq_parallel_cost(pc: ParallelConfig, shape: Any) -> str:
-    """Megatron SP splits the norm / dropout / residual activations over TP; without it each TP rank keeps them
-    whole: 10·s·h·(1 - 1/t) more bytes per layer and sample (Korthikanti et al. 2022, activations per layer
-    s·b·h·(10 + 24/t + 5·a·s/(h·t)) without SP vs s·b·h·(34 + 5·a·s/h)/t with it, 16-bit activations)."""
-    text = "Megatron sequence parallelism (inside TP) has no DeepSpeed counterpart: each TP rank keeps the norm and " \
-           "dropout activations whole"
-    t = pc.model_parallel
-    if shape is None or t == 1:
-        return text + (" (and no tensor parallelism is asked for)" if t == 1 else "")
-    extra = 10 * shape.seq_length * shape.hidden_size * (1 - 1 / t) * shape.num_layers
-    return text + f": about {extra / 2**20:.0f} MiB more activations per sample per rank at seq_length " \
-                  f"{shape.seq_length} ({shape.num_layers} layers x 10·s·h·(1 - 1/{t}) bytes)"
-
-
-def _non_default(path: str, pc: ParallelConfig, po: ParallelOptimizerConfig) -> bool:
-    """A `differs` note only where the YAML asks for something that is not honoured."""
-    name = path.rsplit(".", 1)[-1]
-    section = pc if path.startswith("parallel_config.") else po
-    return getattr(section, name) != getattr(type(section)(), name)  # True == 1: compare with the default itself
-
-
-def _account_runner(ledger: Ledger, sink_size: int | None) -> None:
-    sink = "MindSpore data sink; an epoch is one pass over the data"
-    if sink_size is not None and sink_size > 1:
-        sink += " (lr_schedule's total_steps still counts whole sinks, as in MindFormers)"
-    for name, kind, message in (("epochs", "runtime", "run.epochs"),
-                                ("sink_mode", "dropped", "MindSpore data sink; steps are counted one by one"),
-                                ("sink_size", "dropped", sink),
-                                ("num_classes", "dropped", "not used by causal LMs"),
-                                ("stop_step", "runtime", "run.stop_step")):
-        if ledger.present(f"runner_config.{name}"):
-            ledger.add(f"runner_config.{name}", kind, message)
-
-
-def _account_wrapper(ledger: Ledger) -> None:
-    for name, kind, message in (
-            ("type", "runtime", "one DeepSpeed train step (the engine does what both MindFormers cells do)"),
-            ("local_norm", "dropped", "per-parameter local norms are not logged"),
-            ("calculate_per_token_loss", "differs", "the loss is the mean over tokens of each micro batch"),
-            ("enable_check_overflow", "dropped", "swallowed by **kwargs in MindFormers: no effect there either")):
-        if ledger.present(f"runner_wrapper.{name}"):
-            ledger.add(f"runner_wrapper.{name}", kind, message)
-
-
 def _check_model_parallel(pc: ParallelConfig, shape: Any) -> None:
     """Layouts MindFormers itself cannot build are errors, even where mf-ds would not use the degree."""
     if shape is None:
@@ -631,7 +492,7 @@ def _check_world(pc: ParallelConfig, parallel: Parallel) -> None:
                               fix={"parallel.dataset_strategy": fixes.strategy_for(strategy, pc.data_parallel)})
 
 
-def _check_callbacks(callbacks: dict, moe: dict | None, ledger: Ledger) -> None:
+def _check_callbacks(callbacks: dict, moe: MoE | None, ledger: Ledger) -> None:
     for slot, name in (("topk_bias_balance", "TopkBiasBalanceCallback"), ("moe_drop_rate", "MoEDropRateCallback")):
         args = callbacks[slot]
         if args is None:
@@ -639,12 +500,12 @@ def _check_callbacks(callbacks: dict, moe: dict | None, ledger: Ledger) -> None:
         if moe is None:
             ledger.differs("callbacks", f"{name} on a dense model: nothing to do")
             callbacks[slot] = None
-        elif args.get("expert_num") not in (None, moe["num_experts"]):
+        elif args.get("expert_num") not in (None, moe.num_experts):
             raise ConfigError("callbacks", f"{name}.expert_num {args['expert_num']} does not match the model's "
-                              f"{moe['num_experts']} routed experts")
-    if moe is not None and callbacks["moe_drop_rate"] is not None and not moe["drop_rate_callback"]:
+                              f"{moe.num_experts} routed experts")
+    if moe is not None and callbacks["moe_drop_rate"] is not None and not moe.drop_rate_callback:
         ledger.differs("callbacks", "MoEDropRateCallback without moe_config.callback_moe_droprate: True logs "
                        "nothing in MindFormers; mf_ds logs the drop rate")
-    if moe is not None and moe["router"]["bias_balance"] and callbacks["topk_bias_balance"] is None:
+    if moe is not None and moe.router.bias_balance and callbacks["topk_bias_balance"] is None:
         ledger.differs("moe_config.balance_via_topk_bias", "no TopkBiasBalanceCallback: the bias never moves "
                        "(as in MindFormers)")

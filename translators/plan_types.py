@@ -9,19 +9,22 @@ translators.lr) and the small name tables `run.data.columns`, `parallel.folded`.
 Derived values live here once, as properties beside the fields they come from (`MoE.has_drop_estimate`,
 `Plan.estimate_capacity_factor`, `Plan.topk_bias_update_rate`, `Plan.logs_drop_rate`, `Plan.zero_stage`,
 `Plan.weights_family`), not re-derived by each reader. `Plan.from_json(d)` reads a Plan back (a `--plan` file, a
-test's hand-written section with `partial=True`); an unknown key is an error naming its path.
+test's hand-written section with `partial=True`); an unknown key is an error naming its path (translators/plan_json.py).
+`Translation` is the Plan with what `mf-translate` prints beside it.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import types
-import typing
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from translators.notes import Note
+from translators.notes import Ledger, Note
+from translators.plan_json import from_json, to_json
+
+__all__ = ["from_json", "to_json"]  # the Plan's JSON helpers, read from here by mf_ds and tests
 
 _OMIT_NONE = {"omit_none": True}  # serialised only when set (keys that exist for some optimizers only)
 
@@ -536,54 +539,45 @@ class Plan:
         return from_json(cls, data, "plan", partial)
 
 
-def to_json(value: Any) -> Any:
-    if is_dataclass(value):
-        return {f.name: to_json(getattr(value, f.name)) for f in fields(value)
-                if not (f.metadata.get("omit_none") and getattr(value, f.name) is None)}
-    if isinstance(value, (list, tuple)):
-        return [to_json(item) for item in value]
-    if isinstance(value, Mapping):
-        return {key: to_json(item) for key, item in value.items()}
-    return value
+# The DeepSpeed blocks the engine never receives (mf_ds builds the optimizer and the schedule with MindFormers' own
+# parameter groups and formula, and checkpoints layers with torch's checkpoint): `mf-translate` prints them for a
+# person, each where it always stood in the printed JSON (the optimizer after zero_optimization, the rest at the end).
+NEAREST = ("optimizer", "scheduler", "activation_checkpointing")
 
 
-def from_json(hint: Any, value: Any, path: str, partial: bool = False) -> Any:
-    """`value` (JSON) as the type `hint`, checked against the dataclasses' fields; raises ValueError naming the path."""
-    origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        if value is None:
-            return None
-        inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        if len(inner) > 1:  # dataclasses told apart by their `type` (Optimizer | MuonOptimizer)
-            kind = value.type if is_dataclass(value) else value.get("type")
-            chosen = [arg for arg in inner if dict((f.name, f.default) for f in fields(arg)).get("type") == kind]
-            inner = chosen or inner[:1]
-        return from_json(inner[0], value, path, partial)
-    if isinstance(hint, type) and is_dataclass(hint):
-        if isinstance(value, hint):
-            return value
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{path}: expected a mapping, got {type(value).__name__}")
-        hints = typing.get_type_hints(hint)
-        known = {f.name for f in fields(hint)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown entries {unknown} (a {hint.__name__} has {sorted(known)})")
-        kwargs = {}
-        for f in fields(hint):
-            if f.name in value:
-                kwargs[f.name] = from_json(hints[f.name], value[f.name], f"{path}.{f.name}", partial)
-            elif not partial and not f.metadata.get("omit_none"):
-                raise ValueError(f"{path}.{f.name}: missing")
-            elif f.default is MISSING and f.default_factory is MISSING:
-                raise ValueError(f"{path}.{f.name}: missing (no default)")
-        return hint(**kwargs)
-    if origin is tuple:
-        args = typing.get_args(hint)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(from_json(args[0], item, f"{path}[{i}]", partial) for i, item in enumerate(value))
-        return tuple(value)
-    if origin is Mapping or hint is Mapping:
-        return dict(value)
-    return value
+@dataclass
+class Translation:
+    """The Plan plus what the CLI prints beside it (the Formative log lines, the ledger for --explain)."""
 
+    plan: Plan
+    formative: tuple[str, ...] = ()
+    ledger: Ledger | None = field(default=None, repr=False)
+    asked: dict | None = None
+    """The parallel degrees the YAML asks for, in parallel_config's names, where its schema has no parallel_config
+    (the PyNative schema's parallelism); the layout report shows them beside the ones that run."""
+    nearest: Mapping[str, Any] = field(default_factory=dict)
+    """The nearest DeepSpeed `optimizer` / `scheduler` / `activation_checkpointing` blocks (NEAREST), for a person."""
+
+    @property
+    def warnings(self) -> list[Note]:
+        return self.ledger.warnings() if self.ledger else []
+
+    @property
+    def json(self) -> dict[str, Any]:
+        """The Plan's JSON (what `--plan` writes)."""
+        return self.plan.to_json()
+
+    def to_json(self) -> str:
+        return json.dumps(self.json, indent=2, sort_keys=False)
+
+    def printed_deepspeed(self) -> dict[str, Any]:
+        """The DeepSpeed JSON `mf-translate` prints: plan.deepspeed with the nearest blocks a person reads."""
+        out: dict[str, Any] = {}
+        for key, value in self.plan.deepspeed.items():
+            out[key] = value
+            if key == "zero_optimization" and "optimizer" in self.nearest:
+                out["optimizer"] = self.nearest["optimizer"]
+        for key in NEAREST[1:]:
+            if key in self.nearest:
+                out[key] = self.nearest[key]
+        return out

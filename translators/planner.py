@@ -15,11 +15,13 @@ Rank order and groups are DeepSpeed's (mf_ds builds them through it):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from translators import memory
+from translators import memory, pipeline_planner
 from translators.errors import ConfigError
+from translators.plan_types import Layer, Parallel, Plan
 
 # The layout lists every rank of every process group. 2^20 ranks is beyond any DeepSpeed job run so far (the largest
 # published runs use ~10^5 GPUs) and still lists in well under a second; a 2^40 world ran out of memory building them.
@@ -60,13 +62,13 @@ def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
-def _checks(plan: dict, par: dict, raw_pc: dict) -> list[dict]:
-    hf = memory.with_defaults(plan["hf_config"])
-    tp, cp, ep, dp = par["tensor_parallel"], par["context_parallel"], par["expert_parallel"], par["data_parallel"]
+def _checks(plan: Plan, par: Parallel, raw_pc: dict) -> list[dict]:
+    hf = memory.with_defaults(plan.hf_config)
+    tp, cp, ep, dp = par.tensor_parallel, par.context_parallel, par.expert_parallel, par.data_parallel
     heads = hf.get("num_attention_heads") or hf.get("n_head")
     kv = hf.get("num_key_value_heads") or heads
     layers = hf.get("num_hidden_layers") or hf.get("n_layer")
-    seq, run = plan["run"]["seq_length"], plan["run"]
+    seq, run = plan.run.seq_length, plan.run
     experts = memory.num_experts(hf)
     pp = raw_pc.get("pipeline_stage", 1)
     rows = [
@@ -80,29 +82,30 @@ def _checks(plan: dict, par: dict, raw_pc: dict) -> list[dict]:
         rows.append(("experts", f"{experts} % ep {ep} = {experts % ep}: {experts // ep} per rank", experts % ep == 0))
         rows.append(("expert parallel", f"dp {dp} % ep {ep} = {dp % ep}", dp % ep == 0))
     rows.append(("num_layers", f"{layers} layers over MindFormers' {pp} stages" + (
-        f" ({layers // pp}{'' if layers % pp == 0 else f'-{layers // pp + 1}'} each; folded here, every rank "
-        "holds all)" if pp > 1 else ""),
+        f" ({layers // pp}{'' if layers % pp == 0 else f'-{layers // pp + 1}'} each; "
+        + ("as LayerSetting places them)" if par.pipeline_stage else "folded here, every rank holds all)")
+        if pp > 1 else ""),
         layers >= pp))
-    glob = run["global_batch_size"]
-    rows.append(("global batch", f"{glob} = micro {run['micro_batch_size']} x accumulation "
-                 f"{run['gradient_accumulation_steps']} x dp {dp}",
-                 glob == run["micro_batch_size"] * run["gradient_accumulation_steps"] * dp))
+    glob = run.global_batch_size
+    rows.append(("global batch", f"{glob} = micro {run.micro_batch_size} x accumulation "
+                 f"{run.gradient_accumulation_steps} x dp {dp}",
+                 glob == run.micro_batch_size * run.gradient_accumulation_steps * dp))
     return [{"what": what, "detail": detail, "ok": ok} for what, detail, ok in rows]
 
 
-def _degrees(par: dict) -> memory.Degrees:
-    return memory.Degrees(par["world_size"], par["data_parallel"], par["tensor_parallel"], par["context_parallel"],
-                          par["expert_parallel"])
+def _degrees(par: Parallel) -> memory.Degrees:
+    return memory.Degrees(par.world_size, par.data_parallel, par.tensor_parallel, par.context_parallel,
+                          par.expert_parallel)
 
 
-def _budget(plan: dict, deg: memory.Degrees, zero: dict, micro: int, layers: list[dict]) -> dict:
+def _budget(plan: Plan, deg: memory.Degrees, zero: dict, micro: int, layers: tuple[Layer, ...]) -> dict:
     """Model states and activations per device, in bytes, and their peak."""
-    run, ds = plan["run"], plan["deepspeed"]
+    run, ds = plan.run, plan.deepspeed
     mixed = "bf16" in ds or "fp16" in ds
-    dtype = run["compute_dtype"] if mixed else "float32"
-    weights = memory.inventory(plan["hf_config"])
+    dtype = run.compute_dtype if mixed else "float32"
+    weights = memory.inventory(plan.hf_config)
     states = memory.model_states(weights, deg, zero, mixed, dtype)
-    act = memory.activations({**plan, "layers": layers}, deg, micro, run["seq_length"], dtype)
+    act = memory.activations(dataclasses.replace(plan, layers=tuple(layers)), deg, micro, run.seq_length, dtype)
     stage = zero.get("stage", 0)
     during_backward = act.peak + states.gathered + (states.bucket if stage < 3 else 0)
     peak = states.persistent + max(during_backward, states.step_grads) + (states.bucket if stage >= 3 else 0)
@@ -111,28 +114,27 @@ def _budget(plan: dict, deg: memory.Degrees, zero: dict, micro: int, layers: lis
             "expert_parameters": sum(w.numel * w.count for w in weights if w.shard == "expert")}
 
 
-def _recompute_all(layers: list[dict], how: str) -> list[dict]:
+def _recompute_all(layers: tuple[Layer, ...], how: str) -> tuple[Layer, ...]:
     out = []
     for entry in layers:
-        entry = dict(entry)
         if how == "full":
-            entry["full_recompute"] = True
-        elif not entry["full_recompute"]:
-            entry["select_recompute"] = sorted(set(entry["select_recompute"]) | {"mlp.act_fn", "mlp.mul"})
+            entry = dataclasses.replace(entry, full_recompute=True)
+        elif not entry.full_recompute:
+            entry = dataclasses.replace(entry, select_recompute=tuple(sorted(set(entry.select_recompute)
+                                                                             | {"mlp.act_fn", "mlp.mul"})))
         out.append(entry)
-    return out
+    return tuple(out)
 
 
-def _fixes(plan: dict, deg: memory.Degrees, zero: dict, micro: int, limit: float) -> list[dict]:
+def _fixes(plan: Plan, deg: memory.Degrees, zero: dict, micro: int, limit: float) -> list[dict]:
     """What-ifs, smallest change first; each with its peak and whether it fits."""
-    layers, run = plan["layers"], plan["run"]
-    ga = run["gradient_accumulation_steps"]
+    layers, run = plan.layers, plan.run
+    ga = run.gradient_accumulation_steps
     z3 = {**zero, "stage": 3}
     can_z3 = zero.get("stage", 0) < 3 and deg.ep == 1
-    all_select = all(e["full_recompute"] or {"mlp.act_fn", "mlp.mul"} <= set(e["select_recompute"])
-                     for e in layers)
-    all_full = all(e["full_recompute"] for e in layers)
-    options: list[tuple[str, list[str], dict, list[dict], int]] = []
+    all_select = all(e.full_recompute or {"mlp.act_fn", "mlp.mul"} <= set(e.select_recompute) for e in layers)
+    all_full = all(e.full_recompute for e in layers)
+    options: list[tuple[str, list[str], dict, tuple[Layer, ...], int]] = []
     if can_z3:
         options.append(("ZeRO-3", ["mf_ds.zero_stage=3"], z3, layers, micro))
     if not all_select:
@@ -156,7 +158,7 @@ def _fixes(plan: dict, deg: memory.Degrees, zero: dict, micro: int, limit: float
     for name, sets, z, lay, mb in options:
         peak = _budget(plan, deg, z, mb, lay)["peak"]
         out.append({"change": name, "set": sets, "peak": peak, "fits": peak <= limit})
-    experts = memory.num_experts(memory.with_defaults(plan["hf_config"]))
+    experts = memory.num_experts(memory.with_defaults(plan.hf_config))
     if deg.ep > 1 or experts:
         # more expert parallelism: the routed experts are most of an MoE model's weights (ep inside dp, E % ep)
         for ep in range(deg.ep + 1, deg.dp + 1):
@@ -185,7 +187,7 @@ def _fixes(plan: dict, deg: memory.Degrees, zero: dict, micro: int, limit: float
     return out
 
 
-def more_ranks(plan: dict, deg: memory.Degrees, zero: dict, micro: int, layers: list, limit: float,
+def more_ranks(plan: Plan, deg: memory.Degrees, zero: dict, micro: int, layers: tuple[Layer, ...], limit: float,
                ) -> dict | None:
     """The smallest world (the asked one times 2, 4, ... up to 1024, the same tp / cp / ep, data parallel growing)
     whose peak fits `limit`, as the YAML stands, else with ZeRO-3 (where it applies), full recompute and micro batch
@@ -200,49 +202,44 @@ def more_ranks(plan: dict, deg: memory.Degrees, zero: dict, micro: int, layers: 
     return None
 
 
-def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None,
-                  rename: Callable[[str], str | None] | None = None) -> dict:
+def layout_report(plan: Plan, raw_pc: dict, gpu_memory: float | None = None,
+                  rename: Callable[[str], str | None] | None = None, offset=0) -> dict:
     """The layout report for the Plan's world size (raw_pc: the YAML's parallel_config, for what was folded).
-    `rename` turns each suggested setting (`runner_config.batch_size=1`) into the YAML schema's own spelling."""
-    par = plan.get("parallel")
-    if par is None:
-        raise ConfigError("--layout", "the Plan has no parallel section")
-    if plan["hf_config"] is None:
+    `rename` turns each suggested setting (`runner_config.batch_size=1`) into the YAML schema's own spelling.
+    `offset`: model_config.offset, for the YAML's stages (translators/pipeline_planner.py)."""
+    par = plan.parallel
+    if plan.hf_config is None:
         raise ConfigError("model", "--layout needs a model with an HF architecture (see the note on 'model')")
-    if par.get("pipeline_stage"):  # mf_ds/pipeline.py runs it; the memory model and groups here have no stages
-        raise ConfigError("parallel_config.pipeline_stage", f"{par['pipeline_stage']} stages run as a pipeline, and "
-                          "--layout does not plan pipelines yet (per-stage memory, 1F1B's in-flight micro batches); "
-                          "--set parallel_config.pipeline_stage=1 shows the layout without one")
-    run, ds = plan["run"], plan["deepspeed"]
-    if not run["seq_length"]:
+    run, ds = plan.run, plan.deepspeed
+    if not run.seq_length:
         raise ConfigError("model.model_config.seq_length", "--layout needs the sequence length for the activations")
-    world, tp, cp, ep, dp = (par[k] for k in ("world_size", "tensor_parallel", "context_parallel",
-                                                "expert_parallel", "data_parallel"))
+    world, tp, cp, ep, dp = (par.world_size, par.tensor_parallel, par.context_parallel, par.expert_parallel,
+                             par.data_parallel)
     if world > MAX_LAYOUT_WORLD:
         raise ConfigError("--world-size", f"{world:,} ranks: --layout lists every rank's process groups, for worlds of "
                           f"at most {MAX_LAYOUT_WORLD:,} ranks")
     deg = _degrees(par)
     zero = ds.get("zero_optimization", {"stage": 0})
-    budget = _budget(plan, deg, zero, run["micro_batch_size"], plan["layers"])
+    budget = _budget(plan, deg, zero, run.micro_batch_size, plan.layers)
     st, act = budget["states"], budget["activations"]
     report: dict[str, Any] = {
-        "model": run["model_name"], "family": run["family"],
+        "model": run.model_name, "family": run.family,
         "parameters": budget["total_parameters"], "expert_parameters": budget["expert_parameters"],
         "world_size": world,
         "degrees": {"data_parallel": dp, "tensor_parallel": tp, "context_parallel": cp, "expert_parallel": ep},
         "yaml": {k: raw_pc.get(k, 1) for k in ("data_parallel", "model_parallel", "context_parallel",
                                                 "expert_parallel", "pipeline_stage", "micro_batch_num")},
-        "tp_rule": par.get("tp_rule"),
-        "folded": par.get("folded", {}),
+        "tp_rule": par.tp_rule,
+        "folded": dict(par.folded),
         "rank_order": (f"rank = data_rank x {tp * cp} + " + ("tp_rank" if tp > 1 else "cp_rank") +
                        f" ({'TP' if tp > 1 else 'CP'} peers consecutive)") if tp * cp > 1 else
                       "rank = data_rank (pure data parallel)",
         "groups": _groups(world, tp, cp, ep),
         "data": {"shards": dp, "shard_of_rank": f"rank // {tp * cp}",
-                 "micro_batch": run["micro_batch_size"], "accumulation": run["gradient_accumulation_steps"],
-                 "global_batch": run["global_batch_size"],
-                 "mindformers_global_batch": run["mindformers_global_batch_size"],
-                 "seq_length": run["seq_length"]},
+                 "micro_batch": run.micro_batch_size, "accumulation": run.gradient_accumulation_steps,
+                 "global_batch": run.global_batch_size,
+                 "mindformers_global_batch": run.mindformers_global_batch_size,
+                 "seq_length": run.seq_length},
         "checks": _checks(plan, par, raw_pc),
         "memory": {
             "dtype": budget["dtype"], "zero_stage": budget["zero_stage"],
@@ -253,20 +250,24 @@ def layout_report(plan: dict, raw_pc: dict, gpu_memory: float | None = None,
             "peak": budget["peak"],
         },
     }
+    if par.pipeline_stage:  # mf_ds/pipeline.py runs it: memory per stage, stage-major groups
+        return pipeline_planner.pipelined(report, plan.to_json(), raw_pc, offset, gpu_memory)
     if gpu_memory is not None:
         peak = budget["peak"]
         report["memory"]["gpu_memory"] = gpu_memory
         report["memory"]["verdict"] = ("fits" if peak <= 0.9 * gpu_memory else
                                        "tight (over 90%)" if peak <= gpu_memory else "does not fit")
         if peak > 0.9 * gpu_memory:
-            fixes = _fixes(plan, deg, zero, run["micro_batch_size"], 0.9 * gpu_memory)
+            fixes = _fixes(plan, deg, zero, run.micro_batch_size, 0.9 * gpu_memory)
             if rename:  # a fix the schema cannot express (None) is left out
                 fixes = [{**fix, "set": [rename(s) for s in fix["set"]]} for fix in fixes]
                 fixes = [fix for fix in fixes if None not in fix["set"]]
             report["memory"]["what_if"] = fixes
             if not any(f["fits"] for f in fixes):
-                report["memory"]["more_ranks"] = more_ranks(plan, deg, zero, run["micro_batch_size"], plan["layers"],
+                report["memory"]["more_ranks"] = more_ranks(plan, deg, zero, run.micro_batch_size, plan.layers,
                                                             0.9 * gpu_memory)
+        if raw_pc.get("pipeline_stage", 1) > 1 or peak > 0.9 * gpu_memory:  # the YAML's stages, or what fits
+            report["pipeline"] = pipeline_planner.section(plan.to_json(), raw_pc, offset, gpu_memory)
     return report
 
 
@@ -290,7 +291,8 @@ def render(r: dict) -> list[str]:
             ("context parallel", d["context_parallel"], f"context_parallel {y['context_parallel']}"
              + (" (Ulysses)" if d["context_parallel"] > 1 else "")),
             ("expert parallel", d["expert_parallel"], f"expert_parallel {y['expert_parallel']}"),
-            ("pipeline stage", "folded" if y["pipeline_stage"] > 1 else 1, f"pipeline_stage {y['pipeline_stage']}")]
+            ("pipeline stage", d.get("pipeline_stage") or ("folded" if y["pipeline_stage"] > 1 else 1),
+             f"pipeline_stage {y['pipeline_stage']}")]
     out += [f"  {name:<18}{deg:>7}  {why}" for name, deg, why in rows]
     if r["folded"]:
         out += ["", "folded:"] + [f"  {key}: {why}" for key, why in r["folded"].items()]
@@ -310,7 +312,8 @@ def render(r: dict) -> list[str]:
             "", "checks:"]
     out += [f"  {'ok ' if c['ok'] else 'BAD'} {c['what']:<20} {c['detail']}" for c in r["checks"]]
     out += ["", f"memory per device ({mem['dtype']}, ZeRO-{mem['zero_stage']}, "
-            f"{mem['local_parameters'] / 1e9:.2f} B parameters computed per rank):"]
+            f"{mem['local_parameters'] / 1e9:.2f} B parameters computed per rank"
+            + (f"; stage {mem['stage']}, the largest" if "stage" in mem else "") + "):"]
     lines = [("parameters", mem["parameters"]), ("gradients", mem["gradients"]),
              ("fp32 master weights", mem["master"]), ("Adam moments (fp32)", mem["moments"])]
     if mem["zero_stage"] >= 3:
@@ -322,6 +325,8 @@ def render(r: dict) -> list[str]:
     out.append(f"  activations peak at the {mem['activations_at']}; the optimizer step holds "
                f"{mem['step_fp32_gradients'] / memory.GiB:.2f} GiB of fp32 gradients in their place")
     out += [f"  note: {n}" for n in mem["activation_notes"]]
+    if "pipeline_layout" in r:
+        out += ["", "stages:"] + pipeline_planner.table(r["pipeline_layout"])
     if "verdict" in mem:
         out += ["", f"verdict: {mem['verdict']}: peak {mem['peak'] / memory.GiB:.1f} GiB of "
                 f"{mem['gpu_memory'] / memory.GiB:.1f} GiB (CUDA context and fragmentation not counted)"]
@@ -347,4 +352,6 @@ def render(r: dict) -> list[str]:
                     + f": peak {wider['peak'] / memory.GiB:.1f} GiB) "
                     "or a larger device" if wider else "a larger device (more ranks, up to 1024 times these, do not "
                     "bring the peak within 90%: the activations stay)"))
+    if "pipeline" in r:
+        out += pipeline_planner.render(r["pipeline"])
     return out

@@ -16,28 +16,32 @@ torchtitan. `translate(tree)` reads it in four steps, each with MindFormers' own
   4. the rest through the graph-mode builders (parallel.resolve, moe_plan, lr_plan, muon.plan, deepspeed.*,
      parse_data, attention_plan), each handed a ledger view that renames their paths to this schema's, and
      translators/pynative_account.py for what only this schema has (FSDP -> ZeRO, checkpoint saving, the notes).
-Every key is accounted for in the ledger, as in graph mode.
+Every key is accounted for in the ledger, as in graph mode, and the result fills the same typed Intent, from which
+translators/assemble.py builds the Plan.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, mf_defaults
+from translators import families, mf_defaults, mtp
 from translators import pynative_account as account
-from translators.attention import attention_plan, trailing_pads_inert
+from translators.assemble import Degrees, Intent, Loading, Model, Schedule, Settings, Training, assemble, typed
+from translators.attention import attention_plan
 from translators.data import parse_data
 from translators.errors import ConfigError, show
 from translators.fixes import batch_fit
 from translators.lora import parse_lora_config
 from translators.lr import lr_plan, peak_lr
 from translators.moe import moe_plan
+from translators.moe import typed as moe_typed
 from translators.notes import Ledger, LedgerView
 from translators.parallel import Dims, resolve
-from translators.plan_types import Kernels, Plan
+from translators.plan_types import CheckpointLayout, Kernels, MoE, Translation
 from translators.pynative_schema import NEWEST, effective, schema
 from translators.pynative_trainer import (
     check_context_parallel,
@@ -82,12 +86,9 @@ def _renamed(view: LedgerView):
     except ConfigError as exc:
         raise ConfigError(view.path(exc.path), exc.message, exc.hint) from None
 
-
 def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None,
-              mindformers_version: str | None = None):
+              mindformers_version: str | None = None) -> Translation:
     """The Plan of a PyNative-schema YAML (a loaded dict): the same Translation graph mode gives."""
-    from translators.plan import Translation  # the graph-mode module imports this one
-
     version = mf_defaults.resolve(mindformers_version if mindformers_version is not None
                                   else tree.get("mindformers_version") if tree.get("mindformers_version") is not None
                                   else NEWEST, "--mindformers-version" if mindformers_version is not None
@@ -100,8 +101,78 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     extra = MfDs.parse(tree.get("mf_ds"), ledger)
     if extra.fused_loss is not None:
         ledger.runtime("mf_ds.fused_loss", f"run.fused_loss = {extra.fused_loss} (mf_ds/loss_model.py)")
+    m = _model(tree, cfg, version, view, ledger)
+    lay, moe = _layout(m, deg, extra, view, ledger)
+    batch = _batch(cfg, deg, lay, gradient_accumulation_steps)
+    schedule, training = _optimizer(cfg, tree, m, deg, lay, moe, extra, view, ledger)
+    shape, family, hf_config = m.shape, m.family, m.hf_config
+    tp = lay.tensor_parallel
+    vocab_parallel = cfg["parallelism"]["enable_loss_parallel"] and tp > 1 and shape.vocab_size % tp == 0
+    layers = [{"index": i, "full_recompute": i in m.full, "select_recompute": list(m.select.get(i, ())),
+               "comm_recompute": [], "full_recompute_exclude": [], "mtp": i >= shape.num_layers}
+              for i in range(m.n_layers)]
+    checkpointing = ds.activation_checkpointing(len(m.full), False, lay.tensor_parallel, ledger) if m.full else None
 
-    # The model: the same family tables as graph mode's model.model_config.
+    # Data.
+    data_tree = account.data_tree(tree)
+    with _renamed(view):
+        data = parse_data(data_tree, view, shape.seq_length, mcore=True, sliced=bool(shape.input_sliced_sig))
+        attention = attention_plan({**data_tree, **m.built}, True, (hf_config or {}).get("pad_token_id"), data, view,
+                                   modelled=True, context_parallel=lay.context_parallel)
+    # MindFormers' PyNative trainer counts steps, not epochs (epochs = stop_step = total_steps = training.steps):
+    # as many passes over the data as the steps need
+    schedule = dataclasses.replace(schedule, steps_per_epoch=(data["train_samples"] // batch.global_batch or None)
+                                   if data["train_samples"] else None)
+    callbacks = account.callbacks(cfg, moe, ledger, account.output_dir(tree))
+    model = Model(family, hf_config, layers, moe, Kernels(fused_rope=shape.use_fused_rope,
+                                                          fused_swiglu=shape.use_fused_swiglu),
+                  mtp.plan(family, shape, hf_config, pynative=True),
+                  family.name,  # the model's name (the layout's title); checkpoint.prefix names the files
+                  checkpointing)
+    loading = Loading(cfg["checkpoint"]["load_path"] or None, "safetensors",
+                      # no_load_optim false: MindFormers resumes load_path's optimizer state and step too
+                      # (mf_ds/resume2.py)
+                      bool(cfg["checkpoint"]["load_path"]) and not cfg["checkpoint"]["no_load_optim"], False,
+                      CheckpointLayout(qkv_concat=None, mlp_concat=None, use_rearrange_rope=False,
+                                       use_contiguous_weight_layout_attention=False,
+                                       use_interleaved_weight_layout_mlp=True, use_gmm=False,
+                                       mla_qkv_concat=(tree.get("model") or {}).get("mla_qkv_concat") is not False))
+    settings = Settings(run_mode="train", seed=account.seed(cfg), output_dir=account.output_dir(tree),
+                        deterministic=cfg["training"]["deterministic"], print_separate_loss=True,
+                        tokenizer_dir=extra.tokenizer_dir, max_nan_steps=account.max_nan_steps(cfg, tree, extra),
+                        fused_loss=extra.fused_loss, compile_layers=extra.compile_layers, loss_mask_pad_id=None,
+                        mindformers_version=version, log_line="pynative")
+    lora = parse_lora_config(cfg["lora_config"], ledger) if cfg["lora_config"] is not None else None
+    intent = Intent(Degrees(lay, vocab_parallel), batch, training, schedule, typed("data", data), attention,
+                    typed("callbacks", callbacks), model, loading, settings, typed("lora", lora))
+    account.sections(cfg, tree, deg, lay, moe, batch.gradient_accumulation_steps, batch.global_batch, m.full,
+                     m.n_layers, tuple(schema(version)["classes"]["TrainConfig"]["fields"]), ledger)
+    if gradient_accumulation_steps is not None:
+        ledger.mapped("training.global_batch_size", f"--gradient_accumulation_steps {batch.gradient_accumulation_steps}"
+                      f": the global batch is {batch.global_batch} here (MindFormers' {deg.global_batch})")
+    asked = {"data_parallel": deg.data_parallel, "model_parallel": deg.tp, "context_parallel": deg.cp,
+             "expert_parallel": deg.ep, "pipeline_stage": deg.pp, "micro_batch_num": deg.gradient_accumulation_steps}
+    return assemble(intent, ledger, (), asked)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The flat `model`, read through the same family tables as graph mode's model.model_config."""
+
+    config: dict
+    family: Any
+    shape: Any
+    hf_config: dict | None
+    built: dict
+    """The config as a graph-mode tree (`{"model": {"model_config": ...}}`): what the shared builders read."""
+    n_layers: int
+    full: Any
+    """The fully recomputed layers."""
+    select: dict
+    """Layer -> the HF module paths it recomputes."""
+
+
+def _model(tree: dict, cfg: dict, version: str, view: LedgerView, ledger: Ledger) -> _Model:
     model_section = tree.get("model")
     if not isinstance(model_section, dict) or not model_section:
         raise ConfigError("model", f"expected the model's settings (model_type, num_hidden_layers, ...), got "
@@ -109,16 +180,19 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     mtree = families.mcore_tree(model_section)
     with _renamed(view):
         model = families.parse_model(mtree, view, version)
-    family, shape, hf_config = model.family, model.shape, model.hf_config
-    built = families.mcore_tree(model.config)
+    family, shape = model.family, model.shape
     n_layers = shape.num_layers + shape.mtp_depth
     check_context_parallel(cfg["parallelism"], model.config, version)
     check_pipeline(cfg["parallelism"], shape.num_layers)
     full = recompute_layers(cfg, n_layers)
     select = select_modules(cfg, n_layers, full, family.layer_style, ledger)
+    return _Model(model.config, family, shape, model.hf_config, families.mcore_tree(model.config), n_layers, full,
+                  select)
 
-    # Parallel degrees: the graph-mode resolution (DeepSpeed AutoTP, Ulysses, EP inside data parallel).
-    p = cfg["parallelism"]
+
+def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger) -> tuple[Any, MoE | None]:
+    """Parallel degrees: the graph-mode resolution (DeepSpeed AutoTP, Ulysses, EP inside data parallel); MoE."""
+    family, shape, hf_config = m.family, m.shape, m.hf_config
     ep = deg.ep
     if not family.moe_plan and ep > 1:  # HF's own MoE block runs (DeepSeek-V4): no mf-ds MoE layer to split experts
         ep = 1
@@ -129,7 +203,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                         expert_parallel=ep, pipeline_stage=deg.pp, micro_batch_num=max(deg.pp, 1))
     dims = Dims(heads=shape.num_heads, kv_heads=(hf_config or {}).get("num_key_value_heads") or shape.num_heads,
                 seq_length=shape.seq_length, layers=shape.num_layers,
-                experts=_experts(model.config))
+                experts=_experts(m.config))
     with _renamed(view):
         lay = resolve(pc, family.hf_model_type, dims, deg.world, pipeline_reason=(
             "the PyNative schema's layers per stage (pipeline_parallel_layers_per_stage) are not read into "
@@ -137,13 +211,16 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
     moe = None
     if not family.moe_plan and hf_config is not None:
-        moe = families.family_moe(family, hf_config, built["model"]["model_config"], view)
+        moe = moe_typed(families.family_moe(family, hf_config, m.built["model"]["model_config"], view))
     if family.moe_plan:
         with _renamed(view):
-            moe, _ = moe_plan(built, family.name, True, shape.num_layers, shape.mtp_depth, lay.expert_parallel, pc,
+            moe, _ = moe_plan(m.built, family.name, True, shape.num_layers, shape.mtp_depth, lay.expert_parallel, pc,
                               extra, view)
+    return lay, moe
 
-    # Batch: MindFormers' global batch on DeepSpeed's data-parallel ranks (folded axes add ranks to it).
+
+def _batch(cfg: dict, deg: Any, lay: Any, gradient_accumulation_steps: int | None) -> ds.Batch:
+    """MindFormers' global batch on DeepSpeed's data-parallel ranks (folded axes add ranks to it)."""
     micro = cfg["training"]["local_batch_size"]
     if gradient_accumulation_steps is not None:
         if gradient_accumulation_steps < 1:
@@ -156,134 +233,43 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                           *batch_fit(deg.global_batch, micro * lay.data_parallel))
     else:
         ga = deg.global_batch // (micro * lay.data_parallel)
-    global_batch = micro * ga * lay.data_parallel
+    return ds.Batch(micro=micro, gradient_accumulation_steps=ga, world_size=lay.world_size,
+                    data_parallel=lay.data_parallel, global_batch=micro * ga * lay.data_parallel,
+                    mindformers_global=deg.global_batch, interleave=1)
 
-    # Optimizer and schedule.
+
+def _optimizer(cfg: dict, tree: dict, m: _Model, deg: Any, lay: Any, moe: MoE | None, extra: MfDs, view: LedgerView,
+               ledger: Ledger) -> tuple[Schedule, Training]:
+    """The LR class the Trainer builds (the section, its type required, + training.steps) and the optimizer."""
     steps = cfg["training"]["steps"]
     if steps < 1:  # MindFormers takes it and trains nothing
         raise ConfigError("training.steps", f"expected the number of steps to train (an int >= 1), got {steps}")
-    with _renamed(view):  # the LR class the Trainer builds: the section (its type is required) + training.steps
+    with _renamed(view):
         sched = LrSchedule.parse({**cfg["lr_scheduler"], "total_steps": steps}, view)
         lr = lr_plan(sched, True, None, 1, None, None, view)
-    compute_dtype, param_dtype = shape.compute_dtype, shape.param_init_type
+    compute_dtype, param_dtype = m.shape.compute_dtype, m.shape.param_init_type
     zero = account.zero(cfg, deg, lay, extra, compute_dtype != "float32", moe, ledger)
-    muon = cfg["optimizer"]["type"] == "Muon"
     clip = float(cfg["training"]["max_norm"]) if cfg["training"]["max_norm"] > 0 else 0.0
-    if muon:
+    if cfg["optimizer"]["type"] == "Muon":
         from translators import muon as muon_optimizer
 
         with _renamed(view):
             ds_optimizer, run_optimizer = muon_optimizer.plan(
                 account.muon_section(cfg, tree, ledger), peak_lr(lr), zero_stage=zero["stage"],
-                mla=_mla(hf_config), mcore=True, pynative=True, ledger=ledger, clipping=clip,
-                attention_variant=built["model"]["model_config"].get("experimental_attention_variant"),
+                mla=_mla(m.hf_config), mcore=True, pynative=True, ledger=ledger, clipping=clip,
+                attention_variant=m.built["model"]["model_config"].get("experimental_attention_variant"),
                 context_parallel=lay.context_parallel, tensor_parallel=lay.tensor_parallel,
-                expert_parallel=moe["expert_parallel"] if moe else 1, mixed=compute_dtype != "float32")
+                expert_parallel=moe.expert_parallel if moe else 1, mixed=compute_dtype != "float32")
         zero = muon_optimizer.zero_block(zero)
     else:
         opt = Optimizer.parse({k: cfg["optimizer"][k] for k in ("type", "betas", "eps", "weight_decay")})
         ds_optimizer, run_optimizer = ds.optimizer(opt, True, peak_lr(lr), ledger)
         account.optimizer_extras(cfg, tree, ledger)
-
     precision = {"bfloat16": {"bf16": {"enabled": True}}, "float16": {"fp16": {"enabled": True, "loss_scale": 1.0}},
                  "float32": {}}[compute_dtype]
-    config: dict[str, Any] = {
-        "train_batch_size": global_batch,  # = micro * GA * data-parallel ranks; DeepSpeed asserts it
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": ga,
-        "gradient_clipping": clip,
-        **precision,
-        "zero_optimization": zero,
-        "optimizer": ds_optimizer,
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
-    }
-    if lay.tensor_parallel * lay.context_parallel > 1:
-        del config["train_batch_size"]  # DeepSpeed counts TP / CP ranks as data parallel at config time
-    tp = lay.tensor_parallel
-    vocab_parallel = p["enable_loss_parallel"] and tp > 1 and shape.vocab_size % tp == 0
-    config.update(ds.parallel(lay, family.hf_model_type, vocab_parallel))
-    scheduler = ds.scheduler(lr, view)
-    if scheduler:
-        config["scheduler"] = scheduler
-    layers = [{"index": i, "full_recompute": i in full, "select_recompute": list(select.get(i, ())),
-               "comm_recompute": [], "full_recompute_exclude": [], "mtp": i >= shape.num_layers}
-              for i in range(n_layers)]
-    if full:
-        config["activation_checkpointing"] = ds.activation_checkpointing(len(full), False, lay.tensor_parallel,
-                                                                         ledger)
-
-    # Data.
-    data_tree = account.data_tree(tree)
-    with _renamed(view):
-        data = parse_data(data_tree, view, shape.seq_length, mcore=True, sliced=bool(shape.input_sliced_sig))
-        attention = attention_plan({**data_tree, **built}, True, (hf_config or {}).get("pad_token_id"), data, view,
-                                   modelled=True, context_parallel=lay.context_parallel)
-    steps_per_epoch = data["train_samples"] // global_batch if data["train_samples"] else None
-
-    callbacks = account.callbacks(cfg, moe, ledger, account.output_dir(tree))
-    run = {
-        "run_mode": "train",
-        "seed": account.seed(cfg),
-        "output_dir": account.output_dir(tree),
-        # MindFormers' PyNative trainer counts steps, not epochs: as many passes over the data as the steps need
-        "epochs": steps,
-        "stop_step": steps,
-        "steps_per_epoch": steps_per_epoch or None,
-        "total_steps": steps,
-        "world_size": lay.world_size,
-        "data_parallel": lay.data_parallel,
-        "micro_batch_size": micro,
-        "gradient_accumulation_steps": ga,
-        "micro_batch_interleave_num": 1,
-        "global_batch_size": global_batch,
-        "mindformers_global_batch_size": deg.global_batch,
-        "seq_length": data["seq_length"],
-        "compute_dtype": compute_dtype,
-        "param_dtype": param_dtype,
-        "gradient_clipping": clip,
-        "optimizer": run_optimizer,
-        "lr_schedule": lr,
-        "data": data,
-        "callbacks": callbacks,
-        "load_checkpoint": cfg["checkpoint"]["load_path"] or None,
-        "load_ckpt_format": "safetensors",
-        # no_load_optim false: MindFormers resumes load_path's optimizer state and step too (mf_ds/resume2.py)
-        "resume_training": bool(cfg["checkpoint"]["load_path"]) and not cfg["checkpoint"]["no_load_optim"],
-        "ignore_data_skip": False,
-        "deterministic": cfg["training"]["deterministic"],
-        "print_separate_loss": True,
-        "model_name": family.name,  # the model's name (the layout's title); checkpoint.prefix names the files
-        "log_line": "pynative",
-        "family": family.name,
-        "layer_style": family.layer_style,
-        "tokenizer_dir": extra.tokenizer_dir,
-        "fused_loss": extra.fused_loss,
-        "max_nan_steps": account.max_nan_steps(cfg, tree, extra),
-        "compile_layers": extra.compile_layers,
-        "loss_mask_pad_id": None,
-        **attention,
-        "checkpoint_layout": {"qkv_concat": None, "mlp_concat": None, "use_rearrange_rope": False,
-                              "use_contiguous_weight_layout_attention": False,
-                              "use_interleaved_weight_layout_mlp": True, "use_gmm": False,
-                              "mla_qkv_concat": (tree.get("model") or {}).get("mla_qkv_concat") is not False},
-        "mindformers_version": version,
-    }
-    run["trailing_pads_inert"] = trailing_pads_inert(run, moe)
-    if cfg["lora_config"] is not None:
-        run["lora"] = parse_lora_config(cfg["lora_config"], ledger)
-    account.sections(cfg, tree, deg, lay, moe, ga, global_batch, full, n_layers,
-                     tuple(schema(version)["classes"]["TrainConfig"]["fields"]), ledger)
-    if gradient_accumulation_steps is not None:
-        ledger.mapped("training.global_batch_size", f"--gradient_accumulation_steps {ga}: the global batch is "
-                      f"{global_batch} here (MindFormers' {deg.global_batch})")
-    notes = ledger.finish()
-    plan = Plan.from_json({"deepspeed": config, "hf_config": hf_config, "layers": layers, "moe": moe,
-                           "kernels": Kernels(fused_rope=shape.use_fused_rope, fused_swiglu=shape.use_fused_swiglu),
-                           "run": run, "parallel": lay.as_plan(), "notes": notes, "mtp": None})
-    asked = {"data_parallel": deg.data_parallel, "model_parallel": deg.tp, "context_parallel": deg.cp,
-             "expert_parallel": deg.ep, "pipeline_stage": deg.pp, "micro_batch_num": deg.gradient_accumulation_steps}
-    return Translation(plan, (), ledger, asked)
+    training = Training(compute_dtype, param_dtype, precision, zero, clip, typed("optimizer", run_optimizer),
+                        ds_optimizer)
+    return Schedule(lr, ds.scheduler(lr, view), steps, steps, None, steps), training
 
 
 def layout_setting(setting: str, n_layers: int) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from translators.errors import ConfigError, join, show
 from translators.notes import Ledger
+from translators.plan_types import MoE
 from translators.pynative_trainer import spans
 from translators.schema import MAX_INT
 from translators.sections import MfDs
@@ -75,10 +76,10 @@ def seed(cfg: dict) -> int:
     return value
 
 
-def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: dict | None, ledger: Ledger) -> dict:
+def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: MoE | None, ledger: Ledger) -> dict:
     """The ZeRO block for the FSDP the YAML asks for (data_parallel_shard over the data-parallel ranks)."""
     p = cfg["parallelism"]
-    ep = moe["expert_parallel"] if moe else 1
+    ep = moe.expert_parallel if moe else 1
     if extra.zero_stage is not None:
         stage, why = extra.zero_stage, "mf_ds.zero_stage"
         ledger.mapped("mf_ds.zero_stage", f"deepspeed.zero_optimization.stage = {stage}")
@@ -200,7 +201,7 @@ def checkpoint_directory(save_path: str, out_dir: str) -> str | None:
     return posixpath.join(out_dir, *parts) if parts else out_dir
 
 
-def callbacks(cfg: dict, moe: dict | None, ledger: Ledger, out_dir: str = "./output") -> dict:
+def callbacks(cfg: dict, moe: MoE | None, ledger: Ledger, out_dir: str = "./output") -> dict:
     """run.callbacks: the PyNative trainer's built-in loss logging (LossCallback, which also moves the
     aux-loss-free expert bias every step) and checkpoint saving (CheckpointCallback from `checkpoint`)."""
     c = cfg["checkpoint"]
@@ -216,7 +217,7 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger, out_dir: str = "./out
                              "checkpoint_format": "safetensors",
                              # mf-ds' own resumable checkpoints (DeepSpeed state + HF weights), optimizer included
                              "use_legacy_format": True, "save_optimizer": True}
-    if moe is not None and moe["router"]["bias_balance"]:
+    if moe is not None and moe.router.bias_balance:
         # loss_callback.py: with moe_router_enable_expert_bias the bias moves every step (gpt_model.py
         # _update_expert_bias: += moe_router_bias_update_rate x sign(mean load - load)), no callback needed
         out["topk_bias_balance"] = {"balance_via_topk_bias": None, "topk_bias_update_rate": None, "expert_num": None}
@@ -232,14 +233,20 @@ def callbacks(cfg: dict, moe: dict | None, ledger: Ledger, out_dir: str = "./out
     return out
 
 
-def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: int, global_batch: int,
+def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: MoE | None, ga: int, global_batch: int,
              full: set[int], n_layers: int, sections_known: tuple[str, ...], ledger: Ledger) -> None:
     """The notes on the keys of checkpoint, training, parallelism, recompute*, swap, train_dataset, monitor, context,
     profiler, callbacks and the top level."""
-    present = ledger.present
-    t, p, c = cfg["training"], cfg["parallelism"], cfg["checkpoint"]
+    _training(cfg, deg, lay, ga, global_batch, ledger)
+    _parallelism(cfg, deg, lay, moe, ledger)
+    _parallel_switches(cfg, lay, ledger)
+    _checkpoint(cfg, ledger)
+    _recompute(cfg, full, n_layers, ledger)
+    _rest(cfg, tree, deg, sections_known, ledger)
 
-    # training
+
+def _training(cfg: dict, deg: Any, lay: Any, ga: int, global_batch: int, ledger: Ledger) -> None:
+    present, t = ledger.present, cfg["training"]
     for name, kind, message in (
             ("steps", "runtime", f"run.stop_step = {t['steps']} steps, with run.epochs = {t['steps']} so that the "
                                  "data is passed over as often as the steps need (MindFormers counts steps, not "
@@ -279,7 +286,9 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
     if present("training.rampup_batch_size"):
         ledger.dropped("training.rampup_batch_size", "null: a fixed batch")
 
-    # parallelism
+
+def _parallelism(cfg: dict, deg: Any, lay: Any, moe: MoE | None, ledger: Ledger) -> None:
+    present, p = ledger.present, cfg["parallelism"]
     folded = lay.folded
     for name, degree, what in (
             ("tensor_parallel", deg.tp, f"deepspeed.tensor_parallel.autotp_size = {lay.tensor_parallel} (AutoTP; "
@@ -324,6 +333,10 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         name = f"pipeline_parallel_{name}"
         if present(join("parallelism", name)):
             ledger.dropped(join("parallelism", name), _PIPELINE)
+
+
+def _parallel_switches(cfg: dict, lay: Any, ledger: Ledger) -> None:
+    present, p = ledger.present, cfg["parallelism"]
     if present("parallelism.disable_gradient_division"):
         if p["disable_gradient_division"]:
             ledger.dropped("parallelism.disable_gradient_division", "true: MindFormers sums the gradients over the "
@@ -373,7 +386,9 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
                            "all-to-all here (the per-node de-duplication is a communication saving: the same tokens "
                            "reach the same experts)")
 
-    # checkpoint
+
+def _checkpoint(cfg: dict, ledger: Ledger) -> None:
+    present, c = ledger.present, cfg["checkpoint"]
     load = c["load_path"]
     table = {
         "enable_save": ("runtime", "run.callbacks.checkpoint: mf-ds checkpoints (DeepSpeed state and HF safetensors "
@@ -413,7 +428,9 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         if present(join("checkpoint", name)):
             ledger.add(join("checkpoint", name), kind, message)
 
-    # recompute
+
+def _recompute(cfg: dict, full: set[int], n_layers: int, ledger: Ledger) -> None:
+    present = ledger.present
     rc, comm = cfg["recompute"], cfg["recompute_comm"]
     if present("recompute.mode"):
         ledger.runtime("recompute.mode", f"{rc['mode']}: {len(full)} of {n_layers} layers fully recomputed "
@@ -441,6 +458,10 @@ def sections(cfg: dict, tree: dict, deg: Any, lay: Any, moe: dict | None, ga: in
         else:
             ledger.dropped("swap", "enable is false")
 
+
+def _rest(cfg: dict, tree: dict, deg: Any, sections_known: tuple[str, ...], ledger: Ledger) -> None:
+    """train_dataset's own keys, the sections with no PyTorch meaning, the top level."""
+    present = ledger.present
     # train_dataset: the PyNative schema's own keys (the loader's: translators/data.py)
     for name, kind, message in (
             ("num_parallel_workers", "dropped", "MindSpore data-pipeline setting; the PyTorch loader needs none"),

@@ -310,8 +310,8 @@ class MfDs(Section):
     compile_layers: bool = key(False, "torch.compile each decoder layer (regional compilation); off by default until "
                                       "a GPU benchmark shows it faster (bench/train_gpu.py)")
     pipeline: bool = key(False, "run parallel_config.pipeline_stage as real stages on DeepSpeed's PipelineEngine "
-                                "(mf_ds/pipeline.py: dense models; no checkpoint saving, resume, recompute or "
-                                "interleave on stages yet); false: the stages fold into data parallel")
+                                "(mf_ds/pipeline.py: dense models, checkpoints saved and resumed; no recompute "
+                                "or interleave on stages yet); false: the stages fold into data parallel")
 
     @staticmethod
     def note_compile(tree: dict, ledger) -> None:

@@ -11,6 +11,8 @@ The formats, one module each:
     sharded.py         MindFormers 2.x Checkpoint 2.0 files (per-rank slices + metadata): read, merge, write
     sharded_run.py     an mf-ds run resumed from and saved as Checkpoint 2.0; its optimizer state: optim_state.py
     mindspore_ckpt.py  MindSpore `.ckpt` and MindFormers safetensors weights in (mf_ds/model.py), `.ckpt` out
+    pipelined.py       a pipelined run's native checkpoints (one HF shard per stage); restage.py resumes one on
+                       another stage count
     durable.py         how native and Checkpoint 2.0 save so that no kill loses one, and the repair of a cut save
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from mf_ds import startup
-from mf_ds.checkpoint import native, optim_state, sharded, sharded_run
+from mf_ds.checkpoint import native, optim_state, pipelined, sharded, sharded_run
 from mf_ds.checkpoint.native import (
     STATE,
     CheckpointError,
@@ -113,7 +115,8 @@ def load(engine: Any, path: Path, plan: Plan, *, trust: bool = False,
     `state_keys`, optim_state.state_keys), the LR schedule's position and the step; its weights are already in
     the model (prepare() read them)."""
     if (path / STATE).is_file() or not sharded.is_checkpoint2(path):
-        state = native.load(engine, path, trust=trust)
+        # native.load, or a pipelined checkpoint on another stage count (pipelined.py)
+        state = pipelined.load(engine, path, plan, state_keys, trust)
         log(f"mf-ds: resumed from {path} at step {state['step']}")
         return state["step"]
     if state_keys is None:
@@ -147,6 +150,8 @@ def save(engine: Any, root: Path, step: int, plan: Plan, steps_per_epoch: int,
          state_keys: dict[str, tuple[str, ...]] | None) -> Path:
     """Save `step` into `root` in the run's format; returns the checkpoint's folder. Collective."""
     ckpt, run = plan.run.callbacks.checkpoint, plan.run
+    if (plan.parallel.pipeline_stage or 1) > 1:  # each stage writes its own HF weights (pipelined.py)
+        return pipelined.save(engine, root, step, plan)
     if ckpt.use_legacy_format:
         consumed = {"consumed_micro_batches": step * run.gradient_accumulation_steps}
         return native.save(engine, root, ckpt.prefix, step, consumed, ckpt.keep_checkpoint_max)

@@ -2,7 +2,8 @@
 
 Layout of `<output_dir>/checkpoint/`:
     <prefix>-step<N>/            one complete checkpoint
-        config.json, model.safetensors   AutoModelForCausalLM.from_pretrained(dir) loads it
+        config.json, model.safetensors   AutoModelForCausalLM.from_pretrained(dir) loads it (a pipelined run: one
+                                         shard per stage and its index, mf_ds/checkpoint/pipelined.py)
         engine/                          DeepSpeed engine state (optimizer, scheduler, per-rank shards)
         rng.json                         Python, numpy and torch RNG states
         trainer_state.json               step, consumed micro batches: it marks the checkpoint complete
@@ -313,8 +314,10 @@ def whole_weights(engine: Any) -> dict[str, torch.Tensor] | None:
     return weights
 
 
-def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write checkpoint `<prefix>-step<step>` on every rank; returns its final path. Collective."""
+def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any], keep: int,
+         hf_writer: Any = None) -> Path:
+    """Write checkpoint `<prefix>-step<step>` on every rank; returns its final path. Collective. `hf_writer(tmp)`,
+    collective: writes the HF weights where no rank holds the whole model (mf_ds/checkpoint/pipelined.py)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{prefix}-step{step}"
     tmp = root / f"{final.name}.tmp"
@@ -325,10 +328,15 @@ def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any],
     fault_point("save.engine", step)
     # The RNG state differs per rank only through the data order, which the step count fixes; rank 0's is kept.
     rngs = rng_state()
-    weights = whole_weights(engine)
+    weights = None
+    if hf_writer is None:
+        weights = whole_weights(engine)
+    else:
+        hf_writer(tmp)
     _barrier()
     if _rank() == 0:
-        engine.module.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)
+        if hf_writer is None:
+            engine.module.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)
         fault_point("save.weights", step)
         _atomic_write(tmp / RNG, json.dumps(rngs))
         _atomic_write(tmp / STATE, json.dumps({**state, "step": step}, indent=2))

@@ -103,7 +103,9 @@ def test_mf_convert_with_the_wheel_yaml(tmp_path, capsys):
     argv = [w for k, v in sets.items() for w in ("--set", f"{m}{k}={v}")]
     argv += ["--set", "parallel_config.pipeline_stage=1"]
     assert cli(["--mf-config", str(WHEEL_YAML), *argv, str(FIXTURES / "model.split.ckpt"), str(tmp_path / "hf")]) == 0
-    assert json.loads(capsys.readouterr().out)["loaded"] == 41
+    # 41 main tensors + the YAML's MTP layer (num_nextn_predict_layers 1, mf_ds/mtp.py's mcore variant): enorm,
+    # hnorm, eh_proj, shared_head.norm and a MoE decoder layer's 26
+    assert json.loads(capsys.readouterr().out)["loaded"] == 71
     assert cli(["--mf-config", str(WHEEL_YAML), *argv, str(tmp_path / "hf"), str(tmp_path / "back.ckpt")]) == 0
     back, source = MindSporeCheckpoint(tmp_path / "back.ckpt"), MindSporeCheckpoint(FIXTURES / "model.split.ckpt")
     assert "decoder.layers.0.self_attention.linear_q_down_proj.weight" in back.names()

@@ -49,15 +49,6 @@ def test_plan_carries_the_research_variant():
     assert _plan("model.model_config.mtp_depth=0").mtp is None
 
 
-def test_mcore_deepseek3_keeps_its_differs_note():
-    """The mcore variant is not built: its YAML says so (differs), and gets no research MTP."""
-    path = ROOT / "tests/fixtures/mindformers_wheels/1.9.0/deepseek3/pretrain_deepseek3_671b.yaml"
-    plan = translate_file(str(path)).plan
-    assert plan.mtp is None
-    kinds = [n.kind for n in plan.notes if n.key.endswith(("mtp_depth", "num_nextn_predict_layers"))]
-    assert kinds and set(kinds) == {"differs"}
-
-
 def test_loss_equals_mindformers():
     """main CE, depth 1's masked CE and the total (main + 0.3 / 1 x CE_1) equal MindFormers' (fp32)."""
     plan = _plan()

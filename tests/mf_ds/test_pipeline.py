@@ -42,7 +42,7 @@ def test_layers_carry_layersetting_stages_and_the_note_is_runtime():
 
 
 def test_without_mf_ds_pipeline_the_stages_fold_as_before():
-    """Real stages are asked for by name (mf_ds.pipeline: true) until a pipelined run saves and resumes: a YAML's
+    """Real stages are asked for by name (mf_ds.pipeline: true) until the pipeline composes with the rest: a YAML's
     pipeline_stage alone keeps the run it had (folded into data parallel, checkpoints saved), with the reason."""
     t = plan_of(*[s for s in PIPE if not s.startswith("mf_ds.pipeline")])
     assert t.plan.parallel.pipeline_stage is None and all(x.stage is None for x in t.plan.layers)
@@ -68,17 +68,16 @@ def test_what_does_not_compose_folds_or_is_refused():
     assert "dense models only" in moe.plan.parallel.folded["parallel_config.pipeline_stage"]
     assert all(x.stage is None for x in moe.plan.layers)
     base = ["callbacks=[{type: MFLossMonitor}]"]
-    assert refusal(plan_of(*PIPE, *base).plan, resume=False) is None
-    assert "ZeRO-1 at most" in refusal(plan_of(*PIPE, *base, "mf_ds.zero_stage=2").plan, resume=False)
-    assert "CheckpointMonitor" in refusal(plan_of(*PIPE).plan, resume=False)
-    assert "--resume_training" in refusal(plan_of(*PIPE, *base).plan, resume=True)
+    assert refusal(plan_of(*PIPE, *base).plan, resume2=False) is None
+    assert "ZeRO-1 at most" in refusal(plan_of(*PIPE, *base, "mf_ds.zero_stage=2").plan, resume2=False)
+    assert refusal(plan_of(*PIPE).plan, resume2=False) is None  # saves and resumes: test_pipeline_checkpoint.py
     interleaved = plan_of(*PIPE, *FOUR, *base, "model.model_config.pp_interleave_num=2",
                           "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: 1f1b}").plan
-    assert "interleaved" in refusal(interleaved, resume=False)
+    assert "interleaved" in refusal(interleaved, resume2=False)
     mtp = plan_of(*PIPE, *base, "use_parallel=True", "model.model_config.offset=[1, 0]",
                   config=str(ROOT / "tests" / "fixtures" / "mindformers" / "mtp" / "ds3_mtp_tiny.yaml"))
     assert mtp.plan.mtp is not None and mtp.plan.parallel.pipeline_stage == 2
-    assert "MTP layers" in refusal(mtp.plan, resume=False)
+    assert "MTP layers" in refusal(mtp.plan, resume2=False)
 
 
 def _run(out: Path, *sets: str, ranks: int = 1) -> subprocess.CompletedProcess:
@@ -124,13 +123,3 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
             assert held[rank] == (layers, ends[rank // dp] + layer * len(layers)), (name, rank)
         assert sum(n for _, n in held.values()) == dp * sum(sizes.values())
         assert "Pipeline id list: " + str([s for s, layers in enumerate(per_stage) for _ in layers]) in proc.stderr
-
-
-def test_layout_refuses_a_pipeline_in_one_line(capsys):
-    from translators.cli import run
-
-    sets = [arg for item in PIPE for arg in ("--set", item)]
-    assert run([LLAMA, *sets, "--layout"]) == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert len(errors) == 1 and "parallel_config.pipeline_stage" in errors[0]
-    assert "does not plan pipelines" in errors[0]

@@ -51,6 +51,7 @@ def test_pynative_yaml_trains_its_steps_with_the_loss_falling(one_rank):
     assert all(r["lr"] == pytest.approx(3e-3) for r in rows)
     first, last = sum(r["loss"] for r in rows[:3]) / 3, sum(r["loss"] for r in rows[-3:]) / 3
     assert last < first - 0.5, (first, last)
+    assert all(r["mtp_loss"] > 0 for r in rows)  # num_nextn_predict_layers 1: the PyNative MTP (mf_ds/mtp.py)
 
 
 @pytest.mark.deepspeed
@@ -61,6 +62,7 @@ def test_two_ranks_under_zero3_equal_one_rank(tmp_path, corpus, one_rank):
     two = train(tmp_path, corpus, "--max_steps", "3", launcher=launcher)
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one_rank[:3]], rel=1e-4)
     assert [r["grad_norm"] for r in two] == pytest.approx([r["grad_norm"] for r in one_rank[:3]], rel=1e-3)
+    assert [r["mtp_loss"] for r in two] == pytest.approx([r["mtp_loss"] for r in one_rank[:3]], rel=1e-4)
 
 
 def test_plan_at_two_ranks_is_zero3():

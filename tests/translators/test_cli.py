@@ -57,6 +57,18 @@ def test_stdout_is_only_the_deepspeed_json(capsys):
     assert config["train_batch_size"] == 8
 
 
+def test_stdout_adds_the_nearest_blocks_the_plan_file_has_not(tmp_path, capsys):
+    """A person reads the nearest DeepSpeed optimizer / scheduler on stdout; the --plan file's deepspeed is what the
+    engine receives (mf_ds builds both itself)."""
+    plan = tmp_path / "plan.json"
+    assert run([LLAMA, "--plan", str(plan)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    engine = json.loads(plan.read_text())["deepspeed"]
+    assert printed["optimizer"]["type"] == "AdamW" and "scheduler" in printed
+    assert "optimizer" not in engine and "scheduler" not in engine
+    assert {key: value for key, value in printed.items() if key in engine} == engine
+
+
 def test_files_and_plan_keys(tmp_path, capsys):
     hf, plan = tmp_path / "hf.json", tmp_path / "plan.json"
     assert run([LLAMA, "--hf-config", str(hf), "--plan", str(plan)]) == 0

@@ -15,6 +15,16 @@ BASE = load_yaml(str(CONFIGS / "tiny_llama.yaml"))
 
 
 def plan_of(**sections) -> dict:
+    return translation_of(**sections).json
+
+
+def printed_of(**sections) -> tuple[dict, dict]:
+    """The Plan's JSON and the DeepSpeed JSON mf-translate prints (with the nearest optimizer / scheduler blocks)."""
+    translation = translation_of(**sections)
+    return translation.json, translation.printed_deepspeed()
+
+
+def translation_of(**sections):
     tree = copy.deepcopy(BASE)
     for dotted, value in sections.items():
         node = tree
@@ -25,7 +35,7 @@ def plan_of(**sections) -> dict:
             node.pop(keys[-1], None)
         else:
             node[keys[-1]] = value
-    return translate(tree).json
+    return translate(tree)
 
 
 def notes_on(plan: dict, key: str) -> list[str]:
@@ -95,8 +105,8 @@ def test_betas_spelling_mindformers_refuses(optimizer, key):
     ({"type": "AdamWeightDecay", "beta1": 0.8}, [0.8, 0.999]),
 ])
 def test_betas_spelling_mindformers_reads(optimizer, betas):
-    plan = plan_of(optimizer=optimizer)
-    assert plan["deepspeed"]["optimizer"]["params"]["betas"] == betas == plan["run"]["optimizer"]["betas"]
+    plan, printed = printed_of(optimizer=optimizer)
+    assert printed["optimizer"]["params"]["betas"] == betas == plan["run"]["optimizer"]["betas"]
     assert plan["run"]["optimizer"]["eps"] == {"AdamW": 1e-8, "Adam": 1e-8}.get(optimizer["type"], 1e-6)
 
 
@@ -162,17 +172,18 @@ def test_zero_stage(enable, shard, stage):
 
 
 def test_adam_weight_decay_family_has_no_bias_correction():
-    plan = plan_of(optimizer={"type": "FP32StateAdamWeightDecay", "beta1": 0.9, "beta2": 0.95, "weight_decay": 0.1})
-    params = plan["deepspeed"]["optimizer"]["params"]
-    assert plan["deepspeed"]["optimizer"]["type"] == "AdamW"
+    plan, printed = printed_of(optimizer={"type": "FP32StateAdamWeightDecay", "beta1": 0.9, "beta2": 0.95,
+                                          "weight_decay": 0.1})
+    params = printed["optimizer"]["params"]
+    assert printed["optimizer"]["type"] == "AdamW"
     assert params["bias_correction"] is False and params["betas"] == [0.9, 0.95] and params["eps"] == 1e-6
     assert plan["run"]["optimizer"]["bias_correction"] is False
 
 
 def test_cosine_schedule_with_known_steps():
-    plan = plan_of(lr_schedule={"type": "CosineWithWarmUpLR", "learning_rate": 1e-3, "lr_end": 1e-4,
-                                "warmup_ratio": 0.1, "total_steps": 100})
-    sched = plan["deepspeed"]["scheduler"]
+    plan, printed = printed_of(lr_schedule={"type": "CosineWithWarmUpLR", "learning_rate": 1e-3, "lr_end": 1e-4,
+                                            "warmup_ratio": 0.1, "total_steps": 100})
+    sched = printed["scheduler"]
     assert sched["type"] == "WarmupCosineLR"
     assert sched["params"]["total_num_steps"] == 100 and sched["params"]["warmup_num_steps"] == 10
     assert sched["params"]["cos_min_ratio"] == pytest.approx(0.1)
@@ -229,9 +240,21 @@ def test_string_quirk_is_taken_as_a_number_with_a_note():
 
 
 def test_activation_checkpointing_block_counts_full_layers():
-    plan = plan_of(recompute_config__recompute=True)
-    assert plan["deepspeed"]["activation_checkpointing"]["number_checkpoints"] == 2
+    plan, printed = printed_of(recompute_config__recompute=True)
+    assert printed["activation_checkpointing"]["number_checkpoints"] == 2
     assert all(layer["full_recompute"] for layer in plan["layers"])
+
+
+def test_the_engine_gets_no_nearest_blocks_the_person_does():
+    """plan.deepspeed is what deepspeed.initialize receives: mf_ds builds the optimizer and the schedule itself and
+    checkpoints layers with torch's checkpoint, so the nearest DeepSpeed blocks are only printed, where they stood."""
+    plan, printed = printed_of(recompute_config__recompute=True, lr_schedule={
+        "type": "CosineWithWarmUpLR", "learning_rate": 1e-3, "warmup_ratio": 0.1, "total_steps": 100})
+    assert not {"optimizer", "scheduler", "activation_checkpointing"} & set(plan["deepspeed"])
+    assert {key: value for key, value in printed.items() if key in plan["deepspeed"]} == plan["deepspeed"]
+    keys = list(printed)
+    assert keys[keys.index("zero_optimization") + 1] == "optimizer"
+    assert keys[-2:] == ["scheduler", "activation_checkpointing"]
 
 
 def test_moe_plan_of_the_tiny_deepseek():
@@ -257,6 +280,6 @@ def test_gmm_is_dropless_unless_opted_in():
 @pytest.mark.parametrize("alias, name", [("adam", "Adam"), ("sgd", "SGD")])
 def test_mindformers_optimizer_aliases(alias, name):
     """build_optim.register_mf_optim registers MindSpore's Adam and SGD under 'adam' and 'sgd' too."""
-    plan = plan_of(optimizer={"type": alias, "learning_rate": 1e-3})
-    assert plan["run"]["optimizer"]["type"] == name and plan["deepspeed"]["optimizer"]["type"] == name
+    plan, printed = printed_of(optimizer={"type": alias, "learning_rate": 1e-3})
+    assert plan["run"]["optimizer"]["type"] == name and printed["optimizer"]["type"] == name
     assert any(n.startswith(f"[mapped] '{alias}': MindFormers' alias") for n in notes_on(plan, "optimizer.type"))

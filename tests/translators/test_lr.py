@@ -66,7 +66,9 @@ def test_cosine_annealing_reads_base_lr_not_learning_rate():
     plan = plan_with({"type": "CosineAnnealingLR", "base_lr": 2e-3, "t_max": 10, "learning_rate": 1e-3})
     lr = plan["run"]["lr_schedule"]
     assert lr["base_lr"] == 2e-3 and "learning_rate" not in lr
-    assert plan["deepspeed"]["optimizer"]["params"]["lr"] == 2e-3
+    tree = copy.deepcopy(BASE)
+    tree["lr_schedule"] = {"type": "CosineAnnealingLR", "base_lr": 2e-3, "t_max": 10, "learning_rate": 1e-3}
+    assert translate(tree).printed_deepspeed()["optimizer"]["params"]["lr"] == 2e-3  # what mf-translate prints
     assert notes(plan, "lr_schedule.learning_rate")[0].startswith("[dropped] CosineAnnealingLR takes no")
     assert notes(plan, "lr_schedule.t_max") == ["[runtime] run.lr_schedule.t_max (CosineAnnealingLR)"]
     with pytest.raises(ConfigError, match="^lr_scale: .*CosineAnnealingLR does not take"):

@@ -312,7 +312,7 @@ def test_layout_and_memory_for_the_pynative_degrees(capsys):
                                pipeline_parallel_layers_per_stage="auto")
     tree["training"]["global_batch_size"] = 16
     result = translate(tree, world_size=8)
-    report = layout_report(result.json, result.asked)
+    report = layout_report(result.plan, result.asked)
     assert report["degrees"] == {"data_parallel": 4, "tensor_parallel": 2, "context_parallel": 1,
                                  "expert_parallel": 4}
     # MindFormers: dp = 8 / (tp 2 x pp 2) = 2, accumulation 16 / (1 x 2) = 8; pp folds into data parallel here

@@ -26,9 +26,10 @@ DS2 = research/deepseek2/deepseek2_config.py, GLM = mindformers/models/glm2/glm2
 mindformers/models/gpt2/gpt2_config.py, MAP = COMMON_CONFIG_MAPPING in parallel_core/transformer_config_utils.py
 (master), MoE = MoEConfig in mindformers/modules/transformer/moe.py r1.5.0 (moe.md §1).
 
-The package holds one module per family group (llama, deepseek, glm, gpt2, mcore), the rule classes and value types
-they share (rules), the family list and the names that tell families apart (base), the derived HF values (derive),
-and the engine that applies a table (engine); this module detects the family and is the public API.
+The package holds one module per family group (llama, deepseek, glm, gpt2, mcore, telechat3, glm4_moe, deepseek4:
+each its records, config specs, weight-name tables and hooks, registry.MODULES), the rule classes and value types
+they share (rules), the spec type (spec), the names that tell legacy families apart (base), the derived HF values
+(derive), and the engine that applies a spec (engine); this module detects the family and is the public API.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 
 from translators import mtp
 from translators.errors import ConfigError, join, show
+from translators.families import registry
 from translators.families.base import (
     _ARCH_FAMILY,
     _CONFIG_CLASSES,
@@ -281,18 +283,8 @@ def mcore_model_config(tree: dict, family: FamilyRecord, version: str = NEWEST) 
 def family_moe(family: FamilyRecord, hf: dict, model_config: dict, ledger: Ledger) -> dict | None:
     """The Plan's `moe` of a family whose module builds it (record.moe_plan False: translators/moe.py does not read
     its MoE keys); None where it has none, or where HF's blocks run, with a note saying so."""
-    if family.name != "deepseek_v4":
-        return None
-    from translators.families.deepseek4 import plan_moe
-
-    moe = plan_moe(hf, model_config)
-    if moe is None:
-        ledger.runtime("", "DeepSeek-V4: the experts clamp their SwiGLU (swiglu_limit), which mf-ds' MoE layer does "
-                           "not: transformers' MoE blocks run, and the expert bias does not move")
-    else:
-        ledger.runtime("", f"DeepSeek-V4: mf-ds' MoE layer replaces the top-k MoE blocks (layers {moe['layers']}); "
-                           "the hash-routed ones stay transformers' own")
-    return moe
+    family_hook = registry.hook(family, "family_moe")
+    return family_hook(hf, model_config, ledger) if family_hook else None
 
 
 _SCORE_SPELLINGS = ("use_gating_sigmoid", "scoring_func", "moe_router_score_function")

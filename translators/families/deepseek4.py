@@ -27,28 +27,48 @@ experts.py). Compared from source, piece by piece, with transformers' modeling_d
              is then +inf.
 What differs in training only (stated on the keys): the indexer's KL loss (dsa_indexer_loss_coeff: HF has none, so
 the indexer's weights get no gradient here), the sequence aux loss, the hash layers' router dtype under bf16, MTP
-(HF builds none, as for DeepSeek-V3: num_nextn_predict_layers). mf-ds' MoE layer replaces the top-k blocks (plan_moe:
-MindFormers' router, its expert-bias update); the hash-routed ones stay transformers'. A fresh model starts its
-hash table and mHC as MindFormers does (mf_ds/init.py: transformers' _init_weights leaves tid2eid at zeros, one
-expert for every token); its other initial values are transformers' (normal(initializer_range) weights, zero sinks
-and position biases).
+(HF builds none, as for DeepSeek-V3: num_nextn_predict_layers). mf-ds' MoE layer replaces the top-k blocks
+(plan_moe: MindFormers' router, its expert-bias update); the hash-routed ones stay transformers'. A fresh model
+starts its hash table and mHC as MindFormers does (mf_ds/families/deepseek4.py init: transformers' _init_weights
+leaves tid2eid at zeros, one expert for every token); its other initial values are transformers'
+(normal(initializer_range) weights, zero sinks and position biases).
 A shared expert narrower (or wider) than the routed ones (Pro: moe_shared_expert_intermediate_size 2048 beside 3072;
 MindFormers builds it so, moe/shared_experts.py) is one HF config attribute more, SHARED_WIDTH, written only when the
 widths differ: transformers' DeepseekV4MLP reads one width for both (`intermediate_size`, which its attribute_map sends
 to moe_intermediate_size), so mf-ds builds each layer's shared expert that wide before any weight is loaded
-(mf_ds/shared_expert.py); the state-dict names stay transformers'.
+(mf_ds/families/deepseek4.py shared_experts); the state-dict names stay transformers'.
 """
 
 from __future__ import annotations
 
 import math
 
-from translators import names
+from translators import memory, names
+from translators.families.deepseek import DEEPSEEK, MTP_ABSENT
+from translators.families.derive import _untied
+from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES, UNTIED, mcore_spec
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets, Weights
-from translators.families.rules import Feeds
+from translators.families.rules import (
+    CHECKPOINT,
+    DROP,
+    GENERATION,
+    INFERENCE,
+    Differs,
+    Drop,
+    Expect,
+    Feeds,
+    Map,
+    Runtime,
+    _choice,
+    _each,
+    _flag,
+    _int,
+    _optional,
+    _positive,
+)
 
-# The HF config attribute for a shared expert whose width is not moe_intermediate_size (mf_ds/shared_expert.py).
+# The HF config attribute for a shared expert whose width is not moe_intermediate_size (mf_ds/families/deepseek4.py).
 SHARED_WIDTH = "mf_shared_expert_intermediate_size"
 
 _CSA, _HCA, _SLIDING = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
@@ -80,7 +100,7 @@ SPELLINGS: dict[str, tuple[str, ...]] = {
 # other), mHC and hash-routed MoE blocks run as they are.
 RUNTIME = PatchTargets(
     f"{MODELS}.deepseek_v4.modeling_deepseek_v4", experts="DeepseekV4Experts", moe_block="DeepseekV4SparseMoeBlock",
-    shared="shared_experts",
+    shared="shared_experts", hooks="deepseek4",
     not_applicable={
         "fused_rope": "DeepSeek-V4 rotates the trailing qk_rope lanes interleaved, per layer type (plain and YaRN), "
                       "and back on the attention output: not the split-half RoPE the kernel computes",
@@ -93,39 +113,131 @@ MEMORY = {"q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "index_n_head
           "hc_mult": 4, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 6,
           "moe_intermediate_size": 2048, "head_dim": 512, "num_key_value_heads": 1}
 
+# --- the weight names (translators/names.py applies them) -------------------------------------------------------------
+# MindFormers 2.1.0's PyNative DeepSeek-V4 (PyNativeDeepseekV4ForCausalLM: the names its GPTModel holds, checked
+# against the model built on CPU: tests/fixtures/deepseek4/params.*.json) to transformers' DeepseekV4ForCausalLM.
+# The HF side is transformers' own module names (save_pretrained writes DeepSeek's original names, and from_pretrained
+# reads both); its stacked experts are written per expert as `experts.{e}.w1/w3/w2.weight`, which it reads too.
+DEEPSEEK4_NAMES = (
+    ("embedding.word_embeddings.", "model.embed_tokens."),
+    ("decoder.final_layernorm.", "model.norm."),
+    ("output_layer.", "lm_head."),
+    ("decoder.hc_head.", "model.hc_head."),
+    (".hc_head.hc_fn.weight", ".hc_head.hc_fn"),
+    ("decoder.layers.", "model.layers."),
+    (".self_attention.core_attention.indexer.compressor.linear_wkv.", ".self_attn.compressor.indexer.kv_proj."),
+    (".self_attention.core_attention.indexer.compressor.linear_wgate.", ".self_attn.compressor.indexer.gate_proj."),
+    (".self_attention.core_attention.indexer.compressor.norm.", ".self_attn.compressor.indexer.kv_norm."),
+    (".self_attention.core_attention.indexer.compressor.ape", ".self_attn.compressor.indexer.position_bias"),
+    (".self_attention.core_attention.indexer.linear_wq_b.", ".self_attn.compressor.indexer.q_b_proj."),
+    (".self_attention.core_attention.indexer.linear_weights_proj.",
+     ".self_attn.compressor.indexer.scorer.weights_proj."),
+    (".self_attention.core_attention.compressor.linear_wkv.", ".self_attn.compressor.kv_proj."),
+    (".self_attention.core_attention.compressor.linear_wgate.", ".self_attn.compressor.gate_proj."),
+    (".self_attention.core_attention.compressor.norm.", ".self_attn.compressor.kv_norm."),
+    (".self_attention.core_attention.compressor.ape", ".self_attn.compressor.position_bias"),
+    (".self_attention.core_attention.attn_sink", ".self_attn.sinks"),
+    (".self_attention.linear_q_down_proj.", ".self_attn.q_a_proj."),
+    (".self_attention.q_layernorm.", ".self_attn.q_a_norm."),
+    (".self_attention.linear_q_up_proj.", ".self_attn.q_b_proj."),
+    (".self_attention.linear_kv_proj.", ".self_attn.kv_proj."),
+    (".self_attention.kv_layernorm.", ".self_attn.kv_norm."),
+    (".self_attention.linear_o_group_proj", ".self_attn.o_a_proj.weight"),  # a bare Parameter in MindFormers
+    (".self_attention.linear_proj.", ".self_attn.o_b_proj."),
+    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
+    (".mlp.router.weight", ".mlp.gate.weight"),
+    (".mlp.router.tid2eid", ".mlp.gate.tid2eid"),
+    (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
+    (".mlp.shared_experts.linear_fc2.", ".mlp.shared_experts.down_proj."),
+    (".attn_hc.mapping_proj.weight", ".attn_hc.fn"),
+    (".attn_hc.bias", ".attn_hc.base"),
+    (".ffn_hc.mapping_proj.weight", ".ffn_hc.fn"),
+    (".ffn_hc.bias", ".ffn_hc.base"),
+)
+# HF's mHC `scale` [3] is MindFormers' alpha_pre, alpha_post, alpha_res [1] each (utils.py ScaleSplitConvertOp).
+DEEPSEEK4_SPLIT = {
+    f".{hc}.scale": ("hc_scale", tuple(f".{hc}.alpha_{part}" for part in ("pre", "post", "res")))
+    for hc in ("attn_hc", "ffn_hc")
+}
+# experts.py: weight1 [E, H, 2I] = per expert [gate^T | up^T] (chunked into halves), weight2 [E, I, H] = down^T.
+DEEPSEEK4_EXPERTS = {
+    ".mlp.experts.weight1": ("experts_w1", (".mlp.experts.{e}.w1.weight", ".mlp.experts.{e}.w3.weight")),
+    ".mlp.experts.weight2": ("experts_w2", (".mlp.experts.{e}.w2.weight",)),
+}
+# MindFormers parameters HF does not hold, each written beside another when converting back (the frozen ones of the
+# weightless norms are checked to be ones when converting to HF): q_rms_gamma, the per-head q norm, v_head_dim wide
+# like kv_layernorm; rms_weight, the mHC norm over n x H, mapping_proj's input width; the router's load counter,
+# written as zeros (what the network holds after each step), in place of names.EXPERT_LOAD's expert_load.
+DEEPSEEK4_FROZEN = {
+    ".self_attention.q_rms_gamma": (".self_attention.kv_layernorm.weight", "ones", 0),
+    ".attn_hc.rms_weight": (".attn_hc.mapping_proj.weight", "ones", 1),
+    ".ffn_hc.rms_weight": (".ffn_hc.mapping_proj.weight", "ones", 1),
+    ".mlp.tokens_per_expert": (".mlp.router.weight", "zeros", 0),  # the router's load counter (names.NOT_WEIGHTS), fp32
+}
+# transformers' save_pretrained writes DeepSeek-V4 under DeepSeek's own names (conversion_mapping.py "deepseek_v4",
+# reversed: `layers.N.attn.wq_a`, `ffn.experts.E.w1`, `hc_attn_fn`, `head.weight`, ...): (saved, module name), in
+# order, to read such a directory (an mf-ds checkpoint) back; per-expert `mlp.experts.E.w1/w3/w2` stay per expert.
+_V4_ATTN = (("wq_a.", "q_a_proj."), ("q_norm.", "q_a_norm."), ("wq_b.", "q_b_proj."), ("wkv.", "kv_proj."),
+            ("norm.", "kv_norm."), ("wo_a.", "o_a_proj."), ("wo_b.", "o_b_proj."))
+_V4_COMPRESSOR = (("wkv.", "kv_proj."), ("wgate.", "gate_proj."), ("norm.", "kv_norm."), ("ape", "position_bias"))
+DEEPSEEK4_SAVED = (
+    (".attn_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
+    *((f".hc_{part}_{w}", f".{part}_hc.{w}") for part in ("attn", "ffn") for w in ("fn", "base", "scale")),
+    (".attn.attn_sink", ".self_attn.sinks"),
+    *((f".attn.indexer.compressor.{a}", f".self_attn.compressor.indexer.{b}") for a, b in _V4_COMPRESSOR),
+    (".attn.indexer.weights_proj.", ".self_attn.compressor.indexer.scorer.weights_proj."),
+    (".attn.indexer.wq_b.", ".self_attn.compressor.indexer.q_b_proj."),
+    *((f".attn.compressor.{a}", f".self_attn.compressor.{b}") for a, b in _V4_COMPRESSOR),
+    *((f".attn.{a}", f".self_attn.{b}") for a, b in _V4_ATTN),
+    (".ffn.gate.bias", ".mlp.gate.e_score_correction_bias"), (".ffn.gate.", ".mlp.gate."),
+    (".ffn.shared_experts.w1.", ".mlp.shared_experts.gate_proj."),
+    (".ffn.shared_experts.w3.", ".mlp.shared_experts.up_proj."),
+    (".ffn.shared_experts.w2.", ".mlp.shared_experts.down_proj."),
+    (".ffn.experts.", ".mlp.experts."),
+)
+# and the top-level ones, whole names (DeepSeek's release also leaves out the `model.` prefix)
+DEEPSEEK4_SAVED_TOP = {"head.weight": "lm_head.weight", "embed.weight": "model.embed_tokens.weight",
+                       "norm.weight": "model.norm.weight", "hc_head_fn": "model.hc_head.hc_fn",
+                       "hc_head_base": "model.hc_head.hc_base", "hc_head_scale": "model.hc_head.hc_scale"}
+
+
+def saved_to_module(name: str) -> str:
+    """An HF checkpoint name as transformers' module holds it (DeepSeek-V4's saved names: DEEPSEEK4_SAVED; the
+    record's Weights.saved_names, names.hf_module_name)."""
+    if name in DEEPSEEK4_SAVED_TOP:
+        return DEEPSEEK4_SAVED_TOP[name]
+    if name.startswith("layers."):
+        name = "model." + name
+    for saved, module in DEEPSEEK4_SAVED:
+        name = name.replace(saved, module)
+    return name
+
+
+# One shared-expert MLP: linear_fc1 holds gate and up interleaved per row (pynative/transformers/mlp.py reshapes its
+# output to [..., I, 2] and takes gate = [..., 0], up = [..., 1]; MindFormers' own HF template, utils.py, concatenates
+# them instead, which that MLP does not read back).
+DEEPSEEK4_FUSED = {".shared_experts.linear_fc1.": ("gate_up", (".shared_experts.gate_proj.",
+                                                                ".shared_experts.up_proj."))}
+
 RECORDS = (
     FamilyRecord("deepseek_v4", "deepseek_v4", "mcore", True, model_types=("deepseek_v4",),
                  architectures=("DeepseekV4ForCausalLM",),
-                 weights=Weights(names.DEEPSEEK4, split=names.DEEPSEEK4_SPLIT, experts=names.DEEPSEEK4_EXPERTS,
-                                 frozen=names.DEEPSEEK4_FROZEN),
+                 weights=Weights(DEEPSEEK4_NAMES, split=DEEPSEEK4_SPLIT, experts=DEEPSEEK4_EXPERTS,
+                                 frozen=DEEPSEEK4_FROZEN, style="deepseek4", fused=DEEPSEEK4_FUSED,
+                                 prefixes=(*names.MCORE_PREFIXES, "mtp."), saved_names=saved_to_module, mtp="gpt"),
                  memory_defaults=MEMORY, runtime=RUNTIME, moe_plan=False),
 )
 
 
-def specs() -> dict[str, tuple]:
-    """config class, rules, defaults, derivations and extra spellings (imported here: the tables import base)."""
-    from translators.families.deepseek import DEEPSEEK, MTP_ABSENT
-    from translators.families.derive import _untied
-    from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES, UNTIED
-    from translators.families.rules import (
-        CHECKPOINT,
-        DROP,
-        GENERATION,
-        INFERENCE,
-        Differs,
-        Drop,
-        Expect,
-        Feeds,
-        Map,
-        Runtime,
-        _choice,
-        _each,
-        _flag,
-        _int,
-        _optional,
-        _positive,
-    )
+def specs() -> dict:
+    """config class, rules, defaults, derivations and extra spellings."""
+    defaults = {**MCORE_DEFAULTS, "return_extra_loss": True, "extend_method": "None"}
+    derive = (_heads, _layers, _rope, _moe, _swiglu, _mhc, _untied)
+    return {("deepseek_v4", True): mcore_spec("DeepseekV4Config", _rules(), defaults, derive, SPELLINGS)}
 
+
+def _typed_feeds() -> dict:
+    """The keys that only feed derived HF values (_heads, _layers, _rope, _moe, _swiglu, _mhc), typed as read."""
     pos, nonneg = _int(1), _int(0)
     feeds = {key: Feeds(conv=conv) for key, conv in (
         ("hc_mult", pos), ("hc_sinkhorn_iters", pos), ("hc_eps", _positive), ("sliding_window", pos),
@@ -139,10 +251,15 @@ def specs() -> dict[str, tuple]:
     untyped["swiglu_limit"] = Feeds(unused="ignored: MindFormers' get_activation clamps only a `fusedswiglu` "
                                            "hidden_act (pynative/layers/activation.py); HF's swiglu_limit = inf",
                                     conv=lambda value, path: value)
-    rules = {  # DeepseekV4Config (models/deepseek4/configuration_deepseek_v4.py, 2.1.0) -> HF DeepseekV4Config
+    return {**feeds, **untyped}
+
+
+def _rules() -> dict:
+    """DeepseekV4Config's keys (models/deepseek4/configuration_deepseek_v4.py, 2.1.0): what each becomes."""
+    return {  # DeepseekV4Config (models/deepseek4/configuration_deepseek_v4.py, 2.1.0) -> HF DeepseekV4Config
         # the mcore router settings are read by translators/moe.py, which this family does not use (moe_plan False)
         **{k: v for k, v in MCORE.items() if k not in MCORE_MOE_RULES},
-        **feeds, **untyped,
+        **_typed_feeds(),
         "tie_word_embeddings": UNTIED,
         "n_kv_heads": Drop("not read: DeepSeek-V4's attention has one shared KV head (as HF's: "
                            "num_key_value_heads 1)"),
@@ -208,7 +325,8 @@ def specs() -> dict[str, tuple]:
             "indexer's weights (compressor.indexer.*) keep their initial or loaded values here"),
         "dsa_indexer_use_sparse_loss": Differs("the indexer loss's sparse form; no indexer loss here (see "
                                                "dsa_indexer_loss_coeff)"),
-        "mhc_init_gating_factor": Map("mhc_init_gating_factor", conv=_positive),  # read by mf_ds/init.py
+        # read by mf_ds/families/deepseek4.py init
+        "mhc_init_gating_factor": Map("mhc_init_gating_factor", conv=_positive),
         "rope_scaling": Feeds(),
         **_each(("mscale", "mscale_all_dim"), Drop(
             "not read: the hybrid attention applies its YaRN rope with mscale 1.0 (deepseek_v4_hybrid_attention.py "
@@ -229,9 +347,18 @@ def specs() -> dict[str, tuple]:
         **_each(("repetition_penalty", "max_decode_length", "top_k", "top_p", "do_sample", "temperature"),
                 DROP(GENERATION)),
     }
-    defaults = {**MCORE_DEFAULTS, "return_extra_loss": True, "extend_method": "None"}
-    derive = (_heads, _layers, _rope, _moe, _swiglu, _mhc, _untied)
-    return {"deepseek_v4": ("DeepseekV4Config", rules, defaults, derive, SPELLINGS)}
+
+
+def family_moe(hf: dict, model_config: dict, ledger) -> dict | None:
+    """The hook translators/families.family_moe calls: plan_moe, with a note saying which blocks run."""
+    moe = plan_moe(hf, model_config)
+    if moe is None:
+        ledger.runtime("", "DeepSeek-V4: the experts clamp their SwiGLU (swiglu_limit), which mf-ds' MoE layer does "
+                           "not: transformers' MoE blocks run, and the expert bias does not move")
+    else:
+        ledger.runtime("", f"DeepSeek-V4: mf-ds' MoE layer replaces the top-k MoE blocks (layers {moe['layers']}); "
+                           "the hash-routed ones stay transformers' own")
+    return moe
 
 
 def plan_moe(hf: dict, model_config: dict) -> dict | None:
@@ -391,3 +518,66 @@ def _mhc(m, moe) -> dict:
         _refuse(m, "hc_eps", f"{m.get('hc_eps')} is not rms_norm_eps {m.get('rms_norm_eps')}: HF normalises the "
                              "mHC streams with rms_norm_eps")
     return {"hc_mult": m.get("hc_mult"), "hc_sinkhorn_iters": m.get("hc_sinkhorn_iters"), "hc_eps": SINKHORN_EPS}
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def _v4_layer_types(hf: dict) -> list[str]:
+    """HF DeepseekV4Config's layer_types (its own default when the hf_config leaves them out: 2 x HCA, then CSA /
+    HCA alternating)."""
+    L = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types:
+        return list(types[:L])
+    csa, hca = "compressed_sparse_attention", "heavily_compressed_attention"
+    return [hca] * min(L, 2) + [csa if i % 2 else hca for i in range(max(L - 2, 0))]
+
+
+def memory_inventory(hf: dict) -> list:
+    """DeepseekV4ForCausalLM (modeling_deepseek_v4.py, transformers 5.23): every layer is an MoE layer with mHC; its
+    attention has a low-rank q, one shared KV head, a grouped low-rank output and per-head sinks, plus a compressor
+    (CSA: with the lightning indexer) on the compressed layers. The same count as MindFormers' PyNative model's
+    trainable parameters without its MTP layer (tests/fixtures/deepseek4/counts.json)."""
+    Weights = memory.Weights
+    h, L, V, a = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"], hf["num_attention_heads"]
+    d, ql, g, r = hf["head_dim"], hf["q_lora_rank"], hf["o_groups"], hf["o_lora_rank"]
+    n, E, width = hf["hc_mult"], hf["n_routed_experts"], hf["moe_intermediate_size"]
+    ih, idim = hf["index_n_heads"], hf["index_head_dim"]
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128, **(hf.get("compress_rates") or {})}
+    types = _v4_layer_types(hf)
+    mix = (2 + n) * n  # pre, post and comb weights of one hyper-connection
+    out = [Weights("embed_tokens", V * h, 1, "whole"), Weights("norm", h, 1, "whole"),
+           Weights("hc_head", n * n * h + n + 1, 1, "whole")]
+    if not hf.get("tie_word_embeddings", False):
+        out.append(Weights("lm_head", V * h, 1, "whole"))
+    out += [
+        Weights("moe.norms", h, 2 * L, "whole", "moe"),
+        Weights("moe.attention", h * ql + ql + ql * a * d + h * d + d + a * d * r + g * r * h + a, L, "whole", "moe"),
+        Weights("moe.hyper_connections", 2 * (mix * n * h + mix + 3), L, "whole", "moe"),
+        Weights("moe.router", E * h, L, "whole", "moe"),
+        Weights("moe.experts", 3 * h * width, E * L, "expert", "moe"),
+        Weights("moe.shared_experts.proj", h * hf.get("mf_shared_expert_intermediate_size", width), 3 * L, "whole",
+                "moe"),  # mf-ds builds a shared expert of its own width (SHARED_WIDTH)
+    ]
+    csa = types.count("compressed_sparse_attention")
+    hca = types.count("heavily_compressed_attention")
+    if csa:
+        m = rates["compressed_sparse_attention"]
+        out += [Weights("moe.csa_compressor", 2 * h * 2 * d + m * 2 * d + d, csa, "whole", "moe"),
+                Weights("moe.csa_indexer", 2 * h * 2 * idim + m * 2 * idim + idim + ql * ih * idim + h * ih, csa,
+                        "whole", "moe")]
+    if hca:
+        m = rates["heavily_compressed_attention"]
+        out.append(Weights("moe.hca_compressor", 2 * h * d + m * d + d, hca, "whole", "moe"))
+    return out
+
+
+def memory_moe_layers(hf: dict) -> list[int]:
+    return list(range(hf.get("num_hidden_layers")))  # every layer is MoE
+
+
+def memory_note(hf: dict) -> str:
+    return ("DeepSeek-V4: counted as one-KV-head attention of its widths with its MoE; not counted: the "
+            f"{hf.get('hc_mult', 4)} mHC streams a layer keeps (fp32 copies), the compressors, and the "
+            "attention probabilities of its eager-only attention (heads x seq x (seq + compressed) per "
+            "layer); not measured")

@@ -4,132 +4,24 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from translators.errors import ConfigError, did_you_mean, join, show
 from translators.families import mcore_keys, registry
 from translators.families.base import ARCH, MODEL_CONFIG, MOE_CONFIG, NO_MODEL
-from translators.families.deepseek import (
-    DEEPSEEK_V2,
-    DEEPSEEK_V2_MOE,
-    DEEPSEEK_V3,
-    DEEPSEEK_V3_MOE,
-    DS2_DEFAULTS,
-    DS3_DEFAULTS,
-)
-from translators.families.derive import (
-    _deepseek_experts,
-    _deepseek_positions,
-    _deepseek_v3_groups,
-    _ffn,
-    _glm_kv_heads,
-    _glm_rope,
-    _gpt2_ffn,
-    _gpt2_positions,
-    _kv_heads,
-    _llama_positions,
-    _mcore_groups,
-    _mcore_rope,
-    _mla_kv_heads,
-    _qwen2_moe_widths,
-    _qwen3_dense_layers,
-    _rope,
-    _seq_positions,
-    _shared_width,
-    _untied,
-)
-from translators.families.glm import GLM, GLM_ALIASES, GLM_DEFAULTS
-from translators.families.gpt2 import GPT2, GPT2_DEFAULTS
-from translators.families.llama import LLAMA, LLAMA_DEFAULTS, MIXTRAL, MOE_DEFAULTS, QWEN2, QWEN2_MOE
-from translators.families.mcore import (
-    DEEPSEEK_MCORE,
-    DEEPSEEK_MCORE_DEFAULTS,
-    MCORE_SPELLINGS,
-    QWEN3,
-    QWEN3_DEFAULTS,
-    QWEN3_MOE,
-    QWEN3_MOE_DEFAULTS,
-)
+from translators.families.llama import MOE_DEFAULTS
 from translators.families.record import FamilyRecord
-from translators.families.rules import _TYPES, ARCH_RULES, Feeds, Map, Rule
+from translators.families.rules import _TYPES, ARCH_RULES, Feeds, Rule
+from translators.families.spec import _Spec
 from translators.mf_defaults import NEWEST, class_defaults
 from translators.notes import Ledger
 
 # ---------------------------------------------------------------------------------------------------------------
-# The spec of each family: its table, the config class's defaults, its derivations.
+# The spec of each family (translators/families/spec.py), declared by its module's `specs()`.
 
-Derive = Callable[["_Values", "_Values"], dict]
-
-
-@dataclass(frozen=True)
-class _Spec:
-    config_class: str
-    rules: dict[str, Rule | str]  # YAML spelling -> rule ("hf_name" is Map("hf_name"))
-    defaults: dict[str, Any]  # canonical name -> the config class's default
-    derive: tuple[Derive, ...] = ()
-    aliases: dict[str, str] = field(default_factory=dict)  # YAML spelling -> canonical name
-    moe_rules: dict[str, Rule | str] = field(default_factory=dict)  # top-level moe_config keys feeding the HF config
-    fixed: dict[str, Any] = field(default_factory=dict)  # HF values the family implies
-    head_dim_derived: bool = True  # head_dim = hidden_size / num_heads, which must then divide
-
-    def __post_init__(self) -> None:
-        for name in ("rules", "moe_rules"):
-            table = {k: Map(r) if isinstance(r, str) else r for k, r in getattr(self, name).items()}
-            object.__setattr__(self, name, table)
-
-
-def _mcore_spec(config_class: str, rules: dict[str, Rule | str], defaults: dict, derive: tuple[Derive, ...] = (),
-                spellings: dict[str, tuple[str, ...]] | None = None):
-    """A spec whose rules answer to every mcore spelling of a setting (MCORE_SPELLINGS, with the family's own
-    `spellings` over them)."""
-    table = {**MCORE_SPELLINGS, **(spellings or {})}
-    spelled = {s: rule for name, rule in rules.items() for s in table.get(name, (name,))}
-    aliases = {s: name for name, names in table.items() for s in names}
-    return _Spec(config_class, spelled, defaults, derive, aliases=aliases, head_dim_derived=False)
-
-
-_LLAMA_DERIVE = (_kv_heads, _ffn, _llama_positions, _rope)
-_GLM_DERIVE = (_glm_kv_heads, _glm_rope, _seq_positions)
-_SILU = {"hidden_act": "silu"}  # hard-coded in LlamaFeedForward and the DeepSeek FFNs
-
-_SPECS: dict[tuple[str, bool], _Spec] = {
-    ("llama", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS, _LLAMA_DERIVE, fixed=_SILU),
-    ("qwen2", False): _Spec("LlamaConfig", QWEN2, LLAMA_DEFAULTS, _LLAMA_DERIVE, fixed=_SILU),
-    ("mixtral", False): _Spec("LlamaConfig", MIXTRAL, LLAMA_DEFAULTS, _LLAMA_DERIVE, fixed=_SILU,
-                              moe_rules={"expert_num": "num_local_experts",
-                                         "num_experts_chosen": "num_experts_per_tok"}),
-    ("qwen2_moe", False): _Spec("LlamaConfig", QWEN2_MOE, LLAMA_DEFAULTS, (*_LLAMA_DERIVE, _qwen2_moe_widths),
-                                fixed=_SILU,
-                                moe_rules={"expert_num": "num_experts", "num_experts_chosen": "num_experts_per_tok",
-                                           "norm_topk_prob": "norm_topk_prob", "shared_expert_num": Feeds()}),
-    ("baichuan2", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS),
-    ("telechat", False): _Spec("TelechatConfig", LLAMA, LLAMA_DEFAULTS),
-    ("deepseek_v2", False): _Spec("DeepseekV2Config", DEEPSEEK_V2, DS2_DEFAULTS,
-                                  (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_experts),
-                                  moe_rules=DEEPSEEK_V2_MOE,
-                                  fixed=_SILU, head_dim_derived=False),
-    ("deepseek_v3", False): _Spec("DeepseekV3Config", DEEPSEEK_V3, DS3_DEFAULTS,
-                                  (_kv_heads, _ffn, _deepseek_positions, _rope, _deepseek_v3_groups,
-                                   _deepseek_experts),
-                                  moe_rules=DEEPSEEK_V3_MOE, fixed=_SILU, head_dim_derived=False),
-    ("glm4", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, _GLM_DERIVE, aliases=GLM_ALIASES,
-                           head_dim_derived=False),
-    ("chatglm", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, _GLM_DERIVE, aliases=GLM_ALIASES,
-                              head_dim_derived=False),
-    ("yizhao", False): _Spec("YiZhaoConfig", GLM, GLM_DEFAULTS, aliases=GLM_ALIASES, head_dim_derived=False),
-    ("gpt2", False): _Spec("GPT2Config", GPT2, GPT2_DEFAULTS, (_gpt2_ffn, _gpt2_positions),
-                           fixed={"tie_word_embeddings": True}),
-    ("qwen3", True): _mcore_spec("Qwen3Config", QWEN3, QWEN3_DEFAULTS, (_kv_heads, _mcore_rope)),
-    ("qwen3_moe", True): _mcore_spec("Qwen3MoeConfig", QWEN3_MOE, QWEN3_MOE_DEFAULTS,
-                                     (_kv_heads, _mcore_rope, _qwen3_dense_layers)),
-    ("deepseek_v3", True): _mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
-                                       (_mla_kv_heads, _mcore_rope, _untied, _mcore_groups, _shared_width)),
-    # families whose module holds their config rules too (translators/families/registry.py MODULES)
-    **{(name, True): _mcore_spec(*spec) for module in registry.modules() if hasattr(module, "specs")
-       for name, spec in module.specs().items()},
-}
+_SPECS: dict[tuple[str, bool], _Spec] = {key: spec for module in registry.modules()
+                                         for key, spec in module.specs().items()}
 ARCH_SPEC = _Spec("model.arch", ARCH_RULES, {})
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from translators import names
+from translators import memory, names
 from translators.families import parts
 from translators.families.base import _CONFIG_CLASSES
+from translators.families.derive import _glm_kv_heads, _glm_rope, _seq_positions
 from translators.families.llama import LLAMA
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets, Weights
@@ -32,6 +33,7 @@ from translators.families.rules import (
     Shape,
     _each,
 )
+from translators.families.spec import _Spec
 
 # ---------------------------------------------------------------------------------------------------------------
 # ChatGLM2Config (GLM): ChatGLM2/3, GLM-4-9B; YiZhaoConfig shares its names.
@@ -99,10 +101,31 @@ GLM_DEFAULTS = {
     "pp_interleave_num": 1, "offset": 0,
 }
 
+# --- the weight names (translators/names.py applies them) -------------------------------------------------------------
+# mindformers/models/glm2/convert_weight.py + convert_reversed.py (1.7.0) and ChatGLM2ForConditionalGeneration's
+# own names, to transformers' `glm` (THUDM/glm-4-9b-hf): the same weights, renamed; both fuse gate/up, gate first.
+GLM_NAMES = (
+    ("transformer.embedding.embedding_weight", "model.embed_tokens.weight"),
+    ("transformer.encoder.final_layernorm.", "model.norm."),
+    ("transformer.output_layer.", "lm_head."),
+    ("transformer.encoder.layers.", "model.layers."),
+    (".self_attention.dense.", ".self_attn.o_proj."),
+    (".self_attention.wq.", ".self_attn.q_proj."),
+    (".self_attention.wk.", ".self_attn.k_proj."),
+    (".self_attention.wv.", ".self_attn.v_proj."),
+    (".mlp.dense_h_to_4h.", ".mlp.gate_up_proj."),
+    (".mlp.dense_4h_to_h.", ".mlp.down_proj."),
+)
+# GLM with mlp_concat False: dense_left (gate) and dense_right (up) are the halves of gate_up_proj (mlp_split).
+GLM_SPLIT = {".mlp.gate_up_proj.": ("halves", (".mlp.dense_left.", ".mlp.dense_right."))}
+# glm2/convert_weight.py attn_split: query_key_value is q, k, v one after the other (np.split on axis 0)
+GLM_FUSED = {".self_attention.query_key_value.": ("qkv_cat", names.QKV)}
+GLM_PREFIXES = ("transformer.",)  # the first part of a weight's name
+
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
 # ChatGLM2/3 and GLM-4-9B share one architecture (ChatGLM2Config): transformers' `glm` (THUDM/glm-4-9b-hf). Its
 # `glm4` is GLM-4-0414, which adds post-attention and post-MLP norms that these models do not have.
-_GLM_WEIGHTS = Weights(names.GLM, split=names.GLM_SPLIT)
+_GLM_WEIGHTS = Weights(GLM_NAMES, split=GLM_SPLIT, style="glm", fused=GLM_FUSED, prefixes=GLM_PREFIXES)
 _GLM_RUNTIME = PatchTargets(f"{MODELS}.glm.modeling_glm", rope="glm", mlps=("GlmMLP",))
 RECORDS = (
     FamilyRecord("glm4", "glm", "glm", False, weights=_GLM_WEIGHTS, tp=parts.ATTENTION + parts.GLM_MLP,
@@ -112,3 +135,22 @@ RECORDS = (
     FamilyRecord("yizhao", None, "glm", False,
                  reason="YiZhao has no transformers architecture (a MindFormers research model)"),
 )
+
+
+def specs() -> dict[tuple[str, bool], _Spec]:
+    """ChatGLM2Config's families and YiZhaoConfig: table, defaults, derivations."""
+    derive = (_glm_kv_heads, _glm_rope, _seq_positions)
+    return {
+        ("glm4", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, derive, aliases=GLM_ALIASES,
+                               head_dim_derived=False),
+        ("chatglm", False): _Spec("ChatGLM2Config", GLM, GLM_DEFAULTS, derive, aliases=GLM_ALIASES,
+                                  head_dim_derived=False),
+        ("yizhao", False): _Spec("YiZhaoConfig", GLM, GLM_DEFAULTS, aliases=GLM_ALIASES, head_dim_derived=False),
+    }
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def memory_attention(hf: dict, h: int, a: int, k: int, d: int) -> list:
+    """GLM's q/k/v carry a bias unless attention_bias says otherwise (add_qkv_bias); o_proj none."""
+    return memory.dense_attention(h, a, k, d, hf.get("attention_bias", True))

@@ -17,8 +17,8 @@ RECORDS = (
 )
 
 
-def specs() -> dict[str, tuple]:
+def specs() -> dict:
     """config class, rules, defaults, derivations (the class's defaults still name the model in the notes)."""
-    from translators.families.mcore import MCORE, MCORE_DEFAULTS
+    from translators.families.mcore import MCORE, MCORE_DEFAULTS, mcore_spec
 
-    return {"glm4_moe": ("Glm4MoeConfig", MCORE, MCORE_DEFAULTS, ())}
+    return {("glm4_moe", True): mcore_spec("Glm4MoeConfig", MCORE, MCORE_DEFAULTS, ())}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from translators import memory
 from translators.families.base import _CONFIG_CLASSES
+from translators.families.derive import _gpt2_ffn, _gpt2_positions
 from translators.families.llama import LLAMA
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets
@@ -24,6 +26,7 @@ from translators.families.rules import (
     Shape,
     _each,
 )
+from translators.families.spec import _Spec
 
 # ---------------------------------------------------------------------------------------------------------------
 # GPT2Config (GPT2). MindFormers ties the LM head to the word embedding (GPTHead multiplies by its table, gpt2.py).
@@ -74,3 +77,29 @@ RECORDS = (
         not_applicable={"fused_rope": "GPT-2 has learned absolute position embeddings (wpe), no rotary embedding",
                         "fused_swiglu": "GPT-2's MLP is c_fc -> GELU -> c_proj, no gated unit"})),
 )
+
+
+def specs() -> dict[tuple[str, bool], _Spec]:
+    """GPT2Config: table, defaults, derivations."""
+    return {("gpt2", False): _Spec("GPT2Config", GPT2, GPT2_DEFAULTS, (_gpt2_ffn, _gpt2_positions),
+                                   fixed={"tie_word_embeddings": True})}
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def memory_inventory(hf: dict) -> list:
+    Weights = memory.Weights
+    h, L, V = hf["n_embd"], hf["n_layer"], hf["vocab_size"]
+    inner = hf.get("n_inner") or 4 * h
+    per_layer = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h)
+    return [Weights("wte", V * h, 1, "whole"), Weights("wpe", hf["n_positions"] * h, 1, "whole"),
+            Weights("ln_f", 2 * h, 1, "whole"), Weights("dense.layer", per_layer, L, "whole", "dense")]
+
+
+def memory_attention_bytes(hf: dict, e: int, tp: int, h: int, a: int) -> float:
+    return e * 2 * h + e * 5 * h / tp + 4 * a / tp
+
+
+def memory_note(hf: dict) -> str:
+    return ("GPT-2: counted as a pre-norm layer of the same widths (LayerNorm, GELU MLP, dropout masks "
+            "not counted separately; not measured)")

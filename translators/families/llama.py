@@ -3,9 +3,10 @@ MindFormers' MoEConfig defaults."""
 
 from __future__ import annotations
 
-from translators import names
+from translators import memory
 from translators.families import parts
 from translators.families.base import _CONFIG_CLASSES
+from translators.families.derive import _ffn, _kv_heads, _llama_positions, _qwen2_moe_widths, _rope
 from translators.families.parts import MODELS
 from translators.families.record import FamilyRecord, PatchTargets, Weights
 from translators.families.rules import (
@@ -42,6 +43,7 @@ from translators.families.rules import (
     Shape,
     _each,
 )
+from translators.families.spec import SILU, _Spec
 
 # ---------------------------------------------------------------------------------------------------------------
 # LlamaConfig (LC): Llama 2/3, Qwen1.5/2/2.5, DeepSeek-LLM/Coder, Mixtral, Qwen2-MoE, Baichuan2, Telechat shapes.
@@ -141,21 +143,72 @@ MOE_DEFAULTS = {
     "use_gating_sigmoid": False,
 }
 
+# --- the weight names (translators/names.py applies them) -------------------------------------------------------------
+# (MindFormers substring, HF substring), applied in order, as MindFormers' name_replace does.
+LLAMA_NAMES = (
+    ("model.tok_embeddings.embedding_weight", "model.embed_tokens.weight"),
+    ("model.norm_out.", "model.norm."),
+    (".attention.wq.", ".self_attn.q_proj."),
+    (".attention.wk.", ".self_attn.k_proj."),
+    (".attention.wv.", ".self_attn.v_proj."),
+    (".attention.wo.", ".self_attn.o_proj."),
+    (".feed_forward.w1.", ".mlp.gate_proj."),
+    (".feed_forward.w2.", ".mlp.down_proj."),
+    (".feed_forward.w3.", ".mlp.up_proj."),
+    (".attention_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+)
+# balance_via_topk_bias: TopkRouterV2's `topk_bias` (moe.py 1.7.0) is the HF `e_score_correction_bias` (DeepSeek-V3's
+# name; mf-ds gives the other families' routers the same buffer: mf_ds/weights.py attach_router_bias).
+MIXTRAL_NAMES = LLAMA_NAMES + (
+    (".feed_forward.router.dense.", ".block_sparse_moe.gate."),
+    (".feed_forward.router.router.topk_bias", ".block_sparse_moe.gate.e_score_correction_bias"),
+)
+# research/qwen2/convert_moe_weight.py (1.6.0; the folder left MindFormers in 1.7.0) name_replace.
+QWEN2_MOE_NAMES = LLAMA_NAMES + (
+    (".feed_forward.routed_experts.router.dense.", ".mlp.gate."),
+    (".feed_forward.routed_experts.router.router.topk_bias", ".mlp.gate.e_score_correction_bias"),
+    (".feed_forward.shared_experts.w1.", ".mlp.shared_expert.gate_proj."),
+    (".feed_forward.shared_experts.w2.", ".mlp.shared_expert.down_proj."),
+    (".feed_forward.shared_experts.w3.", ".mlp.shared_expert.up_proj."),
+    (".feed_forward.shared_experts_gate.", ".mlp.shared_expert_gate."),
+)
+# With use_gmm the Llama path builds MoEV3, which holds its router and bias itself (moev3.py 1.7.0: router_dense,
+# topk_bias, expert_load; TopkBiasBalanceCallback's `routed_experts.topk_bias`): (MoEV2 name, MoEV3 name). Read
+# both ways; written (hf_to_mf) with the MoEV2 names, as research/mixtral/convert_weight.py writes them, use_gmm too.
+MIXTRAL_GMM = ((".feed_forward.router.dense.weight", ".feed_forward.router_dense.weight"),
+               (".feed_forward.router.router.topk_bias", ".feed_forward.topk_bias"))
+QWEN2_MOE_GMM = (
+    (".feed_forward.routed_experts.router.dense.weight", ".feed_forward.routed_experts.router_dense.weight"),
+    (".feed_forward.routed_experts.router.router.topk_bias", ".feed_forward.routed_experts.topk_bias"),
+)
+# Stacked experts: (MindFormers name part, kind, HF per-expert name parts, `{e}` the expert).
+MIXTRAL_EXPERTS = {
+    ".feed_forward.ffn.w1.weight": ("stack", (".block_sparse_moe.experts.{e}.w1.weight",)),
+    ".feed_forward.ffn.w2.weight": ("stack", (".block_sparse_moe.experts.{e}.w2.weight",)),
+    ".feed_forward.ffn.w3.weight": ("stack", (".block_sparse_moe.experts.{e}.w3.weight",)),
+}
+QWEN2_MOE_EXPERTS = {
+    ".feed_forward.routed_experts.ffn.w1.weight": ("stack", (".mlp.experts.{e}.gate_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w2.weight": ("stack", (".mlp.experts.{e}.down_proj.weight",)),
+    ".feed_forward.routed_experts.ffn.w3.weight": ("stack", (".mlp.experts.{e}.up_proj.weight",)),
+}
+
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
-_LLAMA_WEIGHTS = Weights(names.LLAMA)  # Qwen2 runs on LlamaForCausalLM too: the same names
+_LLAMA_WEIGHTS = Weights(LLAMA_NAMES)  # Qwen2 runs on LlamaForCausalLM too: the same names
 LLAMA_TARGETS = PatchTargets(f"{MODELS}.llama.modeling_llama", rope="split_half", mlps=("LlamaMLP",))
 RECORDS = (
     FamilyRecord("llama", "llama", "llama", False, weights=_LLAMA_WEIGHTS, tp="hf_tp_plan", runtime=LLAMA_TARGETS),
     FamilyRecord("qwen2", "qwen2", "llama", False, weights=_LLAMA_WEIGHTS, tp="hf_tp_plan",
                  runtime=PatchTargets(f"{MODELS}.qwen2.modeling_qwen2", rope="split_half", mlps=("Qwen2MLP",))),
     FamilyRecord("mixtral", "mixtral", "llama", False,
-                 weights=Weights(names.MIXTRAL, experts=names.MIXTRAL_EXPERTS, gmm_names=names.MIXTRAL_GMM),
+                 weights=Weights(MIXTRAL_NAMES, experts=MIXTRAL_EXPERTS, gmm_names=MIXTRAL_GMM),
                  tp=parts.ATTENTION,
                  # router_jitter_noise is not applied: MindFormers has none
                  runtime=PatchTargets(f"{MODELS}.mixtral.modeling_mixtral", rope="split_half",
                                       experts="MixtralExperts", moe_block="MixtralSparseMoeBlock")),
     FamilyRecord("qwen2_moe", "qwen2_moe", "llama", False,
-                 weights=Weights(names.QWEN2_MOE, experts=names.QWEN2_MOE_EXPERTS, gmm_names=names.QWEN2_MOE_GMM),
+                 weights=Weights(QWEN2_MOE_NAMES, experts=QWEN2_MOE_EXPERTS, gmm_names=QWEN2_MOE_GMM),
                  tp=parts.ATTENTION + parts.MLP,
                  # the shared expert, scaled by sigmoid(shared_expert_gate(x)) under use_shared_expert_gating
                  runtime=PatchTargets(f"{MODELS}.qwen2_moe.modeling_qwen2_moe", rope="split_half",
@@ -168,3 +221,52 @@ RECORDS = (
                  reason="Baichuan2 has no transformers architecture (trust_remote_code: NormHead, and ALiBi in the "
                         "13B)"),
 )
+
+
+def specs() -> dict[tuple[str, bool], _Spec]:
+    """LlamaConfig's families: the table, the class's defaults, the derivations (translators/families/spec.py)."""
+    derive = (_kv_heads, _ffn, _llama_positions, _rope)
+    return {
+        ("llama", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS, derive, fixed=SILU),
+        ("qwen2", False): _Spec("LlamaConfig", QWEN2, LLAMA_DEFAULTS, derive, fixed=SILU),
+        ("mixtral", False): _Spec("LlamaConfig", MIXTRAL, LLAMA_DEFAULTS, derive, fixed=SILU,
+                                  moe_rules={"expert_num": "num_local_experts",
+                                             "num_experts_chosen": "num_experts_per_tok"}),
+        ("qwen2_moe", False): _Spec("LlamaConfig", QWEN2_MOE, LLAMA_DEFAULTS, (*derive, _qwen2_moe_widths),
+                                    fixed=SILU,
+                                    moe_rules={"expert_num": "num_experts", "num_experts_chosen": "num_experts_per_tok",
+                                               "norm_topk_prob": "norm_topk_prob", "shared_expert_num": Feeds()}),
+        ("baichuan2", False): _Spec("LlamaConfig", LLAMA, LLAMA_DEFAULTS),
+        ("telechat", False): _Spec("TelechatConfig", LLAMA, LLAMA_DEFAULTS),
+    }
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def memory_attention(hf: dict, h: int, a: int, k: int, d: int) -> list:
+    """Qwen2's and Qwen2-MoE's q/k/v always carry a bias, o_proj none; Llama's all four follow attention_bias."""
+    mt = hf["model_type"]
+    qkv_bias = True if mt in ("qwen2", "qwen2_moe") else bool(hf.get("attention_bias"))
+    o_bias = bool(hf.get("attention_bias")) if mt == "llama" else False
+    return memory.dense_attention(h, a, k, d, qkv_bias, o_bias)
+
+
+def memory_moe_layers(hf: dict) -> list[int]:
+    mt, L = hf["model_type"], hf.get("num_hidden_layers")
+    if mt == "mixtral":
+        return list(range(L))
+    if mt == "qwen2_moe":
+        return memory.sparse_step_layers(hf)
+    return []
+
+
+def memory_routed_width(hf: dict) -> int:
+    return hf["intermediate_size"] if hf["model_type"] == "mixtral" else hf["moe_intermediate_size"]
+
+
+def memory_shared_experts(hf: dict, h: int, width: int) -> list:
+    """Qwen2-MoE's shared expert and its sigmoid gate."""
+    if hf["model_type"] != "qwen2_moe":
+        return []
+    return [*memory._mlp(hf, h, hf["shared_expert_intermediate_size"], "shared_expert"),
+            memory.Weights("shared_expert_gate", h, 1, "whole")]

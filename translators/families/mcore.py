@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from translators import names
+from translators import memory, names
 from translators.families import parts, registry
 from translators.families.deepseek import (
     DEEPSEEK,
@@ -10,7 +10,15 @@ from translators.families.deepseek import (
     DEEPSEEK_V3_MEMORY,
     DEEPSEEK_V3_MOE,
     DEEPSEEK_V3_RUNTIME,
-    MTP_ABSENT,
+)
+from translators.families.derive import (
+    _kv_heads,
+    _mcore_groups,
+    _mcore_rope,
+    _mla_kv_heads,
+    _qwen3_dense_layers,
+    _shared_width,
+    _untied,
 )
 from translators.families.glm import GLM
 from translators.families.llama import LLAMA
@@ -39,6 +47,7 @@ from translators.families.rules import (
     Shape,
     _each,
 )
+from translators.families.spec import Derive, _Spec
 from translators.moe import MCORE_MOE
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -199,7 +208,7 @@ DEEPSEEK_MCORE: dict[str, Rule | str] = {
                            "HF DeepseekV3 always normalises the compressed q and kv"),
     "multi_latent_attention": Expect(True, "MLA, as HF DeepseekV3", "HF DeepseekV3 always uses MLA"),
     "tie_word_embeddings": UNTIED,
-    "mtp_depth": MTP_ABSENT,
+    "mtp_depth": Shape(),  # built by mf_ds/mtp.py (graph mode) or noted differs (PyNative): translators/mtp.py
     "n_kv_heads": Feeds(unused="not read by MLA: every head has its own k and v (hf num_key_value_heads = "
                                "num_attention_heads)"),
     "moe_shared_expert_intermediate_size": Feeds(),  # must be n_shared_experts x moe_intermediate_size (HF's width)
@@ -219,19 +228,119 @@ DEEPSEEK_MCORE_DEFAULTS = {**MCORE_DEFAULTS, "return_extra_loss": True}
 _ACCOUNTED = {s for table in (QWEN3_MOE, DEEPSEEK_MCORE) for key in table for s in MCORE_SPELLINGS.get(key, (key,))}
 assert set(MCORE_MOE) <= _ACCOUNTED, set(MCORE_MOE) - _ACCOUNTED
 
+# --- the weight names (translators/names.py applies them) -------------------------------------------------------------
+# mindformers/models/qwen3_moe/utils.py weight_mapping, MindFormers side first (the table there reads HF -> mcore).
+MCORE_NAMES = (
+    ("embedding.word_embeddings.", "model.embed_tokens."),
+    ("decoder.final_layernorm.", "model.norm."),
+    ("output_layer.", "lm_head."),
+    ("decoder.layers.", "model.layers."),
+    (".self_attention.linear_proj.", ".self_attn.o_proj."),
+    (".self_attention.q_layernorm.", ".self_attn.q_norm."),
+    (".self_attention.k_layernorm.", ".self_attn.k_norm."),
+    (".mlp.router.expert_bias", ".mlp.gate.e_score_correction_bias"),  # moe_router_enable_expert_bias
+    (".router.weight", ".gate.weight"),
+    (".linear_fc2.", ".down_proj."),
+    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
+)
+# mcore DeepSeek-V3 (TrainingDeepseekV3ForCausalLM, 1.7.0 to 2.1.0: GPTModel with multi-latent attention and MoE):
+# deepseek3/utils.py weight_mapping (HF -> mcore, MindFormers side first here) for the names it shares with the
+# network, and the network's own names where its training layers fuse (checked against the network built on CPU:
+# tests/fixtures/deepseek3_mcore). mla_qkv_concat False (the wheels' graph-mode YAMLs) names the MLA projections apart;
+# the rope rows of q_b_proj and kv_a_proj_with_mqa are in halves (evens, then odds): MindFormers rotates halves
+# (rotary_interleaved False) where HF DeepSeek-V3 de-interleaves pairs (rope_interleave), as DEEPSEEK_NAMES.
+MCORE_MLA_NAMES = (
+    ("embedding.word_embeddings.", "model.embed_tokens."),
+    ("decoder.final_layernorm.", "model.norm."),
+    ("output_layer.", "lm_head."),
+    ("decoder.layers.", "model.layers."),
+    (".self_attention.linear_q_down_proj.", ".self_attn.q_a_proj."),
+    (".self_attention.q_layernorm.", ".self_attn.q_a_layernorm."),
+    (".self_attention.linear_q_up_proj.", ".self_attn.q_b_proj."),
+    (".self_attention.linear_kv_down_proj.", ".self_attn.kv_a_proj_with_mqa."),
+    (".self_attention.kv_layernorm.", ".self_attn.kv_a_layernorm."),
+    (".self_attention.linear_kv_up_proj.", ".self_attn.kv_b_proj."),
+    (".self_attention.linear_proj.", ".self_attn.o_proj."),
+    (".mlp.router.expert_bias", ".mlp.gate.e_score_correction_bias"),  # moe_router_enable_expert_bias
+    (".mlp.router.weight", ".mlp.gate.weight"),
+    (".linear_fc2.", ".down_proj."),
+    (".pre_mlp_layernorm.", ".post_attention_layernorm."),
+)
+# mla_qkv_concat True (TransformerConfig's default; the 2.1.0 PyNative YAML) names them otherwise (gpt_layer_specs.py
+# `linear_qb`, `linear_kvb`, `k_layernorm`), and fuses the two down projections in `linear_qkv` (MCORE_MLA_FUSED):
+# (name apart, name with mla_qkv_concat).
+MCORE_MLA_CONCAT = ((".self_attention.linear_q_up_proj.", ".self_attention.linear_qb."),
+                    (".self_attention.linear_kv_up_proj.", ".self_attention.linear_kvb."),
+                    (".self_attention.kv_layernorm.", ".self_attention.k_layernorm."))
+# The HF tensors whose rope rows MindFormers keeps in halves: HF part -> its rows (q_b: per head nope then rope;
+# kv_a: the latent rows then the shared k rope rows).
+MCORE_MLA_ROPE = {".self_attn.q_b_proj.": "q_b", ".self_attn.kv_a_proj_with_mqa.": "kv_a"}
+# multi_latent_attention.py: linear_qkv = concat(linear_q_down_proj, linear_kv_down_proj), split back into
+# [q_lora_rank, kv_lora_rank, qk_rope_head_dim] rows
+MCORE_MLA_FUSED = {".self_attention.linear_qkv.": ("mla_qkv", (".self_attn.q_a_proj.",
+                                                               ".self_attn.kv_a_proj_with_mqa.")),
+                   ".mlp.linear_fc1.": ("gate_up", (".mlp.gate_proj.", ".mlp.up_proj.")),
+                   ".mlp.shared_experts.linear_fc1.": ("gate_up", (".mlp.shared_experts.gate_proj.",
+                                                                   ".mlp.shared_experts.up_proj."))}
+# Stacked experts: weight1 [E*H, 2I], weight2 [E*I, H] (concat_expert_weight; translators/names.py's docstring).
+MCORE_EXPERTS = {
+    ".mlp.experts.weight1": ("weight1", (".mlp.experts.{e}.gate_proj.weight", ".mlp.experts.{e}.up_proj.weight")),
+    ".mlp.experts.weight2": ("weight2", (".mlp.experts.{e}.down_proj.weight",)),
+}
+
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
 RECORDS = (
     FamilyRecord("qwen3", "qwen3", "mcore", True, model_types=("qwen3",), architectures=("Qwen3ForCausalLM",),
-                 weights=Weights(names.MCORE), tp="hf_tp_plan",
+                 weights=Weights(MCORE_NAMES), tp="hf_tp_plan",
                  runtime=PatchTargets(f"{MODELS}.qwen3.modeling_qwen3", rope="split_half", mlps=("Qwen3MLP",))),
     FamilyRecord("qwen3_moe", "qwen3_moe", "mcore", True, model_types=("qwen3_moe",),
-                 architectures=("Qwen3MoeForCausalLM",), weights=Weights(names.MCORE, experts=names.MCORE_EXPERTS),
+                 architectures=("Qwen3MoeForCausalLM",), weights=Weights(MCORE_NAMES, experts=MCORE_EXPERTS),
                  tp=parts.ATTENTION + parts.QK_NORM + parts.MLP,
                  runtime=PatchTargets(f"{MODELS}.qwen3_moe.modeling_qwen3_moe", rope="split_half",
                                       mlps=("Qwen3MoeMLP",), experts="Qwen3MoeExperts",
                                       moe_block="Qwen3MoeSparseMoeBlock")),
     FamilyRecord("deepseek_v3", "deepseek_v3", "mcore", True, model_types=("deepseek_v3",),
                  architectures=("DeepseekV3ForCausalLM",), tp=parts.MLA + parts.MLP,
-                 weights=Weights(names.MCORE_MLA, experts=names.MCORE_EXPERTS),
+                 weights=Weights(MCORE_MLA_NAMES, experts=MCORE_EXPERTS, style="mcore_mla", fused=MCORE_MLA_FUSED,
+                                 prefixes=(*names.MCORE_PREFIXES, "mtp."), concat_names=MCORE_MLA_CONCAT, mtp="gpt"),
                  memory_defaults=DEEPSEEK_V3_MEMORY, runtime=DEEPSEEK_V3_RUNTIME),
 )
+
+
+def mcore_spec(config_class: str, rules: dict[str, Rule | str], defaults: dict, derive: tuple[Derive, ...] = (),
+               spellings: dict[str, tuple[str, ...]] | None = None) -> _Spec:
+    """A spec whose rules answer to every mcore spelling of a setting (MCORE_SPELLINGS, with the family's own
+    `spellings` over them)."""
+    table = {**MCORE_SPELLINGS, **(spellings or {})}
+    spelled = {s: rule for name, rule in rules.items() for s in table.get(name, (name,))}
+    aliases = {s: name for name, names in table.items() for s in names}
+    return _Spec(config_class, spelled, defaults, derive, aliases=aliases, head_dim_derived=False)
+
+
+def specs() -> dict[tuple[str, bool], _Spec]:
+    """Qwen3Config, Qwen3MoeConfig, the mcore DeepseekV3Config: table, defaults, derivations."""
+    return {
+        ("qwen3", True): mcore_spec("Qwen3Config", QWEN3, QWEN3_DEFAULTS, (_kv_heads, _mcore_rope)),
+        ("qwen3_moe", True): mcore_spec("Qwen3MoeConfig", QWEN3_MOE, QWEN3_MOE_DEFAULTS,
+                                        (_kv_heads, _mcore_rope, _qwen3_dense_layers)),
+        ("deepseek_v3", True): mcore_spec("DeepseekV3Config", DEEPSEEK_MCORE, DEEPSEEK_MCORE_DEFAULTS,
+                                          (_mla_kv_heads, _mcore_rope, _untied, _mcore_groups, _shared_width)),
+    }
+
+
+# --- memory hooks (translators/memory.py: this family's parameter and activation counts) ------------------------------
+
+def memory_attention(hf: dict, h: int, a: int, k: int, d: int) -> list:
+    """Qwen3's and Qwen3-MoE's: all four projections follow attention_bias, q/k norms on each head."""
+    bias = bool(hf.get("attention_bias"))
+    return memory.dense_attention(h, a, k, d, bias, bias, qk_norm=True)
+
+
+def memory_attention_bytes(hf: dict, e: int, tp: int, h: int, a: int) -> float:
+    k = hf.get("num_key_value_heads") or a
+    d = hf.get("head_dim") or h // a
+    return memory.dense_attention_bytes(hf, e, tp, h, a) + (4 + e) * (a + k) * d / tp  # q_norm / k_norm on each head
+
+
+def memory_moe_layers(hf: dict) -> list[int]:
+    return memory.sparse_step_layers(hf) if hf["model_type"] == "qwen3_moe" else []

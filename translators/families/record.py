@@ -1,25 +1,26 @@
 """The family record: everything mf-ds knows about one model family, in one place, found through one registry.
 
 A record is declared in the module of the family's MindFormers config class (translators/families/llama.py,
-deepseek.py, glm.py, gpt2.py, mcore.py: the config rules of `model.model_config` live beside it) and listed in
-translators/families/registry.py. It holds:
+deepseek.py, glm.py, gpt2.py, mcore.py, or a module of its own: telechat3.py, deepseek4.py; the config specs, weight
+tables and hooks live beside it) and that module is listed in translators/families/registry.py. It holds:
   name, mcore           the family as the Plan names it (`run.family`), and which schema its YAML uses
   model_types, architectures   the names an mcore YAML (or its pretrained_model_dir) gives the family
   hf_model_type         the transformers architecture (None: none, with the `reason`)
   layer_style           the MindFormers op names of its decoder layer (recompute tables, translators/recompute_ops.py)
-  weights               its MindFormers <-> HF weight names (translators/names.py holds the shared tables)
+  weights               its MindFormers <-> HF weight names (the tables in the family's module; translators/names.py
+                        applies them)
   tp                    the AutoTP rule: "hf_tp_plan", or DeepSpeed partition specs, or None (no rule: TP refused)
   memory_defaults       HF config defaults the memory formulas read when a translated hf_config leaves them out
   runtime               PatchTargets: what mf_ds patches in the transformers model, named by string (translators/
                         never imports transformers): the modeling module, the RoPE function, the SwiGLU MLP,
-                        experts and MoE block classes
+                        experts and MoE block classes, and the family's runtime module (mf_ds/families/<hooks>.py)
 mf_ds reads the runtime part through `registry.runtime(model_type)`; the translator reads the rest through
 `registry.record(name, mcore)` and `registry.by_hf_type(model_type)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ class PatchTargets:
     """Attribute of the shared expert's sigmoid gate (Linear H -> 1)."""
     not_applicable: Mapping[str, str] = field(default_factory=dict)
     """Kernel feature -> why it has nothing to replace in this architecture (a report line, not an error)."""
+    hooks: str | None = None
+    """The family's runtime module, mf_ds/families/<hooks>.py (initial values, module surgery, Muon names and cuts);
+    None: it has none."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,20 @@ class Weights:
     gmm_names: tuple[tuple[str, str], ...] = ()
     """(MoEV2 name, MoEV3 name) of the router and its bias, where use_gmm builds MoEV3 (read both ways, written with
     the MoEV2 names)."""
+    style: str = ""
+    """Which MindFormers model code lays the weights out where it is not the schema's generic one ("legacy" /
+    "mcore", names.style): "mcore_mla", "deepseek4", "glm"."""
+    fused: Mapping[str, tuple[str, tuple[str, ...]]] | None = None
+    """MindFormers part -> (kind, HF parts): fused tensors (None: names.FUSED of the schema)."""
+    prefixes: tuple[str, ...] = ()
+    """The first parts of a model weight's name (empty: names.LEGACY_PREFIXES / MCORE_PREFIXES)."""
+    concat_names: tuple[tuple[str, str], ...] = ()
+    """(name apart, name fused) of the projections mla_qkv_concat renames."""
+    saved_names: Callable[[str], str] | None = None
+    """An HF checkpoint name -> transformers' module name, where save_pretrained writes other names."""
+    mtp: str = ""
+    """How its MTP layers' weights are named: "gpt" (GPTModel's `mtp.layers.N`), "research" (research/deepseek3:
+    fusers, norms and layers num_layers and up), "" (no MTP weights)."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
-"""The one registry of family records (translators/families/record.py): every module below declares `RECORDS`.
+"""The one registry of families: every module below declares its records (`RECORDS`, translators/families/record.py),
+its config specs (`specs()`, keyed by (name, mcore): translators/families/engine.py), its weight-name tables (in its
+records' `weights`) and the hooks where it differs from the shared code (`hook(record, name)`: `family_moe`, the
+`memory_*` hooks of translators/memory.py); its runtime module, if any, is mf_ds/families/<runtime.hooks>.py.
 
-Adding a family: its module (its MindFormers config rules and its RECORDS) named here, and its tests. The translator
+Adding a family: its module named here, and its tests (docs/DESIGN.md, "How to add a family"). The translator
 finds a family with `record(name, mcore)`; the parallel layout, memory and weight tables with `by_hf_type` and
-`weights`; mf_ds/patch with `runtime(model_type)`.
+`weights`; mf_ds/patch and mf_ds/families with `runtime(model_type)`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from functools import cache
 
 from translators.families.record import FamilyRecord, PatchTargets, Weights
 
-# translators/families/<module>.py: the config classes' modules, then the families with a module of their own
+# translators/families/<module>.py: the config classes' modules, then the families with a module of their own. The
+# order matters: the first record of an HF model_type gives its memory hooks and patch targets (by_hf_type).
 MODULES = ("llama", "deepseek", "glm", "gpt2", "mcore", "telechat3", "glm4_moe", "deepseek4")
 
 
@@ -35,6 +39,22 @@ def _by_key() -> dict[tuple[str, bool], FamilyRecord]:
 
 def record(name: str, mcore: bool) -> FamilyRecord:
     return _by_key()[(name, mcore)]
+
+
+@cache
+def _modules_by_key() -> dict[tuple[str, bool], object]:
+    return {(r.name, r.mcore): module for module in modules() for r in module.RECORDS}
+
+
+def module(family: FamilyRecord | None):
+    """The module that declares `family` (its specs, tables and hooks); None for None or a record outside the
+    registry (base.NO_MODEL)."""
+    return None if family is None else _modules_by_key().get((family.name, family.mcore))
+
+
+def hook(family: FamilyRecord | None, name: str):
+    """The family module's hook `name` (a function the module defines for its records), or None."""
+    return getattr(module(family), name, None)
 
 
 def by_hf_type(model_type: str | None) -> FamilyRecord | None:

@@ -6,8 +6,8 @@ rotate-half RoPE and no q/k norm, a SwiGLU MLP, no biases, an untied head. That 
 so: MindFormers 2.1.0's own graph-mode TrainingTeleChat3ForCausalLM on CPU (tests/fixtures/make_telechat3_golden.py)
 against transformers' LlamaForCausalLM with the same weights agree to 4e-6 in float32 (and to 3e-4 under flash
 attention, for which MindFormers casts q, k, v to float16: tests/mf_ds/test_telechat3.py). The weights are
-the mcore names of Qwen3 (translators/names.py MCORE; models/telechat3/utils.py weight_mapping is Qwen3's without the
-q/k norms).
+the mcore names of Qwen3 (translators/families/mcore.py MCORE_NAMES; models/telechat3/utils.py weight_mapping is
+Qwen3's without the q/k norms).
 
 TeleChat3-MoE is DeepSeek-V3's MLA + MoE graph; its MoE layers do not run on CPU (GroupedMatmul, MoeTokenPermute
 are Ascend-only), so no logits can show a mapping onto HF DeepseekV3 equal: it is refused in one line.
@@ -15,14 +15,14 @@ are Ascend-only), so no logits can show a mapping onto HF DeepseekV3 equal: it i
 
 from __future__ import annotations
 
-from translators import names
 from translators.families.llama import LLAMA_TARGETS
+from translators.families.mcore import MCORE_NAMES
 from translators.families.record import FamilyRecord, Weights
 
 RECORDS = (
     # HF Llama's architecture, AutoTP plan, memory inputs and patch targets; Qwen3's mcore weight names
     FamilyRecord("telechat3", "llama", "mcore", True, model_types=("telechat3",),
-                 architectures=("TeleChat3ForCausalLM",), weights=Weights(names.MCORE), tp="hf_tp_plan",
+                 architectures=("TeleChat3ForCausalLM",), weights=Weights(MCORE_NAMES), tp="hf_tp_plan",
                  runtime=LLAMA_TARGETS),
     FamilyRecord("telechat3_moe", None, "mcore", True, model_types=("telechat3_moe",),
                  architectures=("TeleChat3MoeForCausalLM",),
@@ -32,12 +32,12 @@ RECORDS = (
 
 
 
-def specs() -> dict[str, tuple]:
+def specs() -> dict:
     """config class, rules, defaults, derivations of each family (imported here: the table modules import base)."""
     from translators.errors import ConfigError
     from translators.families.derive import _kv_heads, _mcore_rope, _untied
     from translators.families.llama import LLAMA
-    from translators.families.mcore import MCORE, MCORE_DEFAULTS, UNTIED
+    from translators.families.mcore import MCORE, MCORE_DEFAULTS, UNTIED, mcore_spec
     from translators.families.rules import Expect, Feeds
 
     def _plain_llama(m, moe) -> dict:
@@ -62,5 +62,6 @@ def specs() -> dict[str, tuple]:
         "mtp_depth": LLAMA["mtp_depth"],
         "tie_word_embeddings": UNTIED,
     }
-    return {"telechat3": ("TeleChat3Config", rules, MCORE_DEFAULTS, (_kv_heads, _mcore_rope, _untied, _plain_llama)),
-            "telechat3_moe": ("TeleChat3MoeConfig", MCORE, MCORE_DEFAULTS, ())}
+    return {("telechat3", True): mcore_spec("TeleChat3Config", rules, MCORE_DEFAULTS,
+                                            (_kv_heads, _mcore_rope, _untied, _plain_llama)),
+            ("telechat3_moe", True): mcore_spec("TeleChat3MoeConfig", MCORE, MCORE_DEFAULTS, ())}
