@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint
 
 from mf_ds import mtp
+from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint
 from mf_ds.convert import to_hf, to_mindformers
 from mf_ds.model import build_model, hf_config
 from tests.conftest import ROOT
