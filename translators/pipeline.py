@@ -15,7 +15,7 @@ from typing import Any
 from translators import layout
 
 STAGES = "parallel_config.pipeline_stage"
-# Until a pipelined run recomputes and composes with the rest (it saves and resumes: mf_ds/pipeline_checkpoint.py),
+# Until a pipelined run recomputes and composes with the rest (it saves and resumes: mf_ds/checkpoint/pipelined.py),
 # real stages are asked for by name: a YAML that trained before (its stages folded into data parallel) trains the
 # same way unless the user opts in.
 OPT_IN = ("real stages run only with mf_ds.pipeline: true (DeepSpeed's PipelineEngine: dense models, 1F1B, ZeRO-1, "
