@@ -39,7 +39,7 @@ def refusal(plan: Plan, resume2: bool) -> str | None:
         return "mf_ds.zero_stage 2/3 with pipeline_stage > 1: DeepSpeed's PipelineEngine takes ZeRO-1 at most"
     if run.lora is not None or run.evaluation is not None:
         return "LoRA or do_eval with pipeline_stage > 1: not composed with the pipeline yet"
-    from mf_ds.pipeline_checkpoint import refusal as checkpoint_refusal  # saving and resuming
+    from mf_ds.checkpoint.pipelined import refusal as checkpoint_refusal  # saving and resuming
 
     why = checkpoint_refusal(plan, resume2)
     if why:
@@ -195,7 +195,7 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
     # starts from the same weights whatever the stage layout (they differ from a one-rank run's sequential draws)
     module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=pieces.loss,
                     partition_method="uniform", seed_layers=True, base_seed=plan.run.seed)
-    module.pieces = pieces  # the HF names of the stage's weights, for its checkpoints (mf_ds/pipeline_checkpoint.py)
+    module.pieces = pieces  # the HF names of the stage's weights, for its checkpoints (mf_ds/checkpoint/pipelined.py)
     rank = dist.get_rank()
     mtp = block_indices(pieces) if rank // dp == pp - 1 else []  # the patch lines of the MTP blocks: last stage
     report = patch_stage(pieces.meta, plan, [i for i, s in enumerate(stages) if s == rank // dp] + mtp, checkpoint_fn,
