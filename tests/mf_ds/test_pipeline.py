@@ -276,7 +276,7 @@ def test_mtp_on_the_last_stage_equals_one_rank(tmp_path):
         part = load_file(str(shard))
         assert not part.keys() & pp_weights.keys(), shard
         pp_weights.update(part)
-    # MoE experts' names are mf_ds/pipeline_checkpoint.py's (fused on stages, per expert on one rank): the same for
+    # MoE experts' names are mf_ds/checkpoint/pipelined.py's (fused on stages, per expert on one rank): the same for
     # the MTP block's as for the other MoE layers'
     assert all(".mlp.experts." in k for k in saved.keys() ^ pp_weights.keys())
     mtp_keys = [k for k in saved if k.startswith("model.layers.3.") and ".mlp.experts." not in k]
