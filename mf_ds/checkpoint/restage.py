@@ -11,8 +11,8 @@ which hold another set of layers, or do not exist, when the count changed. What 
   fragment sits in it (`param_slice_mappings`, DeepSpeed's own record for its universal checkpoints); a parameter is
   its fragments in data-parallel order (ZeRO-1 cuts one flat buffer into contiguous partitions).
 So here: the weights by layer, the fp32 masters and Adam moments per parameter from every saved partition of
-every stage, written into this engine's partitions (mf_ds/checkpoint/optim_state.py `install`, as a Checkpoint 2.0 resume
-does), the LR schedule and DeepSpeed's counters from stage 0's file (the same on every stage), the step, data
+every stage, written into this engine's partitions (mf_ds/checkpoint/optim_state.py `install`, as a Checkpoint 2.0
+resume does), the LR schedule and DeepSpeed's counters from stage 0's file (the same on every stage), the step, data
 position and RNG as native.load restores them. The result is the same optimizer state, so the losses go on as
 on the old stage count (tests/mf_ds/test_pipeline_checkpoint.py: 2 stages saved, 4 resumed).
 """
