@@ -20,6 +20,7 @@ for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("M
 import deepspeed  # noqa: E402
 
 from mf_ds.data import batches  # noqa: E402
+from mf_ds.engine import deepspeed_config  # noqa: E402
 from mf_ds.model import prepare  # noqa: E402
 from mf_ds.optim import build_optimizer, build_scheduler  # noqa: E402
 from translators import translate_file  # noqa: E402
@@ -40,8 +41,7 @@ def main() -> None:
     optimizer = build_optimizer(model, run.optimizer)  # AdamW or AdamWeightDecay, decay on matrices only
     # MindFormers' exact formula; total_steps counts epochs x data_size
     scheduler = build_scheduler(optimizer, run.lr_schedule, prepared.data_size, log=print)
-    config = {k: v for k, v in plan.deepspeed.items() if k not in ("optimizer", "scheduler")}
-    config["zero_allow_untested_optimizer"] = True
+    config = deepspeed_config(plan)  # plan.deepspeed without the optimizer and schedule built here
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=config)
     data = batches(dataset, run.micro_batch_size, engine.global_rank, engine.world_size, passes=None)

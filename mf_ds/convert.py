@@ -7,7 +7,7 @@
                       mindspore.save_checkpoint writes it, or a .safetensors with MindFormers names (metadata
                       {"format": "ms"}, as MindSpore writes); MindFormers' load_checkpoint reads either. A DST
                       without a suffix is written as a one-card MindFormers 2.x Checkpoint 2.0 directory
-                      (mf_ds/checkpoint2.py), which SRC may also be (any number of ranks: merged on reading).
+                      (mf_ds/checkpoint/sharded.py), which SRC may also be (any number of ranks: merged on reading).
   LoRA (the YAML's pet_config / lora_config, mf_ds/lora.py): a MindFormers SRC's adapters (`mindpet_delta_lora_a`,
                       ...) go to DST/adapter in PEFT's layout; SRC a PEFT adapter directory (adapter_config.json):
                       DST a .ckpt / .safetensors of the adapters under MindFormers' names.
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
+from mf_ds.checkpoint.mindspore_ckpt import load_into, write_ckpt
 from mf_ds.errors import RunError
-from mf_ds.mindspore_ckpt import load_into, write_ckpt
 from mf_ds.weights import attach_router_bias, from_hf, layout_of, mindformers_names, model_slot
 from translators import names
 from translators.plan_types import Plan
@@ -65,7 +65,7 @@ def to_hf(plan: Plan, src: str, dst: str) -> dict[str, int]:
     Holds the output and one MindFormers tensor at a time."""
     from safetensors.torch import save_file
 
-    from mf_ds.mindspore_ckpt import _checkpoint_files
+    from mf_ds.checkpoint.mindspore_ckpt import _checkpoint_files
 
     model = _meta_model(plan)
     out: dict[str, torch.Tensor] = {}
@@ -172,10 +172,10 @@ def to_mindformers(plan: Plan, src: str, dst: str) -> int:
     if Path(dst).suffix:
         raise RunError(f"{dst}: the MindFormers output must end in .ckpt or .safetensors, or be a directory "
                        "(Checkpoint 2.0)")
-    from mf_ds import checkpoint2
+    from mf_ds.checkpoint import sharded
 
-    count = checkpoint2.write(dst, tensors())
-    shareable(*Path(dst, "iteration_00000000").glob("*.safetensors"))  # the iteration checkpoint2.write wrote
+    count = sharded.write(dst, tensors())
+    shareable(*Path(dst, "iteration_00000000").glob("*.safetensors"))  # the iteration sharded.write wrote
     return count
 
 

@@ -21,8 +21,12 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from transformers import TrainerCallback
 
+from mf_ds.attention import model_inputs
+from mf_ds.data import build_train_dataset
 from mf_ds.errors import RunError
+from mf_ds.parallel import data_shard
 from translators.plan_types import Plan
 
 
@@ -30,8 +34,6 @@ class Evaluator:
     """Holds the eval data; `due(step)` says whether to evaluate after `step`, `evaluate(model)` does it."""
 
     def __init__(self, plan: Plan, steps_per_epoch: int, rank: int, world: int, vocab_size: int):
-        from mf_ds.data import build_train_dataset
-
         run = plan.run
         self.plan, self.run, self.spec = plan, run, run.evaluation
         if plan.parallel.context_parallel > 1:
@@ -55,9 +57,6 @@ class Evaluator:
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, device: torch.device, forward: Callable | None = None) -> dict:
         """{'eval_loss', 'eval_ppl', 'eval_batches'}; collective over the data-parallel ranks."""
-        from mf_ds.attention import model_inputs
-        from mf_ds.parallel import data_shard
-
         size, data = self.run.micro_batch_size, self.spec.data
         whole = len(self.dataset) // size if data.drop_remainder else -(-len(self.dataset) // size)
         if whole == 0:
@@ -98,8 +97,6 @@ def trainer_callback(evaluator: Evaluator):
     end (before the Trainer logs the step) and `take()` hands the numbers to the step's metrics row
     (mf_ds/hf.py MFLossMonitor). The Trainer's own eval_strategy stays off: it knows neither epoch_interval nor
     PerplexityMetric's mean over batches (it weights each sample)."""
-    from transformers import TrainerCallback
-
     class EvalCallBack(TrainerCallback):
         def __init__(self):
             self.result: dict = {}

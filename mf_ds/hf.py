@@ -7,8 +7,8 @@
 
 `setup.args` carries batch size, gradient accumulation, clipping, bf16, seed, the LR schedule (as the HF scheduler
 type with the same formula where one exists), output dir, logging and save steps; `deepspeed=` is the translated
-config with the values the Trainer checks set equal to the arguments, so it raises no mismatch. The optimizer and
-scheduler are built by `MFTrainer` exactly as mf_ds/train.py builds them (mf_ds/optim.py): MindSpore's
+config with the values the Trainer checks set equal to the arguments, so it raises no mismatch. The DeepSpeed
+config, optimizer and scheduler are mf_ds/train.py's own (mf_ds/engine.py, mf_ds/optim.py): MindSpore's
 AdamWeightDecay without bias correction where the YAML asks for it, decay only on matrices, and every MindFormers
 schedule, also those HF has no type for. `train_dataset` yields the samples in the order mf_ds/train.py consumes
 them, so both paths see the same data (one rank; with several, accelerate splits the stream across ranks).
@@ -23,7 +23,6 @@ also replaces transformers' SDPA function for the whole process, so it is left t
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys
@@ -34,12 +33,24 @@ from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from mf_ds import startup
+from mf_ds import checkpoint, engine, startup
+from mf_ds.attention import model_inputs
+from mf_ds.checkpoint.sharded import is_checkpoint2
+from mf_ds.data import batches
 from mf_ds.errors import RunError
+from mf_ds.evaluation import Evaluator, trainer_callback
+from mf_ds.log_line import step_line
+from mf_ds.loss_model import install as install_fused_loss
+from mf_ds.model import prepare
+from mf_ds.moe import aux_loss, step_metrics, trainer_callbacks
+from mf_ds.monitor import Monitor
 from mf_ds.mtp import MtpLoss
-from mf_ds.parallel import release_shm_names
-from translators.lr import Schedule
+from mf_ds.parallel import mla_rope_key_grads, release_shm_names, tp_report
+from mf_ds.threads import configure
+from translators.lr import Schedule, schedule_for
+from translators.plan import translate_file
 from translators.plan_types import Plan, Run
 
 
@@ -51,9 +62,6 @@ class _OrderedSamples(torch.utils.data.IterableDataset):
         self.pad_id, self.drop_last = run.loss_mask_pad_id, run.data.drop_remainder
 
     def __iter__(self):
-        from mf_ds.attention import model_inputs
-        from mf_ds.data import batches
-
         for batch in batches(self.dataset, self.micro, 0, 1, start=0, passes=None, drop_last=self.drop_last):
             labels = batch["labels"]
             if self.pad_id is not None:
@@ -88,8 +96,6 @@ class MFLossMonitor(TrainerCallback):
         self._start = self._elapsed = float("nan")
 
     def on_train_begin(self, args, state, control, **kwargs):
-        from mf_ds.monitor import Monitor
-
         self.monitor = Monitor(self.output_dir, enabled=state.is_world_process_zero, resume_step=state.global_step)
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -98,8 +104,6 @@ class MFLossMonitor(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self._elapsed = time.perf_counter() - self._start
         if self.moe:
-            from mf_ds.moe import step_metrics
-
             self.moe_metrics = self.drop_rate.metrics if self.drop_rate is not None else step_metrics(model)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -114,9 +118,6 @@ class MFLossMonitor(TrainerCallback):
             row["moe"] = {str(layer): stats for layer, stats in self.moe_metrics.items()}
         self.monitor.record(row)
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-            from mf_ds.log_line import step_line
-            from translators.plan_types import Run
-
             run = self.run if self.run is not None else Run(epochs=self.epochs)
             shown = f", eval_loss: {evaluated['eval_loss']:.6f}, eval_ppl: {evaluated['eval_ppl']:.4f}" \
                 if evaluated else ""
@@ -134,8 +135,6 @@ class ParallelReport(TrainerCallback):
     completes MLA's rope-key gradient over TP before the first step (mf_ds.parallel.mla_rope_key_grads)."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from mf_ds.parallel import mla_rope_key_grads, tp_report
-
         line = tp_report(model)
         mla_rope_key_grads(model)
         if state.is_world_process_zero:
@@ -156,7 +155,7 @@ class MFTrainer(Trainer):
     def __init__(self, *args: Any, plan: Plan, data_size: int | None = None, trust_checkpoint: bool = False,
                  **kwargs: Any):
         """`data_size`: the data set in global batches per epoch (x repeat), for lr_schedule.total_steps -1.
-        `trust_checkpoint`: resume from a checkpoint without checksums.json (mf_ds/checkpoint.py says why)."""
+        `trust_checkpoint`: resume from a checkpoint without checksums.json (mf_ds/checkpoint/native.py says why)."""
         self.plan, self.data_size, self.trust_checkpoint = plan, data_size, trust_checkpoint
         super().__init__(*args, **kwargs)
         release_shm_names()  # DeepSpeed's CPU all-reduce buffers, leaked otherwise (mf_ds/parallel.py)
@@ -178,17 +177,11 @@ class MFTrainer(Trainer):
 
     @model_wrapped.setter
     def model_wrapped(self, model):
-        from mf_ds import checkpoint
-
         self.__dict__["_model_wrapped"] = model
         if hasattr(model, "checkpoint_engine"):  # the DeepSpeed engine accelerate made
             checkpoint.install_safe_loading(model)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
-        from transformers.trainer_utils import get_last_checkpoint
-
-        from mf_ds import checkpoint
-
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:  # as the Trainer itself refuses it (mf_ds/startup.resume_mode)
@@ -199,10 +192,6 @@ class MFTrainer(Trainer):
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _save_checkpoint(self, model, trial):
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-        from mf_ds import checkpoint
-
         super()._save_checkpoint(model, trial)
         folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if folder.is_dir():
@@ -213,8 +202,6 @@ class MFTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The LM loss plus the MoE layers' aux and z losses of this forward (mf_ds.moe.aux_loss)."""
-        from mf_ds.moe import aux_loss
-
         result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                       num_items_in_batch=num_items_in_batch)
         loss = result[0] if return_outputs else result
@@ -238,7 +225,7 @@ class MFTrainer(Trainer):
         """Under AutoTP, accelerate's get_state_dict is DeepSpeed's TP gather
         (engine._replace_module_consolidated_state_dict), which walks parameters only: the persistent buffers, e.g.
         DeepSeek-V3's trained router bias `mlp.gate.e_score_correction_bias`, would be missing from the saved
-        weights. AutoTP leaves buffers whole on every rank: rank 0 adds its own (as mf_ds/checkpoint.py does)."""
+        weights. AutoTP leaves buffers whole on every rank: rank 0 adds its own (as mf_ds/checkpoint/native.py does)."""
         if state_dict and self.plan.parallel.tensor_parallel > 1:
             model = self.accelerator.unwrap_model(self.model)
             state_dict.update({k: v.detach().cpu() for k, v in model.state_dict().items() if k not in state_dict})
@@ -255,26 +242,18 @@ class MFTrainer(Trainer):
             torch.distributed.barrier()
 
     def create_optimizer(self, model=None):
-        from mf_ds.optim import build_optimizer
-
-        if self.optimizer is None:
-            self.optimizer = build_optimizer(model or self.model, self.plan.run.optimizer)
-            if self.plan.zero_stage and self.plan.run.optimizer.type == "Muon":  # mf_ds/muon_zero.py
-                from mf_ds import muon_zero
-
-                muon_zero.install(self.optimizer)
+        if self.optimizer is None:  # as mf-train's engine (mf_ds/engine.py)
+            self.optimizer = engine.build_optimizer(self.plan, model or self.model)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
-        from mf_ds.optim import build_scheduler
-
         if self.lr_scheduler is None:
             def log(line: str) -> None:
                 if self.is_world_process_zero():
                     print(line, file=sys.stderr, flush=True)
 
-            self.lr_scheduler = build_scheduler(optimizer or self.optimizer, self.plan.run.lr_schedule,
-                                                self.data_size, run_steps=num_training_steps, log=log)
+            self.lr_scheduler = engine.build_scheduler(self.plan, optimizer or self.optimizer, self.data_size,
+                                                       num_training_steps, log)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -320,9 +299,7 @@ def _log(line: str) -> None:
 
 
 def _checkpoint2_notes(run) -> list[str]:
-    """What of Checkpoint 2.0 this path does not do (mf-train does: mf_ds/resume2.py)."""
-    from mf_ds.checkpoint2 import is_checkpoint2
-
+    """What of Checkpoint 2.0 this path does not do (mf-train does: mf_ds/checkpoint/sharded_run.py)."""
     notes = []
     if run.load_checkpoint and is_checkpoint2(run.load_checkpoint) and run.resume_training:
         notes.append(f"{run.load_checkpoint}: a Checkpoint 2.0: the HF Trainer path loads its weights only; its "
@@ -336,11 +313,6 @@ def _checkpoint2_notes(run) -> list[str]:
 
 def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     """Translate `path` (dotted YAML overrides as keyword names; also output_dir= and max_steps=) for the Trainer."""
-    from mf_ds.loss_model import install as install_fused_loss
-    from mf_ds.model import prepare
-    from translators.lr import schedule_for
-    from translators.plan import translate_file
-
     output_dir = overrides.pop("output_dir", None)
     max_steps = startup.max_steps(overrides.pop("max_steps", None))
     sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]  # JSON is YAML
@@ -360,8 +332,6 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
     # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.
     # The thread count is set (its share of the cores, mf_ds/threads.py) unless OMP_NUM_THREADS says otherwise.
-    from mf_ds.threads import configure
-
     threads = configure()
     if threads:
         report += startup.say([threads], _log)
@@ -373,10 +343,7 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     report += startup.say(startup.prepared_lines((), prepared.notes, prepared.report), _log)
     report += startup.say([f"mf-ds: {install_fused_loss(model, plan.run.fused_loss, plan.parallel.tensor_parallel)}"],
                           _log)
-    ds_config = copy.deepcopy(dict(plan.deepspeed))
-    ds_config.pop("optimizer", None)  # MFTrainer.create_optimizer builds it
-    ds_config.pop("scheduler", None)  # MFTrainer.create_scheduler builds it
-    ds_config.pop("activation_checkpointing", None)  # the recompute plan is applied to the model directly
+    ds_config = engine.deepspeed_config(plan)  # MFTrainer.create_optimizer / create_scheduler build those
     if "tensor_parallel" in ds_config:
         # accelerate gathers AutoTP shards for save_model only when this is set (Accelerator.get_state_dict)
         ds_config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
@@ -423,8 +390,6 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     # The MoE callbacks run before the monitor at each step end, so it logs the metrics they just measured.
     evaluation = None
     if run.evaluation is not None:  # do_eval (mf_ds/evaluation.py)
-        from mf_ds.evaluation import Evaluator, trainer_callback
-
         evaluation = trainer_callback(Evaluator(plan, prepared.steps_per_epoch, int(os.environ.get("RANK", "0")),
                                                 world, plan.hf_config["vocab_size"]))
     callbacks: list[TrainerCallback] = [*moe_callbacks, *([evaluation] if evaluation else []),
@@ -451,6 +416,4 @@ def context_parallel_refusal(plan: Plan) -> str | None:
 
 def _moe_callbacks(plan: Plan) -> list[TrainerCallback]:
     """MoEDropRateCallback and TopkBiasBalanceCallback as TrainerCallbacks, when the Plan asks for them."""
-    from mf_ds.moe import trainer_callbacks
-
     return trainer_callbacks(plan)

@@ -4,8 +4,9 @@ One optimizer step = `gradient_accumulation_steps` micro batches per rank; `engi
 DeepSpeed averages over data parallel, so the gradient is the mean over the global batch (as MindFormers' mean
 loss). Tensor parallel (AutoTP) peers read the same micro batches; context parallel (Ulysses) ranks each hold a
 sequence shard of every micro batch of their group (mf_ds/parallel.py). Clipping, loss scaling and ZeRO come from
-plan.deepspeed; the optimizer and the exact MindFormers LR schedule are built here (mf_ds/optim.py) and handed to
-deepspeed.initialize.
+plan.deepspeed; the optimizer and the exact MindFormers LR schedule are built by mf_ds/engine.py (mf_ds/optim.py)
+and handed to deepspeed.initialize. `Trainer` reads as prepare -> build the engine -> resume (mf_ds/checkpoint/) ->
+`fit()`; one optimizer step is `train_step` (GA x `forward_backward`), which a pipeline schedule replaces.
 
 Numerics (issue 7): a step whose gradients hold inf/NaN is skipped, as DeepSpeed's fp16 loss scaler skips an
 overflow: no update, the LR schedule holds, `engine.skipped_steps` counts it and metrics.jsonl carries the count.
@@ -14,18 +15,17 @@ DeepSpeed's ZeRO and bf16/fp16 optimizers do this themselves; the plain fp32 opt
 run (RunError, exit 2), and no checkpoint is ever written from weights that hold inf/NaN.
 
 Test-only: `MF_DS_TEST_INJECT_NAN_STEPS=3,4` makes the loss of those steps NaN, and so every gradient
-(tests/mf_ds/test_numerics.py); `MF_DS_TEST_KILL_AT` is described in checkpoint.py.
+(tests/mf_ds/test_numerics.py); `MF_DS_TEST_KILL_AT` is described in mf_ds/checkpoint/native.py.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,16 +34,21 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, checkpoint2, optim_state, pipeline_checkpoint, reporters, resume2, run_lock, startup
+from mf_ds import checkpoint, lora_export, pipeline, reporters, run_lock, startup
 from mf_ds import loss_model as fused_loss
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
+from mf_ds.data import batches
+from mf_ds.engine import build_engine
 from mf_ds.errors import RunError
+from mf_ds.evaluation import Evaluator
 from mf_ds.log_line import step_line
+from mf_ds.model import Prepared, prepare
 from mf_ds.monitor import Monitor
 from mf_ds.mtp import MtpLoss
-from mf_ds.parallel import release_shm_names
-from mf_ds.weights import layout_of
+from mf_ds.parallel import UlyssesBatches, data_shard, register_ulysses, release_shm_names, ulysses_loss
+from mf_ds.threads import configure as configure_threads
+from translators.plan import translate_file
 from translators.plan_types import Plan
 
 
@@ -53,9 +58,7 @@ def cpu_numerics() -> None:
     without. GPUs' fast paths flush them anyway; values under 1.2e-38 carry nothing a training step needs."""
     if not torch.cuda.is_available():
         torch.set_flush_denormal(True)
-        from mf_ds.threads import configure
-
-        configure()  # this process's share of the cores (mf_ds/threads.py)
+        configure_threads()  # this process's share of the cores (mf_ds/threads.py)
 
 
 INJECT_NAN = "MF_DS_TEST_INJECT_NAN_STEPS"
@@ -125,11 +128,7 @@ class Trainer:
     def __init__(self, plan: Plan, *, max_steps: int | None = None, load_checkpoint: str | None = None,
                  dist_timeout: float | None = None, resume: bool | str = False, dataset_dir: str | None = None,
                  trust_checkpoint: bool = False, report_to: list[str] | None = None):
-        import deepspeed
-
-        from mf_ds.model import prepare
-        from mf_ds.optim import build_optimizer, build_scheduler
-
+        """prepare -> build the engine -> resume; fit() then trains."""
         self.plan = plan
         run = plan.run
         self.run = run
@@ -153,47 +152,39 @@ class Trainer:
                 raise RunError(f"{path}: {what} is a file; it must be a directory (or not exist yet)")
         self.lock = run_lock.acquire(self.output_dir, self.ckpt_root)  # one run per directory; repairs a cut save
         self.trust_checkpoint = trust_checkpoint
-        self.checkpoint2 = bool(self.ckpt) and not self.ckpt.use_legacy_format  # saves as Checkpoint 2.0
-        weights = load_checkpoint or run.load_checkpoint
-        resume_from = None
-        if weights and (Path(weights) / checkpoint.STATE).is_file():
-            resume_from, weights = Path(weights), None  # an mf-ds checkpoint: resume from it
-        earlier = checkpoint.complete(self.ckpt_root) or resume2.is_root(self.ckpt_root)
-        resume = startup.resume_mode(resume, run, resume_from is not None or bool(earlier) or bool(
-            weights and checkpoint2.is_checkpoint2(weights)), self.ckpt_root, _log)
-        if self.ckpt and not resume and resume_from is None and earlier:
-            # A fresh run would save its step-N checkpoints over the earlier run's and prune the rest.
-            raise RunError(f"{self.ckpt_root} holds checkpoints of an earlier run: pass --resume_training to "
-                           "continue it, or give another --output_dir")
-        # Checkpoint 2.0 (mf_ds/resume2.py): this run's own saves, else load_checkpoint when it is one; its weights
-        # are loaded by prepare(), its optimizer state and step after deepspeed.initialize.
-        self.resume2_from = None
-        if resume and resume_from is None and not checkpoint.complete(self.ckpt_root):
-            if resume2.is_root(self.ckpt_root):
-                self.resume2_from = self.ckpt_root
-                weights = str(self.ckpt_root)
-            elif weights and checkpoint2.is_checkpoint2(weights):
-                self.resume2_from = Path(weights)
-        elif weights and checkpoint2.is_checkpoint2(weights) and not resume and any(
-                Path(weights).rglob("*opt-*.safetensors")):
-            _log(f"mf-ds: note: {weights}: its optimizer state is not loaded (resume_training is False): weights "
-                 "only, the optimizer and the LR schedule start fresh")
+        self.start = checkpoint.start(plan, self.ckpt_root, load_checkpoint, resume, _log)
         self.max_nan_steps = run.max_nan_steps
         self.inject_nan = {int(s) for s in os.environ.get(INJECT_NAN, "").split(",") if s.strip()}
         self.parallel = plan.parallel
         self.tp, self.cp = self.parallel.tensor_parallel, self.parallel.context_parallel
         self.pipe = (plan.parallel.pipeline_stage or 1) > 1  # DeepSpeed's PipelineEngine (mf_ds/pipeline.py)
-        if self.pipe:
-            from mf_ds import pipeline
+        prepared = self._prepare(max_steps, dataset_dir)
+        self._build_engine(prepared)
+        self._resume()
+        monitor = run.callbacks.loss_monitor
+        self.print_every = monitor.per_print_times if monitor else 1
+        # A progress bar for people at a terminal; logs and CI get the MFLossMonitor lines only.
+        self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
+                        disable=self.rank != 0 or not sys.stderr.isatty())
+        # metrics.jsonl and TensorBoard (rank 0); on resume the rows after the checkpoint are dropped
+        self.monitor = Monitor(self.output_dir, enabled=self.rank == 0, resume_step=self.step, report_to=report_to,
+                               total_steps=self.total_steps)
+        self.watchdog = Watchdog(dist_timeout, self.rank) if dist_timeout and self.world > 1 else None
+        self.evaluator = None
+        if run.evaluation is not None:  # do_eval (mf_ds/evaluation.py)
+            self.evaluator = Evaluator(plan, self.steps_per_epoch, self.rank, self.world, plan.hf_config["vocab_size"])
 
-            why = pipeline.refusal(plan, self.resume2_from is not None)
+    def _prepare(self, max_steps: int | None, dataset_dir: str | None) -> Prepared:
+        """The model with the Plan's MoE layer, fused kernels and recompute, before DeepSpeed partitions the
+        parameters (ZeRO-3 partitions what exists at initialize); the data; the step counts."""
+        plan, run = self.plan, self.run
+        if self.pipe:
+            why = pipeline.refusal(plan, self.start.sharded is not None)
             if why:
                 raise RunError(why)
             for line in pipeline.stage_table(plan):
                 _log(f"mf-ds: pipeline: {line}")
-        # The model with the Plan's MoE layer, fused kernels and recompute, before DeepSpeed partitions the
-        # parameters (ZeRO-3 partitions what exists at initialize).
-        prepared = prepare(plan, weights=weights, max_steps=max_steps, dataset_dir=dataset_dir, log=_log,
+        prepared = prepare(plan, weights=self.start.weights, max_steps=max_steps, dataset_dir=dataset_dir, log=_log,
                            stage_builder=pipeline.build if self.pipe else None)
         startup.say(startup.prepared_lines((), prepared.notes, prepared.report), _log)
         model = prepared.model
@@ -205,8 +196,6 @@ class Trainer:
         self.attn_implementation = "sdpa" if self.pipe else model.config._attn_implementation
         self.mpu = None
         if self.cp > 1:
-            from mf_ds.parallel import register_ulysses
-
             self.mpu = register_ulysses(model, self.parallel, run.micro_batch_size, run.seq_length)
             _log(f"mf-ds: parallel: Ulysses context parallel {self.cp} over SDPA attention (this process' "
                  "transformers attention is replaced)")
@@ -215,77 +204,39 @@ class Trainer:
         self.dataset = prepared.dataset
         self.pad_id = run.loss_mask_pad_id
         self.mtp = MtpLoss(plan) if plan.mtp is not None else None
+        if self.pipe and self.mtp is not None:  # the last stage's loss keeps the term (mf_ds/pipeline_mtp.py)
+            self.mtp = model.pieces.loss.mtp
         self.micro = run.micro_batch_size
         self.ga = run.gradient_accumulation_steps
         self.interleave = run.micro_batch_interleave_num  # micro batches are parts whose losses MindFormers adds
         self.steps_per_epoch = prepared.steps_per_epoch
         self.total_steps = prepared.total_steps
-        optimizer = build_optimizer(model, run.optimizer)
-        # Which torch state each parameter keeps, for Checkpoint 2.0 (before DeepSpeed regroups a ZeRO optimizer)
-        try:
-            self.state_keys, self.unmapped = optim_state.state_keys(model, optimizer), None
-        except optim_state.Unmapped as exc:
-            self.state_keys, self.unmapped = None, str(exc)
-        if plan.zero_stage and run.optimizer.type == "Muon":  # DeepSpeed's ZeRO Muon, MindFormers' update
-            from mf_ds import muon_zero
+        return prepared
 
-            muon_zero.install(optimizer)
-        # MindFormers' total_steps counts epochs x the data set (x repeat), whatever stop_step / --max_steps cut.
-        scheduler = build_scheduler(optimizer, run.lr_schedule, prepared.data_size, run_steps=self.total_steps,
-                                    log=_log)
-        config = copy.deepcopy(dict(plan.deepspeed))
-        config.pop("optimizer", None)  # built above, with MindFormers' parameter groups
-        config.pop("scheduler", None)  # built above, with MindFormers' exact formula
-        config["zero_allow_untested_optimizer"] = True
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False,
-            mpu=self.mpu)
-        if self.tp > 1:
-            from mf_ds.parallel import mla_rope_key_grads, tp_report
-
-            _log(f"mf-ds: parallel: {tp_report(self.engine.module)}")
-            mla_rope_key_grads(self.engine.module)
+    def _build_engine(self, prepared: Prepared) -> None:
+        """The DeepSpeed engine (mf_ds/engine.py); the plain fp32 optimizer given DeepSpeed's skip of an overflow;
+        the checkpoint format checked before the first step."""
+        built = build_engine(self.plan, prepared, mpu=self.mpu, log=_log)
+        self.engine, self.optimizer, self.scheduler = built.engine, built.optimizer, built.scheduler
+        self.state_keys, self.unmapped = built.state_keys, built.unmapped
         if not self._engine_records_norm:
             _skippable(self.engine.optimizer)
             if self.pipe:
                 pipeline.record_norm(self.engine)
-        self._check_checkpoint2()
-        monitor = run.callbacks.loss_monitor
-        self.print_every = monitor.per_print_times if monitor else 1
-        self.step = 0
-        if resume and self.resume2_from is None:
-            resume_from = resume_from or checkpoint.latest(self.ckpt_root)
-        if resume_from is not None:
-            # checkpoint.load, or a pipelined checkpoint on another stage count (mf_ds/pipeline_checkpoint.py)
-            state = pipeline_checkpoint.load(self.engine, resume_from, plan, self.state_keys, self.trust_checkpoint)
-            self.step = state["step"]
-            _log(f"mf-ds: resumed from {resume_from} at step {self.step}")
-        elif self.resume2_from is not None:
-            if self.state_keys is None:
-                raise RunError(f"{self.resume2_from}: cannot resume its optimizer state: {self.unmapped}; load its "
-                               "weights only (without resume_training) to start the optimizer fresh")
-            self.step = resume2.resume(self.engine, self.resume2_from, self.state_keys, plan.weights_family,
-                                       layout_of(plan), run.global_batch_size, _log)
-            _log(f"mf-ds: resumed from {self.resume2_from} (Checkpoint 2.0: weights, optimizer state, LR schedule) "
-                 f"at step {self.step}")
-        # A progress bar for people at a terminal; logs and CI get the MFLossMonitor lines only.
-        self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
-                        disable=self.rank != 0 or not sys.stderr.isatty())
-        # metrics.jsonl and TensorBoard (rank 0); on resume the rows after the checkpoint are dropped
-        self.monitor = Monitor(self.output_dir, enabled=self.rank == 0, resume_step=self.step, report_to=report_to,
-                               total_steps=self.total_steps)
-        self.watchdog = Watchdog(dist_timeout, self.rank) if dist_timeout and self.world > 1 else None
-        self.evaluator = None
-        if run.evaluation is not None:  # do_eval (mf_ds/evaluation.py)
-            from mf_ds.evaluation import Evaluator
+        checkpoint.check_save(self.plan, self.engine, self.state_keys, self.unmapped)
 
-            self.evaluator = Evaluator(plan, self.steps_per_epoch, self.rank, self.world, plan.hf_config["vocab_size"])
+    def _resume(self) -> None:
+        """The step, optimizer and schedule of the checkpoint this run starts from (checkpoint.start), if any."""
+        start = self.start
+        path = start.native or start.sharded or (checkpoint.latest(self.ckpt_root) if start.resume else None)
+        self.step = 0
+        if path is not None:
+            self.step = checkpoint.load(self.engine, path, self.plan, trust=self.trust_checkpoint,
+                                        state_keys=self.state_keys, unmapped=self.unmapped, log=_log)
 
     @classmethod
     def from_args(cls, args: Any) -> Trainer:
-        import deepspeed
-
-        from translators.plan import translate_file
+        import deepspeed  # here, not at the top: DeepSpeed picks its accelerator at its first import (train.py)
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         # Every collective gives up after this long, so a rank that froze cannot hang the others forever
@@ -308,9 +259,6 @@ class Trainer:
                    trust_checkpoint=args.trust_checkpoint)
 
     def _batches(self):
-        from mf_ds.data import batches
-        from mf_ds.parallel import UlyssesBatches, data_shard
-
         # Endless passes (each reshuffled by its seed); the run stops at total_steps. `start` skips what this
         # rank consumed before a resume, so the stream continues exactly where an uninterrupted run would be.
         # Under Ulysses each micro step trains one shard of a micro batch read by one rank of the SP group.
@@ -333,8 +281,9 @@ class Trainer:
         return torch.stack(grads).norm().item() if grads else 0.0
 
     def forward_backward(self, batch: dict[str, torch.Tensor], poison: bool = False) -> torch.Tensor:
-        """One micro batch: forward, loss, engine.backward; returns the loss (MoE balance losses included). The
-        seam a pipeline schedule replaces (mf_ds/pipeline.py runs DeepSpeed's PipelineEngine instead)."""
+        """One micro batch: forward, loss, engine.backward; returns the loss (MoE balance losses included).
+        `train_step` runs GA of them; a pipeline schedule replaces both (mf_ds/pipeline.py runs DeepSpeed's
+        PipelineEngine instead)."""
         batch = {name: t.to(self.engine.device, non_blocking=True) for name, t in batch.items()}
         labels = batch["labels"]
         if self.pad_id is not None:
@@ -353,8 +302,6 @@ class Trainer:
         if self.mtp is not None:  # DeepSeek's MTP term, from this forward (mf_ds/mtp.py)
             loss = self.mtp.add(self.engine.module, loss, batch["input_ids"], labels)
         if self.cp > 1:
-            from mf_ds.parallel import ulysses_loss
-
             loss = ulysses_loss(loss, labels, self.mpu.get_sequence_parallel_group())
         loss = loss * math.nan if poison else loss
         if self.moe:
@@ -363,6 +310,32 @@ class Trainer:
         # x interleave: MicroBatchInterleaved sums the parts' losses, where DeepSpeed divides by GA
         self.engine.backward(loss * self.interleave)
         return loss
+
+    def train_step(self, data: Iterator[dict[str, torch.Tensor]], poison: bool = False) -> \
+            tuple[torch.Tensor, float | None]:
+        """One optimizer step: GA micro batches through forward_backward, then engine.step(). Returns this rank's
+        summed loss and the gradient norm where the loop measures it (None: the engine recorded it). Under a
+        pipeline the schedule replaces it whole: PipelineEngine.train_batch runs the micro batches, 1F1B and the
+        step (mf_ds/pipeline.py train_step)."""
+        self.data_s = 0.0  # seconds this step waited for its micro batches (metrics.jsonl data_s, the log line)
+        if self.pipe:
+            return pipeline.train_step(self, data, poison), None
+        total = torch.zeros((), dtype=torch.float64, device=self.engine.device)  # all_reduce: NCCL needs it there
+        manual_norm = None
+        for _ in range(self.ga):
+            self._beat()
+            fetched = time.perf_counter()
+            batch = next(data)
+            self.data_s += time.perf_counter() - fetched
+            loss = self.forward_backward(batch, poison)
+            total += loss.detach().double()  # logged: the parts' mean, as MFLossMonitor's loss / interleave
+            if not self.engine.is_gradient_accumulation_boundary():
+                checkpoint.fault_point("step.backward", self.step + 1)
+            elif not self._engine_records_norm:
+                manual_norm = self._manual_norm()
+                self.engine.optimizer.overflow = not math.isfinite(manual_norm)  # see _skippable
+            self.engine.step()
+        return total, manual_norm
 
     def fit(self, should_stop: Callable[[], bool] = lambda: False) -> list[float]:
         """Train to total_steps; returns the losses of the steps run here."""
@@ -373,29 +346,10 @@ class Trainer:
         nan_losses = 0  # consecutive steps with a non-finite loss
         while self.step < self.total_steps:
             start = time.perf_counter()
-            total = torch.zeros((), dtype=torch.float64, device=self.engine.device)  # all_reduce: NCCL needs it there
-            manual_norm = None
             lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (the scheduler moves in step())
             skipped_before = self.engine.skipped_steps
             poison = self.step + 1 in self.inject_nan
-            self.data_s = 0.0  # seconds this step waited for its micro batches (metrics.jsonl data_s, the log line)
-            if self.pipe:  # PipelineEngine.train_batch runs the micro batches, 1F1B and the step (mf_ds/pipeline.py)
-                from mf_ds.pipeline import train_step
-
-                total = train_step(self, data, poison)
-            for _ in range(0 if self.pipe else self.ga):
-                self._beat()
-                fetched = time.perf_counter()
-                batch = next(data)
-                self.data_s += time.perf_counter() - fetched
-                loss = self.forward_backward(batch, poison)
-                total += loss.detach().double()  # logged: the parts' mean, as MFLossMonitor's loss / interleave
-                if not self.engine.is_gradient_accumulation_boundary():
-                    checkpoint.fault_point("step.backward", self.step + 1)
-                elif not self._engine_records_norm:
-                    manual_norm = self._manual_norm()
-                    self.engine.optimizer.overflow = not math.isfinite(manual_norm)  # see _skippable
-                self.engine.step()
+            total, manual_norm = self.train_step(data, poison)
             skipped = self.engine.skipped_steps > skipped_before
             grad_norm = manual_norm if manual_norm is not None else float(self.engine.get_global_grad_norm())
             dist.all_reduce(total)
@@ -430,8 +384,6 @@ class Trainer:
             if self._save_every() and self.step % self._save_every() and self.step > start_step:
                 self.save()
             if self.plan.run.lora is not None:  # the adapters (PEFT) and the merged model (mf_ds/lora.py)
-                from mf_ds import lora_export
-
                 lora_export.export(self.engine, self.output_dir, self.plan, _log)
         return losses
 
@@ -453,10 +405,7 @@ class Trainer:
         return not self._agree(not ok)
 
     def _last_checkpoint_note(self) -> str:
-        if self.checkpoint2 and resume2.is_root(self.ckpt_root):
-            return f"; the last checkpoint is {checkpoint2.iteration_dir(self.ckpt_root)}"
-        last = checkpoint.latest(self.ckpt_root) if self.ckpt else None
-        return f"; the last checkpoint is {last}" if last else ""
+        return checkpoint.last_note(self.ckpt_root, self.plan)
 
     def _save_every(self) -> int:
         """CheckpointMonitor's save_checkpoint_steps; 0 (no CheckpointMonitor, or MindSpore's 0) saves no step."""
@@ -525,48 +474,8 @@ class Trainer:
         if not self._weights_finite():
             raise RunError(f"step {self.step}: the weights hold inf/NaN; no checkpoint written"
                            f"{self._last_checkpoint_note()}")
-        if self.checkpoint2:
-            return self._save_checkpoint2()
-        if self.pipe:  # each stage writes its own HF weights (mf_ds/pipeline_checkpoint.py)
-            return pipeline_checkpoint.save(self)
-        return checkpoint.save(self.engine, self.ckpt_root, self.ckpt.prefix, self.step,
-                               {"consumed_micro_batches": self.step * self.ga}, self.ckpt.keep_checkpoint_max)
-
-    def _check_checkpoint2(self) -> None:
-        """Before the first step: a Checkpoint 2.0 with the optimizer state can be saved."""
-        if self.checkpoint2 and self.plan.run.lora is not None:
-            raise RunError("CheckpointMonitor.use_legacy_format False with LoRA: mf-ds saves a LoRA run in its own "
-                           "checkpoints (the adapters in PEFT's layout, mf_ds/lora.py); set use_legacy_format: True")
-        if not (self.checkpoint2 and self.ckpt.save_optimizer):
-            return
-        if self.state_keys is None:
-            raise RunError(f"CheckpointMonitor.save_optimizer: {self.unmapped}; set save_optimizer: False to save "
-                           "the weights only")
-        if self.tp > 1 or checkpoint._expert_parallel(self.engine.module):
-            raise RunError("CheckpointMonitor.save_optimizer: Checkpoint 2.0 optimizer state is gathered whole per "
-                           "parameter by ZeRO; under tensor or expert parallelism it is not: set save_optimizer: "
-                           "False or use_legacy_format: True")
-
-    def _save_checkpoint2(self) -> Path:
-        """The step as MindFormers 2.x's Checkpoint 2.0 (use_legacy_format: False), optimizer state included when
-        save_optimizer (mf_ds/resume2.py)."""
-        keys = self.state_keys if self.ckpt.save_optimizer else None  # checked at the start (_check_checkpoint2)
-        sharded = self.tp > 1 or checkpoint._expert_parallel(self.engine.module)  # weights gathered, state not
-        weights = checkpoint.whole_weights(self.engine)
-        # bf16 / fp16: the fp32 masters are the weights saved (as MindFormers' graph mode saves its fp32 parameters)
-        masters = optim_state.masters(self.engine, list(self.state_keys or {})) if \
-            optim_state.low_precision(self.engine) and self.state_keys and not sharded else {}
-        if self.rank == 0:
-            weights = {k: v for k, v in (weights or self.engine.module.state_dict()).items()
-                       if not k.endswith("rotary_emb.inv_freq")}
-            weights.update(masters)
-            if getattr(self.engine.module.config, "tie_word_embeddings", False):
-                weights.pop("lm_head.weight", None)
-        epoch = (self.step - 1) // self.steps_per_epoch + 1 if self.step else 0
-        common = {"epoch_num": epoch, "step_num": self.step, "global_step": self.step, "loss_scale": 1.0,
-                  "global_batch_size": self.run.global_batch_size}
-        return resume2.save(self.engine, self.ckpt_root, self.step, keys, self.plan.weights_family,
-                            layout_of(self.plan), common, self.ckpt.keep_checkpoint_max, weights)
+        return checkpoint.save(self.engine, self.ckpt_root, self.step, self.plan, self.steps_per_epoch,
+                               self.state_keys)
 
     def close(self) -> None:
         """Flush the logs and write the run report (mf-report's PNGs) into <output_dir>/report/."""

@@ -194,7 +194,7 @@ def load_adapters(peft_model: torch.nn.Module, path: str, plan: Plan) -> int:
     """Copy a MindFormers checkpoint's adapters (any spelling) into the PEFT model; returns how many were read.
     Every adapter must find its module; a fused MindFormers adapter gives each HF part A whole and its rows of B
     (the fused weight's own split: mf_ds/weights.py to_hf)."""
-    from mf_ds.mindspore_ckpt import mindformers_weights
+    from mf_ds.checkpoint.mindspore_ckpt import mindformers_weights
     from mf_ds.weights import layout_of, to_hf
 
     family = plan.weights_family

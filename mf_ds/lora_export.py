@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
+from mf_ds.checkpoint.mindspore_ckpt import mindformers_weights, write_ckpt
+from mf_ds.checkpoint.native import whole_weights
 from mf_ds.errors import RunError
 from mf_ds.lora import _ANY_SUFFIX, ADAPTER, SUFFIXES, hf_modules, is_adapter, mf_module, peft_config
+from mf_ds.weights import from_hf, layout_of, to_hf
 from translators import names
 from translators.plan_types import Plan
 
@@ -22,12 +29,6 @@ def export(engine, output_dir, plan: Plan, log: Callable[[str], None] | None = N
     """At the end of a LoRA run: `<output_dir>/lora/adapter` (PEFT's layout: PeftModel.from_pretrained loads it) and
     `<output_dir>/lora/merged` (the HF model with the adapters folded in: from_pretrained loads it, no PEFT
     needed). Collective under ZeRO-3 (the weights are gathered to rank 0, which writes)."""
-    from pathlib import Path
-
-    import torch.distributed as dist
-
-    from mf_ds.checkpoint import whole_weights
-
     state = whole_weights(engine)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
@@ -63,8 +64,6 @@ def to_mindformers(adapters: dict[str, torch.Tensor], plan: Plan, config) -> Ite
     """PEFT adapter tensors (adapter_model.safetensors names) under MindFormers' names for the run's style; a
     fused MindFormers module takes its parts' B rows re-fused and their A, which must be one (MindFormers shares
     it)."""
-    from mf_ds.weights import from_hf, layout_of
-
     family, style = plan.weights_family, plan.run.lora.style
     suffix_a, suffix_b = SUFFIXES[style]
     grouped: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
@@ -92,13 +91,6 @@ def to_mindformers(adapters: dict[str, torch.Tensor], plan: Plan, config) -> Ite
 def mindformers_to_peft(plan: Plan, src: str, dst: str, config) -> int:
     """mf-convert: the adapters of MindFormers checkpoint `src` as a PEFT adapter directory `dst` (a fused
     MindFormers adapter: its A to each part, B's rows split as the fused weight's); returns the tensors written."""
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
-    from mf_ds.mindspore_ckpt import mindformers_weights
-    from mf_ds.weights import layout_of, to_hf
-
     family = plan.weights_family
     out: dict[str, torch.Tensor] = {}
     for mf_name, file, load in mindformers_weights(src):
@@ -127,13 +119,6 @@ def mindformers_to_peft(plan: Plan, src: str, dst: str, config) -> int:
 
 def peft_to_mindformers(plan: Plan, src: str, dst: str, config) -> int:
     """mf-convert: PEFT adapter directory `src` -> MindFormers' adapter names in a .ckpt or .safetensors `dst`."""
-    from pathlib import Path
-
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file, save_file
-
-    from mf_ds.mindspore_ckpt import write_ckpt
-
     if plan.run.lora is None:
         raise RunError(f"{src}: a PEFT adapter directory; the YAML names no pet_config / lora_config to say "
                        "MindFormers' adapter names")

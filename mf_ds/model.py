@@ -1,7 +1,7 @@
 """Build the HF model the Plan describes: `from_config`, weights from an HF-layout safetensors directory, or a
-MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors: mf_ds/mindspore_ckpt.py);
-and `prepare(plan)`, the one setup both trainers share (mf_ds/loop.py's Trainer, mf_ds/hf.py's from_mf_yaml):
-seed, build, patch (MoE, kernels, recompute), data, step counts.
+MindFormers checkpoint (a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named safetensors:
+mf_ds/checkpoint/mindspore_ckpt.py); and `prepare(plan)`, the one setup both trainers share (mf_ds/loop.py's
+Trainer, mf_ds/hf.py's from_mf_yaml): seed, build, patch (MoE, kernels, recompute), data, step counts.
 
 The runtime reads only the Plan (DESIGN.md): `plan.hf_config` is `AutoConfig.for_model` kwargs. Kernel and MoE
 settings the runtime cannot honour yet are reported, never silently ignored.
@@ -149,7 +149,7 @@ def build_model(plan: Plan, load_checkpoint: str | None = None, log=None,
         return model
     path = Path(load_checkpoint)
     if is_mindformers_checkpoint(path):
-        from mf_ds.mindspore_ckpt import load_into
+        from mf_ds.checkpoint.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
 
         model = new_model(config, log)
@@ -186,7 +186,7 @@ def _load_partitioned(model: torch.nn.Module, plan: Plan, path: Path) -> None:
     """Weights into a partitioned model, one tensor at a time (mf_ds.zero.Writer); the same checks as the whole
     build's loaders. Every rank reads every tensor (memory: one tensor), rank 0's values are kept."""
     if is_mindformers_checkpoint(path):
-        from mf_ds.mindspore_ckpt import load_into
+        from mf_ds.checkpoint.mindspore_ckpt import load_into
         from mf_ds.weights import layout_of
 
         # load_into sees the partitioned model and writes through zero.Writer
@@ -256,7 +256,7 @@ def _router_biases(model: torch.nn.Module, files: dict[str, Path]) -> None:
 def is_mindformers_checkpoint(path: Path) -> bool:
     """A file (.ckpt, .safetensors), or a directory without an HF config.json: MindFormers' layouts (a Checkpoint 2.0
     root holds its safetensors in iteration_%08d/)."""
-    from mf_ds.checkpoint2 import is_checkpoint2
+    from mf_ds.checkpoint.sharded import is_checkpoint2
 
     return path.is_file() or (path.is_dir() and not (path / "config.json").is_file()
                               and ((path / "rank_0").is_dir() or any(path.glob("*.ckpt"))
@@ -270,7 +270,7 @@ def weight_files(path: Path) -> dict[str, Path]:
     does not parse or promises more bytes than the file holds (a truncated copy), and, when the directory came out
     of an mf-ds checkpoint (checksums.json), any byte that changed since the save.
     """
-    from mf_ds.checkpoint import verify
+    from mf_ds.checkpoint.native import verify
 
     if not path.exists():
         raise RunError(f"{path}: load_checkpoint does not exist")

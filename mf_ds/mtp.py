@@ -161,24 +161,32 @@ def depth_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor
     model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT (LoRA) wraps it
     capture = model._mf_mtp
     n = model.config.num_hidden_layers
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    h = capture.hidden
+    return depths(model.model.layers[n:], model.get_input_embeddings(), model.get_output_embeddings(),
+                  capture.hidden, capture.after_norm, capture.kwargs, input_ids, labels)
+
+
+def depths(blocks, embed: nn.Module, head, h: torch.Tensor, after_norm: bool, kwargs: dict,
+           input_ids: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+    """depth_losses from its parts: the MTP blocks, the embedding module, the LM head (a module, or its weight on a
+    pipeline's last stage: mf_ds/pipeline_mtp.py), h (before or after the final norm, per variant) and the decoder
+    layers' mask and RoPE keywords."""
     out = []
-    for k in range(1, model.config.num_nextn_predict_layers + 1):
-        block = model.model.layers[n + k - 1]
+    for k, block in enumerate(blocks, 1):
         emb = embed(_shift(input_ids, k, 0))
-        pair = [block.enorm(emb), block.hnorm(h)] if capture.after_norm else [block.hnorm(h), block.enorm(emb)]
+        pair = [block.enorm(emb), block.hnorm(h)] if after_norm else [block.hnorm(h), block.enorm(emb)]
         h = block.eh_proj(torch.cat(pair, dim=-1))  # mcore: embedding first; research (MTPHiddenFuser): h first
-        h = block(h, **capture.kwargs)
+        h = block(h, **kwargs)
+        h = h[0] if isinstance(h, tuple) else h
         h_NH = block.shared_head.norm(h).flatten(0, 1)
         target = _shift(labels, k, IGNORE_INDEX).flatten()
         # fp32 sum of the kept tokens' CE from h @ W^T upcast, the logits never whole (mf_ds/loss.py); ZeRO-3's
         # gathered head weight only inside the head's own call
-        if hasattr(head.weight, "ds_id"):
+        weight = head if isinstance(head, torch.Tensor) else head.weight
+        if hasattr(weight, "ds_id"):
             logits = head(h_NH).float()
             ce_sum = nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
         else:
-            ce_sum = linear_cross_entropy_sum(h_NH, head.weight, target, IGNORE_INDEX)
+            ce_sum = linear_cross_entropy_sum(h_NH, weight, target, IGNORE_INDEX)
         out.append(ce_sum / ((target != IGNORE_INDEX).sum() + EPS))
     return out
 
@@ -194,9 +202,15 @@ class MtpLoss:
         self.factor = plan.mtp.loss_factor / plan.mtp.depth
         self.gradient_only = plan.mtp.variant == "pynative"
         self.total = None
+        # under a pipeline only the last stage's ranks compute it (mf_ds/pipeline_mtp.py), every rank reduces it
+        self.stages = plan.parallel.pipeline_stage or 1
 
     def add(self, model: nn.Module, loss: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor):
-        ces = torch.stack(depth_losses(model, input_ids, labels))
+        return self.combine(loss, depth_losses(model, input_ids, labels))
+
+    def combine(self, loss: torch.Tensor, depth_ces: list[torch.Tensor]) -> torch.Tensor:
+        """`loss` with the MTP term of these per-depth CEs (or its gradient only, pynative); keeps it for the log."""
+        ces = torch.stack(depth_ces)
         term = ces.sum() * self.factor
         value = (ces.sum() if self.gradient_only else term).detach().double()
         self.total = value if self.total is None else self.total + value
@@ -204,9 +218,12 @@ class MtpLoss:
 
     def take(self, divisor: int) -> float | None:
         """This step's MTP term, averaged as the loop averages the loss (summed over ranks, / divisor); resets."""
-        if self.total is None:
+        if self.total is None and self.stages == 1:
             return None
         total, self.total = self.total, None
+        if total is None:  # a stage before the last: nothing to add, but the reduction is collective
+            total = torch.zeros((), dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
         if dist.is_initialized():
             dist.all_reduce(total)
-        return (total / divisor).item()
+        # `divisor` counts every rank; under a pipeline 1 / stages of them (the last stage's) hold a value
+        return (total * self.stages / divisor).item()

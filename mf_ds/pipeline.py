@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mf_ds.errors import RunError
+from mf_ds.pipeline_mtp import MtpBlocks, block_indices, layer_inputs, lend_embedding
 from mf_ds.pipeline_stage import FinalNorm, StageLoss, aux_start, carry_aux, fused_loss, patch_stage, tied_head
 from translators.pipeline import run_stages
 from translators.plan_types import Plan
@@ -36,12 +37,9 @@ def refusal(plan: Plan, resume2: bool) -> str | None:
     run, ds = plan.run, plan.deepspeed
     if (ds.get("zero_optimization") or {}).get("stage", 0) > 1:
         return "mf_ds.zero_stage 2/3 with pipeline_stage > 1: DeepSpeed's PipelineEngine takes ZeRO-1 at most"
-    if plan.mtp is not None:
-        return ("model_config.mtp_depth with pipeline_stage > 1: the MTP layers are not placed on the last stage "
-                "yet; set mf_ds.pipeline: false (the stages fold into data parallel) or mtp_depth: 0")
     if run.lora is not None or run.evaluation is not None:
         return "LoRA or do_eval with pipeline_stage > 1: not composed with the pipeline yet"
-    from mf_ds.pipeline_checkpoint import refusal as checkpoint_refusal  # saving and resuming
+    from mf_ds.checkpoint.pipelined import refusal as checkpoint_refusal  # saving and resuming
 
     why = checkpoint_refusal(plan, resume2)
     if why:
@@ -55,11 +53,11 @@ class Embed(nn.Module):
     def __init__(self, pieces: Pieces):
         super().__init__()
         self.embed_tokens = pieces.take("model.embed_tokens")
-        self.moe = pieces.moe
+        self.carry = pieces.moe or pieces.mtp
 
     def forward(self, input_ids: torch.Tensor):
         hidden = self.embed_tokens(input_ids)
-        return (aux_start(hidden), hidden) if self.moe else hidden
+        return (aux_start(hidden), hidden) if self.carry else hidden
 
 
 class Decoder(nn.Module):
@@ -72,14 +70,8 @@ class Decoder(nn.Module):
         self.rotary = [pieces.rotary]  # a list: shared, not registered (buffers only, no weights)
 
     def forward(self, inputs):
-        from transformers.masking_utils import create_causal_mask
-
         aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)  # (carried aux losses, hidden): MoE
-        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                                  past_key_values=None, position_ids=positions)
-        out = self.layer(hidden, attention_mask=mask, position_embeddings=self.rotary[0](hidden, positions),
-                         position_ids=positions)
+        out = self.layer(hidden, **layer_inputs(self.config, self.rotary[0], hidden))
         out = out[0] if isinstance(out, tuple) else out
         return out if aux is None else (carry_aux(aux, self.layer), out)
 
@@ -94,10 +86,14 @@ class Head(nn.Module):
         self.lm_head = pieces.take("lm_head")
         self.fused = pieces.loss.fused
         pieces.loss.weight = self.lm_head.weight
+        self.mtp, self.mtp_after_norm = pieces.mtp, pieces.loss.mtp_after_norm
 
     def forward(self, inputs):
         aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)
-        out = self.norm(hidden) if self.fused else self.lm_head(self.norm(hidden))
+        normed = self.norm(hidden)
+        out = normed if self.fused else self.lm_head(normed)
+        if self.mtp:  # the MTP blocks' h, after or before the final norm (mf_ds/pipeline_mtp.py)
+            return aux, out, normed if self.mtp_after_norm else hidden
         return out if aux is None else (aux, out)
 
 
@@ -116,10 +112,11 @@ class Pieces:
                            "cuts models with model.embed_tokens / layers / norm / rotary_emb, as Llama and Qwen2)")
         self.rotary = type(inner.rotary_emb)(config=self.config)  # its inv_freq, computed on the CPU
         self.moe = plan.moe is not None  # the stages pass (aux losses, hidden) along (mf_ds/pipeline_stage.py)
+        self.mtp = plan.mtp is not None  # so do they under MTP; the head adds h (mf_ds/pipeline_mtp.py)
         self.files = weight_files(Path(weights)) if weights else None
         self.family = plan.weights_family
         fused, self.loss_line = fused_loss(self.meta, plan)
-        self.loss = StageLoss(fused)  # the last stage's loss_fn
+        self.loss = StageLoss(fused, plan)  # the last stage's loss_fn
 
     def take(self, prefix: str) -> nn.Module:
         module = self.meta.get_submodule(prefix).to_empty(device="cpu")
@@ -175,11 +172,16 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
     pieces = Pieces(plan, weights)
     specs = [LayerSpec(Embed, pieces)] + [LayerSpec(Decoder, pieces, i) for i in range(len(stages))] + \
         [LayerSpec(Head, pieces)]
-    if pieces.config.tie_word_embeddings:  # the embedding on the first and the last stage, gradients summed
+    if pieces.config.tie_word_embeddings or pieces.mtp:  # the embedding on the first and the last stage, summed
         specs[0] = TiedLayerSpec("embed", Embed, pieces, tied_weight_attr="embed_tokens.weight")
+    if pieces.config.tie_word_embeddings:
         specs[-1:] = [LayerSpec(FinalNorm, pieces), TiedLayerSpec("embed", Embed, pieces, tied_weight_attr=
                                                                   "embed_tokens.weight",
                                                                   forward_fn=partial(tied_head, pieces.loss))]
+    if pieces.mtp:  # the MTP blocks and a copy of the embedding tied to the first stage's (mf_ds/pipeline_mtp.py)
+        specs += [LayerSpec(MtpBlocks, pieces), TiedLayerSpec("embed", Embed, pieces, tied_weight_attr=
+                                                              "embed_tokens.weight",
+                                                              forward_fn=partial(lend_embedding, pieces.loss))]
     # DeepSpeed's parts: the embedding is layer 0, decoder layer i is i + 1, the head layer(s) last.
     parts = [0] + [1 + stages.index(s) if s in stages else len(stages) + 1 for s in range(1, pp)] + [len(specs)]
 
@@ -193,14 +195,16 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
     # starts from the same weights whatever the stage layout (they differ from a one-rank run's sequential draws)
     module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=pieces.loss,
                     partition_method="uniform", seed_layers=True, base_seed=plan.run.seed)
-    module.pieces = pieces  # the HF names of the stage's weights, for its checkpoints (mf_ds/pipeline_checkpoint.py)
+    module.pieces = pieces  # the HF names of the stage's weights, for its checkpoints (mf_ds/checkpoint/pipelined.py)
     rank = dist.get_rank()
-    report = patch_stage(pieces.meta, plan, [i for i, s in enumerate(stages) if s == rank // dp], checkpoint_fn,
+    mtp = block_indices(pieces) if rank // dp == pp - 1 else []  # the patch lines of the MTP blocks: last stage
+    report = patch_stage(pieces.meta, plan, [i for i, s in enumerate(stages) if s == rank // dp] + mtp, checkpoint_fn,
                          module._grid.get_data_parallel_group())
     held = sum(p.numel() for p in module.parameters())
     # every rank says what it holds (the proof that no rank built the whole model: tests/mf_ds/test_pipeline.py)
     print(f"mf-ds: pipeline: rank {rank} (stage {rank // dp} of {pp}) holds decoder layers "
-          f"{[i for i, s in enumerate(stages) if s == rank // dp]} ({held} parameters)", file=sys.stderr, flush=True)
+          f"{[i for i, s in enumerate(stages) if s == rank // dp]} ({held} parameters)"
+          + (f", MTP blocks {mtp} and the embedding tied to stage 0's" if mtp else ""), file=sys.stderr, flush=True)
     if rank != 0:  # rank 0 logs its lines at start-up; the others say what they applied to their own layers
         for line in report:
             print(f"mf-ds: pipeline: rank {rank}: {line}", file=sys.stderr, flush=True)
@@ -236,7 +240,8 @@ def train_step(trainer, data, poison: bool) -> torch.Tensor:
             labels = batch["labels"]
             if trainer.pad_id is not None:
                 labels = labels.masked_fill(batch["input_ids"] == trainer.pad_id, -100)
-            yield batch["input_ids"], labels
+            # MTP: the ids reach the last stage with the labels (mf_ds/pipeline_mtp.py)
+            yield batch["input_ids"], (labels, batch["input_ids"]) if trainer.mtp is not None else labels
 
     if poison:
         raise RunError(f"{trainer.inject_nan}: the test-only NaN injection is not wired into the pipeline")

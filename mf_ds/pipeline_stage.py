@@ -83,19 +83,29 @@ class StageLoss:
     and the loss meets it with the LM head's weight in mf_ds/loss.py's linear cross entropy (the [tokens, vocab]
     logits never held whole), divided by the count of targets, as loss_model's `_loss_function` divides it."""
 
-    def __init__(self, fused: bool):
+    def __init__(self, fused: bool, plan: Plan | None = None):
+        from mf_ds.mtp import MtpLoss
+
         self.fused = fused
         self.weight: nn.Parameter | None = None  # the LM head's, set by the head stage's module (last stage)
+        # DeepSeek's MTP (mf_ds/pipeline_mtp.py): the term's keeper, h after the final norm or before it
+        self.mtp = MtpLoss(plan) if plan is not None and plan.mtp is not None else None
+        self.mtp_after_norm = self.mtp is not None and plan.mtp.variant in ("mcore", "pynative")
 
-    def __call__(self, outputs, labels: torch.Tensor) -> torch.Tensor:
+    def __call__(self, outputs, labels) -> torch.Tensor:
         from mf_ds.loss import IGNORE_INDEX, linear_cross_entropy_sum
 
-        aux, out = outputs if isinstance(outputs, tuple) else (None, outputs)
+        labels, input_ids = labels if isinstance(labels, tuple) else (labels, None)  # (labels, ids) under MTP
+        aux, out, *mtp_h = outputs if isinstance(outputs, tuple) else (None, outputs)
         targets = labels.flatten()
         if self.fused:
             loss = linear_cross_entropy_sum(out.flatten(0, 1), self.weight, targets) / (targets != IGNORE_INDEX).sum()
         else:
             loss = nn.functional.cross_entropy(out.float().flatten(0, 1), targets, ignore_index=IGNORE_INDEX)
+        if self.mtp is not None:
+            from mf_ds.pipeline_mtp import stage_term
+
+            loss, aux = stage_term(self, loss, aux, mtp_h[0], input_ids, labels)
         return loss if aux is None else loss + aux.sum()
 
 
@@ -122,18 +132,22 @@ class FinalNorm(nn.Module):
     def __init__(self, pieces):
         super().__init__()
         self.norm = pieces.take("model.norm")
+        self.mtp, self.mtp_after_norm = pieces.mtp, pieces.loss.mtp_after_norm
 
     def forward(self, inputs):
         aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)
-        return self.norm(hidden) if aux is None else (aux, self.norm(hidden))
+        normed = self.norm(hidden)
+        if self.mtp:  # the MTP blocks' h, after or before the final norm (mf_ds/pipeline_mtp.py)
+            return aux, normed, normed if self.mtp_after_norm else hidden
+        return normed if aux is None else (aux, normed)
 
 
 def tied_head(loss: StageLoss, embed: nn.Module, inputs):
     """The LM head of tied embeddings (TiedLayerSpec's forward_fn on the last stage): the logits by the embedding's
     weight, DeepSpeed's copy of the first stage's, whose gradient PipelineEngine sums over the two stages
     (allreduce_tied_weight_gradients) before the data-parallel reduction; fused, the weight goes to the loss."""
-    aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)
+    aux, hidden, *mtp_h = inputs if isinstance(inputs, tuple) else (None, inputs)
     weight = embed.embed_tokens.weight
     loss.weight = weight
     out = hidden if loss.fused else nn.functional.linear(hidden, weight)
-    return out if aux is None else (aux, out)
+    return out if aux is None else (aux, out, *mtp_h)

@@ -127,49 +127,56 @@ def plot_run(output_dir: str | Path) -> dict[str, Any]:
 
     layers = _moe_layers(rows)
     if layers:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        drop: dict[str, list] = {}
-        estimates: dict[str, list] = {}
-        for layer in layers:
-            measured = [(row.get("moe") or {}).get(layer, {}).get("drop_rate") for row in rows]
-            estimate = [(row.get("moe") or {}).get(layer, {}).get("drop_rate_estimate") for row in rows]
-            line = ax.plot(steps, measured, label=f"layer {layer}")[0]
-            if any(v is not None for v in estimate):  # MindFormers prints one only for MoEV2 with an expert loss
-                ax.plot(steps, [float("nan") if v is None else v for v in estimate], linestyle="--",
-                        color=line.get_color(), alpha=0.6)
-                estimates[layer] = estimate
-            drop[layer] = measured
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("dropped (token, choice) pairs")
-        title = "MoE drop rate per layer (measured" + ("; dashed: MindFormers' estimate)" if estimates else ")")
-        ax.set_title(title)
-        ax.legend(fontsize="small", ncol=2)
-        fig.tight_layout()
-        fig.savefig(out / "drop_rate.png", dpi=100)
-        plt.close(fig)
-        plotted["drop_rate.png"] = {"step": steps, "drop_rate": drop, "estimate": estimates, "title": title,
-                                    "xticks": [float(t) for t in ax.get_xticks()]}
+        plotted.update(_plot_moe(rows, steps, layers, out))
+    return plotted
 
-        loads = []
-        for layer in layers:
-            per_step = [(row.get("moe") or {}).get(layer, {}).get("expert_load") for row in rows]
-            per_step = [load for load in per_step if load]
-            width = max(len(load) for load in per_step) if per_step else 0
-            loads.append([sum(load[e] for load in per_step) / len(per_step) for e in range(width)] if per_step
-                         else [])
-        width = max((len(row) for row in loads), default=0)
-        grid = [row + [float("nan")] * (width - len(row)) for row in loads]
-        fig, ax = plt.subplots(figsize=(max(6, width * 0.3), max(3, len(layers) * 0.4)))
-        image = ax.imshow(grid, aspect="auto", cmap="viridis")
-        ax.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers])
-        ax.set_xlabel("expert")
-        ax.set_title("mean expert load (fraction of routed pairs)")
-        fig.colorbar(image, ax=ax)
-        fig.tight_layout()
-        fig.savefig(out / "expert_load.png", dpi=100)
-        plt.close(fig)
-        plotted["expert_load.png"] = {"layers": layers, "load": grid}
+
+def _plot_moe(rows: list[dict], steps: list, layers: list[str], out: Path) -> dict[str, Any]:
+    """drop_rate.png and expert_load.png of an MoE run; returns {file: plotted data}."""
+    plotted: dict[str, Any] = {}
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    drop: dict[str, list] = {}
+    estimates: dict[str, list] = {}
+    for layer in layers:
+        measured = [(row.get("moe") or {}).get(layer, {}).get("drop_rate") for row in rows]
+        estimate = [(row.get("moe") or {}).get(layer, {}).get("drop_rate_estimate") for row in rows]
+        line = ax.plot(steps, measured, label=f"layer {layer}")[0]
+        if any(v is not None for v in estimate):  # MindFormers prints one only for MoEV2 with an expert loss
+            ax.plot(steps, [float("nan") if v is None else v for v in estimate], linestyle="--",
+                    color=line.get_color(), alpha=0.6)
+            estimates[layer] = estimate
+        drop[layer] = measured
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("dropped (token, choice) pairs")
+    title = "MoE drop rate per layer (measured" + ("; dashed: MindFormers' estimate)" if estimates else ")")
+    ax.set_title(title)
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "drop_rate.png", dpi=100)
+    plt.close(fig)
+    plotted["drop_rate.png"] = {"step": steps, "drop_rate": drop, "estimate": estimates, "title": title,
+                                "xticks": [float(t) for t in ax.get_xticks()]}
+
+    loads = []
+    for layer in layers:
+        per_step = [(row.get("moe") or {}).get(layer, {}).get("expert_load") for row in rows]
+        per_step = [load for load in per_step if load]
+        width = max(len(load) for load in per_step) if per_step else 0
+        loads.append([sum(load[e] for load in per_step) / len(per_step) for e in range(width)] if per_step
+                     else [])
+    width = max((len(row) for row in loads), default=0)
+    grid = [row + [float("nan")] * (width - len(row)) for row in loads]
+    fig, ax = plt.subplots(figsize=(max(6, width * 0.3), max(3, len(layers) * 0.4)))
+    image = ax.imshow(grid, aspect="auto", cmap="viridis")
+    ax.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers])
+    ax.set_xlabel("expert")
+    ax.set_title("mean expert load (fraction of routed pairs)")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(out / "expert_load.png", dpi=100)
+    plt.close(fig)
+    plotted["expert_load.png"] = {"layers": layers, "load": grid}
     return plotted
 
 

@@ -12,8 +12,8 @@ lock file is one file for all nodes: a lock per node would make one run's nodes 
 map flock onto NFS byte-range locks (nfs(5), "local_lock"), so the lock holds across nodes there too. Rank 0 tells
 the others whether it got the lock (a broadcast), so every rank of a refused run stops with the same line.
 
-After taking the lock, rank 0 finishes what a kill between a save's last steps left (mf_ds/durable.py `recover`):
-nobody else is writing the directory then.
+After taking the lock, rank 0 finishes what a kill between a save's last steps left
+(mf_ds/checkpoint/durable.py `recover`): nobody else is writing the directory then.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from mf_ds.checkpoint import durable, native
 from mf_ds.errors import RunError
 
 LOCK = ".mf-ds.lock"
@@ -75,8 +76,6 @@ def _inside(path: Path, directory: Path) -> bool:
 def acquire(output_dir: Path, checkpoint_dir: Path) -> RunLock:
     """Lock the run's directories (rank 0) and repair an interrupted save; every rank raises the same RunError
     when another run holds them. Collective when torch.distributed is initialized."""
-    from mf_ds import checkpoint, durable
-
     rank = dist.get_rank() if dist.is_initialized() else 0
     files, error = [], None
     if rank == 0:
@@ -86,7 +85,7 @@ def acquire(output_dir: Path, checkpoint_dir: Path) -> RunLock:
                 files.append(_lock(checkpoint_dir))
             for line in durable.recover(checkpoint_dir):
                 print(f"mf-ds: note: {line}", file=sys.stderr, flush=True)
-        except (RunError, checkpoint.CheckpointError) as exc:
+        except (RunError, native.CheckpointError) as exc:
             error = str(exc)
         except OSError as exc:
             error = f"{exc.filename or checkpoint_dir}: {exc.strerror or exc}"

@@ -108,7 +108,19 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
     data["reset_position_ids"] = positions
     data["eod_pad_length"] = eod_pad_length if documents and compressed else None
 
-    # The ledger: what each key did, in MindFormers and here.
+    _record(ledger, mode=mode, mcore=mcore, modelled=modelled, flash=flash, fed=fed, data=data, column=column,
+            pad_mask=pad_mask, pad_token_id=pad_token_id, compression=compression, eod_compression=eod_compression,
+            eod_reset_model=eod_reset_model, documents=documents, positions=positions, reset_mask=reset_mask,
+            reset_pos=reset_pos, compressed=compressed, create_mask=create_mask, eod_pad_length=eod_pad_length,
+            eod_reset=eod_reset)
+    return {"pad_attention_mask": pad_mask, "pad_token_id": pad_token_id if pad_mask else None}
+
+
+def _record(ledger: Ledger, *, mode: str, mcore: bool, modelled: bool, flash: bool, fed: set[str], data: dict,
+            column: bool, pad_mask: bool, pad_token_id: int | None, compression: bool, eod_compression: bool,
+            eod_reset_model: bool, documents: bool, positions: bool, reset_mask: bool, reset_pos: bool,
+            compressed: bool, create_mask: bool, eod_pad_length: int, eod_reset: bool) -> None:
+    """The ledger of attention_plan: what each key did, in MindFormers and here."""
     attention = f"the model's attention mask here: {mode}"
     if pad_mask and ledger.present(f"{MODEL}.pad_token_id"):
         ledger.runtime(f"{MODEL}.pad_token_id", f"run.pad_attention_mask: keys whose token is {pad_token_id} are "
@@ -178,7 +190,6 @@ def attention_plan(tree: dict, mcore: bool, pad_token_id: int | None, data: dict
         ledger.differs("train_dataset.input_columns", "an attention_mask column with use_flash_attention False: "
                        "MindFormers' non-flash attention adds that 0/1 mask to the scores (llama_transformer.py:722), "
                        "which masks nothing; mf-ds masks as FlashAttention does (1 = masked)")
-    return {"pad_attention_mask": pad_mask, "pad_token_id": pad_token_id if pad_mask else None}
 
 
 def trailing_pads_inert(run: dict, moe: dict | None) -> bool:

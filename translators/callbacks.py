@@ -52,7 +52,8 @@ CALLBACKS: dict[str, dict[str, tuple[Any, Any, str, str]]] = {
         "global_batch_size": (Any, None, *_TRAINER_FILLED),
         "use_legacy_format": (bool, True, "runtime", "False: MindFormers 2.x's Checkpoint 2.0 layout (iteration_N/ "
                                                      "with model / opt safetensors and common.json, which MindFormers "
-                                                     "2.x resumes from; mf_ds/resume2.py) instead of mf-ds' own"),
+                                                     "2.x resumes from; mf_ds/checkpoint/sharded_run.py) instead of "
+                                                     "mf-ds' own"),
         "save_optimizer": (bool, True, "runtime", "with use_legacy_format False: the optimizer state (adam_m / "
                                                   "adam_v / muon_m, global_step) is saved beside the weights"),
     },

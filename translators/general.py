@@ -70,8 +70,9 @@ GENERAL_BECOMES = {
                             "expects load_checkpoint)"),
     "use_parallel": ("runtime", "False resets parallel_config to 1s, as MindFormers does"),
     "load_checkpoint": ("runtime", "run.load_checkpoint: a MindSpore .ckpt, rank_0/*.ckpt, MindFormers-named "
-                        "safetensors (mf_ds/mindspore_ckpt.py), or an HF-layout safetensors directory"),
-    "load_ckpt_format": ("dropped", "the weights' own format is read from the file (mf_ds/mindspore_ckpt.py)"),
+                        "safetensors (mf_ds/checkpoint/mindspore_ckpt.py), or an HF-layout safetensors directory"),
+    "load_ckpt_format": ("dropped", "the weights' own format is read from the file "
+                                    "(mf_ds/checkpoint/mindspore_ckpt.py)"),
     "resume_training": ("runtime", "run.resume_training (DeepSpeed engine state: optimizer, step, data position)"),
     "ignore_data_skip": ("runtime", "run.ignore_data_skip: a resumed run starts the data from the beginning "
                                     "instead of after the batches already consumed"),
@@ -96,7 +97,8 @@ GENERAL_BECOMES = {
     "remove_redundancy": ("dropped", "DeepSpeed writes each shard once; HF weights are saved from rank 0"),
     "use_legacy_format": ("runtime", "run.callbacks.checkpoint.use_legacy_format unless CheckpointMonitor sets it (as "
                                      "MindFormers hands it to the callback): False saves Checkpoint 2.0 "
-                                     "(mf_ds/resume2.py); load_checkpoint is told by its files either way"),
+                                     "(mf_ds/checkpoint/sharded_run.py); load_checkpoint is told by its files either "
+                                     "way"),
     "pretrained_model_dir": ("runtime", "mcore: its config.json seeds model_config (model_config keys win, as "
                                         "build_config.merge_model_config); with load_checkpoint empty and "
                                         "*.safetensors in it, run.load_checkpoint (trainer.py "

@@ -16,7 +16,7 @@ from translators import layout
 
 STAGES = "parallel_config.pipeline_stage"
 SCHEDULER = "parallel.pipeline_config.pipeline_scheduler"
-# Until the pipeline composes with the rest (MTP, LoRA, evaluation, tensor and context parallel, Checkpoint 2.0),
+# Until the pipeline composes with the rest (LoRA, evaluation, tensor and context parallel, Checkpoint 2.0),
 # real stages are asked for by name: a YAML that trained before (its stages folded into data parallel) trains the
 # same way unless the user opts in.
 OPT_IN = ("real stages run only with mf_ds.pipeline: true (DeepSpeed's PipelineEngine: 1F1B, ZeRO-1, MoE, "

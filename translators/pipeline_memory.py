@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from translators import memory
+from translators.plan_types import Layer, Plan
 
 EMBEDDINGS = ("embed_tokens", "wte", "wpe")  # the first stage's weights outside the decoder layers (HF names)
 
@@ -96,14 +97,14 @@ def stage_weights(hf: dict, stage_of: list[int], pp: int) -> list[list[memory.We
     return out
 
 
-def _kept(hf: dict, entry: dict, moe: bool, e: int, tp: int) -> tuple[float, float]:
+def _kept(hf: dict, entry: Layer, moe: bool, e: int, tp: int) -> tuple[float, float]:
     """(bytes per token the layer keeps under its recompute, bytes it keeps with none): memory.activations' rules."""
     h = hf.get("hidden_size") or hf["n_embd"]
     whole, width = memory._layer_bytes(hf, moe, e, tp)
-    if entry["full_recompute"]:
+    if entry.full_recompute:
         return e * h, whole
     keep = whole
-    ops = set(entry["select_recompute"]) | set(entry["comm_recompute"])
+    ops = set(entry.select_recompute) | set(entry.comm_recompute)
     if not moe:
         mlp_ops = {op.rpartition(".")[2] for op in ops if op.startswith("mlp.")}
         keep -= e * width * len(mlp_ops & {"act_fn", "mul", "gate_proj", "up_proj"})
@@ -111,7 +112,7 @@ def _kept(hf: dict, entry: dict, moe: bool, e: int, tp: int) -> tuple[float, flo
     return keep, whole
 
 
-def stage_activations(hf: dict, layers: list[dict], first: bool, last: bool, flight: int, deg: memory.Degrees,
+def stage_activations(hf: dict, layers: list[Layer], first: bool, last: bool, flight: int, deg: memory.Degrees,
                       micro: int, seq: int, dtype: str) -> float:
     """Activation bytes at the stage's peak: `flight` micro batches kept, one of them in its backward.
     `layers`: the stage's plan.layers entries (index, recompute flags, mtp) in order."""
@@ -123,8 +124,8 @@ def stage_activations(hf: dict, layers: list[dict], first: bool, last: bool, fli
     moe_layers = set(memory._moe_layers(hf))
     kept, full = [], []
     for entry in layers:
-        keep, whole = _kept(hf, entry, _kind(hf, entry["index"], moe_layers) == "moe", e, deg.tp)
-        if entry.get("mtp"):  # the fusion: enorm / hnorm (fp32 copy + normalised) and eh_proj's 2h input
+        keep, whole = _kept(hf, entry, _kind(hf, entry.index, moe_layers) == "moe", e, deg.tp)
+        if entry.mtp:  # the fusion: enorm / hnorm (fp32 copy + normalised) and eh_proj's 2h input
             keep, whole = keep + 2 * (4 + e) * h + 2 * e * h, whole + 2 * (4 + e) * h + 2 * e * h
         kept.append(keep * T)
         full.append(whole * T)
@@ -134,7 +135,7 @@ def stage_activations(hf: dict, layers: list[dict], first: bool, last: bool, fli
     below = 0.0
     final = 0.0
     if last:
-        mtp = sum(1 for entry in layers if entry.get("mtp"))
+        mtp = sum(1 for entry in layers if entry.mtp)
         final = ((4 + e) * h + e * h) * T
         # each loss: fp32 log-softmax + logits kept ((4 + e) V), the last one at its peak ((12 + e) V)
         moments.append(sum(kept) + final + (mtp * (4 + e) + 12 + e) * V * T)
@@ -147,22 +148,21 @@ def stage_activations(hf: dict, layers: list[dict], first: bool, last: bool, fli
     return (flight - 1) * (one + io) + io + max(moments, default=0.0)
 
 
-def stages(plan: dict, stage_of: list[int], pp: int, deg: memory.Degrees, micro: int, micro_batch_num: int,
+def stages(plan: Plan, stage_of: list[int], pp: int, deg: memory.Degrees, micro: int, micro_batch_num: int,
            zero: dict) -> list[Stage]:
     """Every stage's memory for the layout `stage_of` (global layer -> stage), ZeRO-1 inside each stage."""
-    run, ds = plan["run"], plan["deepspeed"]
+    run, ds = plan.run, plan.deepspeed
     mixed = "bf16" in ds or "fp16" in ds
-    dtype = run["compute_dtype"] if mixed else "float32"
-    by_index = {entry["index"]: entry for entry in plan["layers"]}
-    plain = {"full_recompute": False, "select_recompute": [], "comm_recompute": [], "mtp": False}
+    dtype = run.compute_dtype if mixed else "float32"
+    by_index = {entry.index: entry for entry in plan.layers}
     out = []
-    for s, weights in enumerate(stage_weights(plan["hf_config"], stage_of, pp)):
+    for s, weights in enumerate(stage_weights(plan.hf_config, stage_of, pp)):
         ids = [i for i, where in enumerate(stage_of) if where == s]
-        entries = [{**plain, **by_index.get(i, {}), "index": i} for i in ids]
+        entries = [by_index.get(i) or Layer(index=i) for i in ids]  # a layer the Plan lists not: no recompute
         n = in_flight(pp, s, micro_batch_num)
         states = memory.model_states(weights, deg, zero, mixed, dtype)
-        act = stage_activations(plan["hf_config"], entries, s == 0, s == pp - 1, n, deg, micro,
-                                run["seq_length"], dtype)
+        act = stage_activations(plan.hf_config, entries, s == 0, s == pp - 1, n, deg, micro,
+                                run.seq_length, dtype)
         peak = states.persistent + max(act + states.bucket, states.step_grads)
         out.append(Stage(s, ids, sum(w.numel * w.count for w in weights), states, act, n, peak))
     return out

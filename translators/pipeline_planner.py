@@ -14,27 +14,30 @@ the YAML's pipeline_stage there if it fits, else the fitting stage count with th
 
 from __future__ import annotations
 
+import dataclasses
+
 from translators import fixes, layout, memory
 from translators import pipeline_memory as pm
 from translators.errors import ConfigError
+from translators.plan_types import Plan
 
 GROWTH = 10  # device counts tried: the asked one times 2^0 .. 2^10, as planner.more_ranks
 
 
-def layout_size(plan: dict) -> tuple[int, int]:
+def layout_size(plan: Plan) -> tuple[int, int]:
     """(layers LayerSetting lays out, of them the ones mf-ds builds): DeepSeek lays out num_layers + mtp_depth
     (deepseek2_model.py:1261); the MTP blocks are built only where plan.mtp says so (translators/mtp.py)."""
-    hf = plan["hf_config"]
+    hf = plan.hf_config
     n = hf.get("num_hidden_layers") or hf["n_layer"]
-    mtp = sum(1 for entry in plan["layers"] if entry.get("mtp"))
-    laid = n + (mtp if plan["run"].get("layer_style") == "deepseek" else 0)
-    return laid, n + (mtp if plan.get("mtp") and laid > n else 0)
+    mtp = sum(1 for entry in plan.layers if entry.mtp)
+    laid = n + (mtp if plan.run.layer_style == "deepseek" else 0)
+    return laid, n + (mtp if plan.mtp and laid > n else 0)
 
 
-def stage_of(plan: dict, pp: int, yaml_pp: int, offset) -> list[int]:
+def stage_of(plan: Plan, pp: int, yaml_pp: int, offset) -> list[int]:
     """Each built layer's stage on `pp` stages: the Plan's own where it runs the pipeline, else LayerSetting's."""
     laid, built = layout_size(plan)
-    staged = [entry.get("stage") for entry in plan["layers"]]
+    staged = [entry.stage for entry in plan.layers]
     if pp == yaml_pp and len(staged) >= built and None not in staged[:built]:
         return staged[:built]
     if pp == yaml_pp and not (isinstance(offset, list) and offset and isinstance(offset[0], list)):
@@ -45,7 +48,7 @@ def stage_of(plan: dict, pp: int, yaml_pp: int, offset) -> list[int]:
     return list(layout.build_layout(laid, pp, 1, fixes.offset_for(laid, pp)).pp_ids[:built])
 
 
-def runtime_gaps(plan: dict, tp: int, cp: int, ep: int) -> list[str]:
+def runtime_gaps(plan: Plan, tp: int, cp: int, ep: int) -> list[str]:
     """What the layout needs that mf-ds' pipeline (mf_ds/pipeline.py, translators/pipeline.fold_reason) does not
     compose yet."""
     gaps = []
@@ -53,36 +56,34 @@ def runtime_gaps(plan: dict, tp: int, cp: int, ep: int) -> list[str]:
         gaps.append(f"tensor parallel {tp} (AutoTP) inside stages")
     if cp > 1:
         gaps.append(f"context parallel {cp} (Ulysses) inside stages")
-    if plan.get("mtp"):
-        gaps.append("MTP blocks on the last stage")
-    if plan["hf_config"]["model_type"] in ("gpt2", "deepseek_v4"):  # mf_ds/pipeline.Pieces: not cut into stages
-        gaps.append(f"{plan['hf_config']['model_type']} cut into stages")
+    if plan.hf_config["model_type"] in ("gpt2", "deepseek_v4"):  # mf_ds/pipeline.Pieces: not cut into stages
+        gaps.append(f"{plan.hf_config['model_type']} cut into stages")
     return gaps
 
 
-def candidate(plan: dict, world: int, pp: int, ep: int, yaml_pp: int, offset, limit: float, zero_stage: int = 1,
+def candidate(plan: Plan, world: int, pp: int, ep: int, yaml_pp: int, offset, limit: float, zero_stage: int = 1,
               micro_batch_num: int | None = None) -> dict | None:
     """One layout on `world` devices with `pp` stages and expert parallel `ep` (ZeRO-1, or `zero_stage` 0); None
     where the degrees or the global batch do not divide (`micro_batch_num`: the Plan's own, kept as it is)."""
-    par, run = plan["parallel"], plan["run"]
-    tp, cp = par["tensor_parallel"], par["context_parallel"]
+    par, run = plan.parallel, plan.run
+    tp, cp = par.tensor_parallel, par.context_parallel
     if world % (pp * tp * cp):
         return None
     dp = world // (pp * tp * cp)
-    experts = memory.num_experts(memory.with_defaults(plan["hf_config"]))
+    experts = memory.num_experts(memory.with_defaults(plan.hf_config))
     if (dp * cp) % ep or (experts and experts % ep):
         return None
-    micro, glob = run["micro_batch_size"], run["mindformers_global_batch_size"]
+    micro, glob = run.micro_batch_size, run.mindformers_global_batch_size
     if micro_batch_num is None and glob % (micro * dp):
         return None
     mbn = micro_batch_num or glob // (micro * dp)
     deg = memory.Degrees(world // pp, dp, tp, cp, ep)
-    zero = {**plan["deepspeed"].get("zero_optimization", {}), "stage": min(zero_stage, 1)}
+    zero = {**plan.deepspeed.get("zero_optimization", {}), "stage": min(zero_stage, 1)}
     stages = pm.stages(plan, stage_of(plan, pp, yaml_pp, offset), pp, deg, micro, mbn, zero)
     worst = max(stages, key=lambda s: s.peak)
     settings = ["mf_ds.pipeline=true", f"parallel_config.pipeline_stage={pp}", f"parallel_config.data_parallel={dp}",
                 f"parallel_config.micro_batch_num={mbn}"] + (
-        [f"parallel_config.expert_parallel={ep}"] if ep != plan["parallel"]["expert_parallel"] else [])
+        [f"parallel_config.expert_parallel={ep}"] if ep != plan.parallel.expert_parallel else [])
     if pp != yaml_pp:
         settings.append(f"model.model_config.offset={fixes.offset_for(layout_size(plan)[0], pp)}".replace(" ", ""))
     return {"world_size": world, "pipeline_stage": pp, "data_parallel": dp, "tensor_parallel": tp,
@@ -92,12 +93,12 @@ def candidate(plan: dict, world: int, pp: int, ep: int, yaml_pp: int, offset, li
             "set": settings}
 
 
-def candidates(plan: dict, world: int, yaml_pp: int, yaml_ep: int, offset, limit: float) -> list[dict]:
+def candidates(plan: Plan, world: int, yaml_pp: int, yaml_ep: int, offset, limit: float) -> list[dict]:
     """Every stage count on `world` devices, each with the YAML's expert parallel where it fits, else the smallest
     larger one that does, else a smaller one, else the one of the smallest peak."""
     laid, _ = layout_size(plan)
-    tp, cp = plan["parallel"]["tensor_parallel"], plan["parallel"]["context_parallel"]
-    experts = memory.num_experts(memory.with_defaults(plan["hf_config"]))
+    tp, cp = plan.parallel.tensor_parallel, plan.parallel.context_parallel
+    experts = memory.num_experts(memory.with_defaults(plan.hf_config))
     out = []
     for pp in (p for p in range(2, min(world, laid) + 1) if world % (p * tp * cp) == 0):
         shard = world // (pp * tp)  # dp x cp: what expert parallel must divide
@@ -116,16 +117,17 @@ def candidates(plan: dict, world: int, yaml_pp: int, yaml_ep: int, offset, limit
     return out
 
 
-def search(plan: dict, yaml_pp: int, offset, limit: float) -> dict:
+def search(plan: Plan, yaml_pp: int, offset, limit: float) -> dict:
     """The candidates on the Plan's world size and the layout named: the first device count (the asked one times
     1, 2, 4, ...) where one fits under the Plan's recompute, else (as planner.more_ranks) with full recompute of
     every layer (`with` says so); None when none does up to 2^GROWTH times."""
-    world = plan["parallel"]["world_size"]
-    yaml_ep = plan["parallel"]["expert_parallel"]
+    world = plan.parallel.world_size
+    yaml_ep = plan.parallel.expert_parallel
     asked = candidates(plan, world, yaml_pp, yaml_ep, offset, limit)
-    full = {**plan, "layers": [{**entry, "full_recompute": True} for entry in plan["layers"]]}
+    full = dataclasses.replace(plan, layers=tuple(dataclasses.replace(entry, full_recompute=True)
+                                                  for entry in plan.layers))
     for tried, how in ((plan, ""), (full, "full recompute of every layer")):
-        if how and all(entry["full_recompute"] for entry in plan["layers"]):
+        if how and all(entry.full_recompute for entry in plan.layers):
             break  # the Plan recomputes every layer already
         for k in (2 ** i for i in range(GROWTH + 1)):
             found = asked if k == 1 and not how else candidates(tried, world * k, yaml_pp, yaml_ep, offset, limit)
@@ -202,19 +204,19 @@ def table(c: dict) -> list[str]:
     return out
 
 
-def section(plan: dict, raw_pc: dict, offset, gpu_memory: float) -> dict:
+def section(plan: Plan, raw_pc: dict, offset, gpu_memory: float) -> dict:
     """report["pipeline"]: the search at 90% of `gpu_memory`, as JSON."""
     return as_json(search(plan, raw_pc.get("pipeline_stage", 1), offset, 0.9 * gpu_memory))
 
 
-def pipelined(report: dict, plan: dict, raw_pc: dict, offset, gpu_memory: float | None) -> dict:
+def pipelined(report: dict, plan: Plan, raw_pc: dict, offset, gpu_memory: float | None) -> dict:
     """The report of a Plan that runs the pipeline (mf_ds.pipeline: true): DeepSpeed's stage-major groups, the memory
     of its largest stage, its stage table, and with `gpu_memory` the search."""
-    par = plan["parallel"]
-    pp, dp, world = par["pipeline_stage"], par["data_parallel"], par["world_size"]
-    zero = plan["deepspeed"].get("zero_optimization", {}).get("stage", 0)  # 0 or 1 (mf_ds/pipeline.py refuses 2, 3)
-    own = candidate(plan, world, pp, par["expert_parallel"], pp, offset, float("inf"), zero,
-                    plan["run"]["gradient_accumulation_steps"])  # the pipeline's micro batches are the accumulation
+    par = plan.parallel
+    pp, dp, world = par.pipeline_stage, par.data_parallel, par.world_size
+    zero = plan.deepspeed.get("zero_optimization", {}).get("stage", 0)  # 0 or 1 (mf_ds/pipeline.py refuses 2, 3)
+    own = candidate(plan, world, pp, par.expert_parallel, pp, offset, float("inf"), zero,
+                    plan.run.gradient_accumulation_steps)  # the pipeline's micro batches are the accumulation
     assert own is not None  # the Plan's own degrees divide its world
     # PipeDataParallelTopology (mf_ds/pipeline.py): rank = stage x dp + data rank
     report["rank_order"] = f"rank = stage x {dp} + data_rank (DeepSpeed's PipeDataParallelTopology)"

@@ -299,7 +299,8 @@ class CheckpointMonitor:
     keep_checkpoint_max: int = 5
     checkpoint_format: str = "safetensors"
     use_legacy_format: bool = True
-    """False: the checkpoints are MindFormers 2.x's Checkpoint 2.0 (mf_ds/resume2.py), not mf-ds' own layout."""
+    """False: the checkpoints are MindFormers 2.x's Checkpoint 2.0 (mf_ds/checkpoint/sharded_run.py), not mf-ds' own
+    layout."""
     save_optimizer: bool = True
     """Checkpoint 2.0: the optimizer state is saved with the weights (MindFormers' save_optimizer / no_save_optim)."""
 

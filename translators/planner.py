@@ -251,7 +251,7 @@ def layout_report(plan: Plan, raw_pc: dict, gpu_memory: float | None = None,
         },
     }
     if par.pipeline_stage:  # mf_ds/pipeline.py runs it: memory per stage, stage-major groups
-        return pipeline_planner.pipelined(report, plan.to_json(), raw_pc, offset, gpu_memory)
+        return pipeline_planner.pipelined(report, plan, raw_pc, offset, gpu_memory)
     if gpu_memory is not None:
         peak = budget["peak"]
         report["memory"]["gpu_memory"] = gpu_memory
@@ -267,7 +267,7 @@ def layout_report(plan: Plan, raw_pc: dict, gpu_memory: float | None = None,
                 report["memory"]["more_ranks"] = more_ranks(plan, deg, zero, run.micro_batch_size, plan.layers,
                                                             0.9 * gpu_memory)
         if raw_pc.get("pipeline_stage", 1) > 1 or peak > 0.9 * gpu_memory:  # the YAML's stages, or what fits
-            report["pipeline"] = pipeline_planner.section(plan.to_json(), raw_pc, offset, gpu_memory)
+            report["pipeline"] = pipeline_planner.section(plan, raw_pc, offset, gpu_memory)
     return report
 
 

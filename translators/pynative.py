@@ -131,7 +131,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
                   checkpointing)
     loading = Loading(cfg["checkpoint"]["load_path"] or None, "safetensors",
                       # no_load_optim false: MindFormers resumes load_path's optimizer state and step too
-                      # (mf_ds/resume2.py)
+                      # (mf_ds/checkpoint/sharded_run.py)
                       bool(cfg["checkpoint"]["load_path"]) and not cfg["checkpoint"]["no_load_optim"], False,
                       CheckpointLayout(qkv_concat=None, mlp_concat=None, use_rearrange_rope=False,
                                        use_contiguous_weight_layout_attention=False,

@@ -407,13 +407,15 @@ def _checkpoint(cfg: dict, ledger: Ledger) -> None:
         if c["no_save_optim"] else ("dropped", "false: mf-ds' checkpoints hold the optimizer state, as asked"),
         "async_save": ("dropped", "checkpoints are written synchronously (never left half-written)"),
         "remove_redundancy": ("dropped", "DeepSpeed writes each shard once; the HF weights come from rank 0"),
-        "load_path": ("runtime", "run.load_checkpoint: a Checkpoint 2.0 directory (mf_ds/checkpoint2.py, its ranks "
+        "load_path": ("runtime", "run.load_checkpoint: a Checkpoint 2.0 directory (mf_ds/checkpoint/sharded.py, its "
+                                 "ranks "
                                  "merged), MindFormers safetensors or an HF directory") if load else
         ("dropped", "empty: the model starts from random weights"),
         "no_load_optim": ("runtime", "true: the weights only, the optimizer starts fresh (run.resume_training "
                                      "false)") if c["no_load_optim"] else
         ("runtime", "false: run.resume_training: a Checkpoint 2.0 at load_path resumes with its optimizer state, "
-                    "step and LR schedule (mf_ds/resume2.py; one without optimizer files is refused); MindFormers "
+                    "step and LR schedule (mf_ds/checkpoint/sharded_run.py; one without optimizer files is refused); "
+                    "MindFormers "
                     "safetensors or an HF directory give the weights") if load else ("dropped", "no load_path"),
         "load_balanced": ("dropped", "how MindFormers spreads the reading over ranks"),
         "load_worker_number": ("dropped", "MindFormers' reader threads"),

@@ -1,9 +1,14 @@
-"""The runtime's family code: one module per family that has some (mf_ds/families/<module>.py: initial values,
-module surgery, its MindFormers names and Muon cuts), named by its record (translators/families/record.py
-PatchTargets.hooks) and found through the same registry (translators/families/registry.py) by transformers'
-model_type. A family without runtime code has no module here.
+"""The runtime's family code: one module per family that has some (mf_ds/families/<module>.py: RoPE adapters,
+initial values, module surgery, its MindFormers names and Muon cuts), named by its record
+(translators/families/record.py PatchTargets.hooks) and found through the same registry
+(translators/families/registry.py) by transformers' model_type. A family without runtime code has no module here.
 
-A module defines the hooks it needs, each a plain function the shared code calls where the family differs:
+A module defines the hooks it needs, each a plain function (ROPES: a table) the shared code calls where the family
+differs:
+  ROPES[PatchTargets.rope](model) -> (name, adapter)   the fused RoPE adapter and the modeling function it replaces
+                                              (mf_ds/patch/kernels.py _patch_rope)
+  rope_probe(adapter) -> (rot, complex)       the probe's rotated columns of an 8-wide head, one complex table
+                                              (mf_ds/patch/kernels.py _probe; default (8, False))
   init(model) -> report lines                 MindFormers' initial values (mf_ds/init.py as_mindformers)
   shared_experts(model) -> report lines       module surgery before weights load (mf_ds/shared_expert.py apply)
   shared_width(config) -> int | None          the width that surgery builds (mf_ds/shared_expert.py width)

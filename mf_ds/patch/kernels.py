@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mf_ds.ops.rope import fused_rope
+from mf_ds import families
 from mf_ds.ops.swiglu import fused_swiglu, fused_swiglu_packed
 from mf_ds.patch import PatchError, PatchFn
 from mf_ds.patch.core import Recorder, is_silu, swiglu_graph
@@ -41,61 +41,10 @@ from translators.families import registry
 from translators.families.record import PatchTargets
 from translators.plan_types import Plan
 
-# --- RoPE adapters: HF's signatures, mf_ds.ops.rope inside ------------------------------------------------------------
-
-def _out_dtype(q, cos, sin) -> torch.dtype:
-    """The dtype HF's `q * cos + rotate_half(q) * sin` has: q's, promoted by the tables (fp32 under autocast)."""
-    return torch.promote_types(torch.promote_types(q.dtype, cos.dtype), sin.dtype)
-
-
-def rope_split_half(q, k, cos, sin, unsqueeze_dim=1):
-    """HF `apply_rotary_pos_emb` (Llama, Qwen2/3, Mixtral, Qwen2/3-MoE, DeepSeek-V3 without rope_interleave)."""
-    return fused_rope(q, k, cos, sin, unsqueeze_dim, "split_half", _out_dtype(q, cos, sin))
-
-
-def rope_glm(q, k, cos, sin, unsqueeze_dim=1):
-    """GLM's `apply_rotary_pos_emb`: interleaved pairs over the first cos.shape[-1] columns, the rest passed through."""
-    return fused_rope(q, k, cos, sin, unsqueeze_dim, "interleaved", _out_dtype(q, cos, sin))
-
-
-def rope_deepseek_v3_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    """DeepSeek-V3's `apply_rotary_pos_emb_interleave`: interleaved pairs in, split halves out."""
-    if position_ids is not None:  # HF's function takes it and never reads it; a caller passing one expects an effect
-        raise ValueError("fused RoPE: apply_rotary_pos_emb_interleave ignores position_ids; pass None (cos and sin "
-                         "already hold the positions)")
-    return fused_rope(q, k, cos, sin, unsqueeze_dim, "interleaved_to_split", _out_dtype(q, cos, sin))
-
-
-def rope_deepseek_v2(xq, xk, freqs_cis):
-    """DeepSeek-V2's `apply_rotary_emb`: complex `freqs_cis [B, S, D/2]` on interleaved pairs, fp32 math, q's dtype."""
-    if not freqs_cis.is_complex() or freqs_cis.dim() != 3:
-        raise ValueError(f"fused RoPE: apply_rotary_emb expects complex freqs_cis [B, S, D/2], got "
-                         f"{tuple(freqs_cis.shape)} {freqs_cis.dtype}")
-    cos, sin = freqs_cis.real, freqs_cis.imag
-    cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)  # HF's table layout; B S D, tiny
-    return fused_rope(xq, xk, cos, sin, 1, "interleaved", xq.dtype)
-
-
 # --- the families (their records' patch targets, translators/families/record.py) -----------------------------------
-
-def _fixed(name: str, adapter: Callable) -> Callable[[nn.Module], tuple[str, Callable]]:
-    return lambda model: (name, adapter)
-
-
-def _deepseek_v3_rope(model: nn.Module) -> tuple[str, Callable]:
-    # DeepseekV3Attention.forward picks the function by config.rope_interleave (default True)
-    if model.config.rope_interleave:
-        return "apply_rotary_pos_emb_interleave", rope_deepseek_v3_interleave
-    return "apply_rotary_pos_emb", rope_split_half
-
-
-# PatchTargets.rope -> model -> (the function's name in the modeling module, its adapter)
-ROPES: dict[str, Callable[[nn.Module], tuple[str, Callable]]] = {
-    "split_half": _fixed("apply_rotary_pos_emb", rope_split_half),
-    "glm": _fixed("apply_rotary_pos_emb", rope_glm),
-    "deepseek_v2": _fixed("apply_rotary_emb", rope_deepseek_v2),
-    "deepseek_v3": _deepseek_v3_rope,
-}
+# Each family's RoPE adapters live in its runtime module (mf_ds/families/<hooks>.py): its ROPES maps the record's
+# PatchTargets.rope to model -> (the function's name in the modeling module, its adapter), and its optional
+# rope_probe(adapter) -> (rotated columns of the probe's 8-wide head, one complex table) shapes the probe.
 FAMILIES: dict[str, PatchTargets] = {t: r for t, r in registry.runtimes().items() if not r.not_applicable}
 # known families where a kernel has nothing to replace: a report line, not an error
 NOT_APPLICABLE = {t: r.not_applicable for t, r in registry.runtimes().items() if r.not_applicable}
@@ -106,10 +55,12 @@ NOT_APPLICABLE = {t: r.not_applicable for t, r in registry.runtimes().items() if
 def _probe(model_type: str, where: str, original: Callable, adapter: Callable) -> None:
     """The adapter against the function it replaces, on small random fp32 CPU tensors with HF-shaped tables."""
     gen = torch.Generator().manual_seed(0)
-    head_dim, rot = 8, (4 if model_type == "glm" else 8)  # GLM rotates part of the head (partial_rotary_factor)
+    shape = families.hook(model_type, "rope_probe")
+    rot, complex_table = shape(adapter) if shape is not None else (8, False)  # the family's (GLM: part of the head)
+    head_dim = 8
     q, k = torch.randn(2, 3, 5, head_dim, generator=gen), torch.randn(2, 1, 5, head_dim, generator=gen)
     angles = torch.rand(2, 5, rot // 2, generator=gen) * 6
-    if adapter is rope_deepseek_v2:
+    if complex_table:
         args = (torch.polar(torch.ones_like(angles), angles),)
     else:
         angles = torch.cat((angles, angles), dim=-1)
@@ -124,7 +75,7 @@ def _probe(model_type: str, where: str, original: Callable, adapter: Callable) -
 def _patch_rope(model_type: str, model: nn.Module, plan: Plan, recorder: Recorder) -> list[str]:
     family = FAMILIES[model_type]
     modeling = importlib.import_module(family.module)
-    name, adapter = ROPES[family.rope](model)
+    name, adapter = families.hook(model_type, "ROPES")[family.rope](model)
     original = getattr(modeling, name, None)
     if original is None:
         raise PatchError(f"fused_rope: {family.module} has no {name} in this transformers version")
@@ -132,7 +83,7 @@ def _patch_rope(model_type: str, model: nn.Module, plan: Plan, recorder: Recorde
         return [f"{family.module}.{name}: already {adapter.__name__} (another patched {model_type} model)"]
     _probe(model_type, f"{family.module}.{name}", original, adapter)
     recorder.set(modeling, name, adapter)
-    return [f"{family.module}.{name} -> mf_ds.patch.kernels.{adapter.__name__} (mf_ds.ops.rope; every {model_type} "
+    return [f"{family.module}.{name} -> {adapter.__module__}.{adapter.__name__} (mf_ds.ops.rope; every {model_type} "
             "model in this process until revert)"]
 
 

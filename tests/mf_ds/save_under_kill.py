@@ -5,8 +5,8 @@
 The first save (step FIRST) completes; then MF_DS_TEST_KILL_AT=POINT@SECOND is set and step SECOND is saved (SECOND
 == FIRST saves the same step again, as a run restarted from an earlier checkpoint does). Each save records which
 one it was (`save`: 1 or 2) in its trainer state / common.json, and the weights differ, so the test can tell which
-checkpoint survived. legacy: mf_ds/checkpoint.py `save` with a real one-rank DeepSpeed engine of a tiny Llama;
-checkpoint2: mf_ds/checkpoint2.py `write`, the files MindFormers' save_checkpoint writes.
+checkpoint survived. legacy: mf_ds/checkpoint/native.py `save` with a real one-rank DeepSpeed engine of a tiny Llama;
+checkpoint2: mf_ds/checkpoint/sharded.py `write`, the files MindFormers' save_checkpoint writes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def legacy(root: Path, point: str, first: int, second: int) -> None:
     import torch.distributed as dist
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mf_ds import checkpoint
+    from mf_ds.checkpoint import native
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[6], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     deepspeed.init_distributed(dist_backend="gloo")
@@ -40,17 +40,17 @@ def legacy(root: Path, point: str, first: int, second: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters())
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config={
         "train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**9, "zero_optimization": {"stage": 0}})
-    checkpoint.save(engine, root, "t", first, {"save": 1}, keep=2)
+    native.save(engine, root, "t", first, {"save": 1}, keep=2)
     with torch.no_grad():
         for p in engine.module.parameters():
             p.add_(1.0)
     os.environ[KILL_AT] = f"{point}@{second}"
-    checkpoint.save(engine, root, "t", second, {"save": 2}, keep=2)
+    native.save(engine, root, "t", second, {"save": 2}, keep=2)
     dist.destroy_process_group()
 
 
 def checkpoint2(root: Path, point: str, first: int, second: int) -> None:
-    from mf_ds import checkpoint2 as ck2
+    from mf_ds.checkpoint import sharded as ck2
 
     ck2.write(root, iter(tensors(1).items()), iteration=first, common={"save": 1},
               optimizer=iter({"adam_m.output_layer.weight": torch.ones(8, 4)}.items()))

@@ -1,4 +1,4 @@
-"""MindFormers 2.x Checkpoint 2.0 (mf_ds/checkpoint2.py) on directories written by MindFormers 2.0.0's own
+"""MindFormers 2.x Checkpoint 2.0 (mf_ds/checkpoint/sharded.py) on directories written by MindFormers 2.0.0's own
 save_checkpoint (tests/fixtures/make_checkpoint2_fixtures.py): a tiny mcore Qwen3 and its AdamW state over 2 ranks
 (tensor parallel), 4 ranks (dp x tp, weights split on both dimensions) and 1 rank. expected.safetensors is what
 MindFormers' own load_checkpoint merges from them."""
@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from mf_ds import checkpoint2
-from mf_ds.checkpoint2 import Checkpoint2
+from mf_ds.checkpoint import sharded
+from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint, load_into
+from mf_ds.checkpoint.sharded import Checkpoint2
 from mf_ds.convert import cli, to_hf, to_mindformers
 from mf_ds.errors import RunError
-from mf_ds.mindspore_ckpt import MindSporeCheckpoint, load_into
 from tests.conftest import ROOT
 from tests.mf_ds.test_convert import mcore_plan
 from tests.mf_ds.test_mindspore_ckpt import MF, golden
@@ -104,7 +104,7 @@ def test_convert_both_ways(tmp_path):
 def test_write_keeps_optimizer_and_common(tmp_path):
     state = {"w": torch.arange(6.0).reshape(2, 3)}
     opt = {"adam_m.w": torch.ones(2, 3), "global_step": torch.tensor([4], dtype=torch.int32)}
-    checkpoint2.write(tmp_path, iter(state.items()), iteration=4, common={"global_batch_size": 8},
+    sharded.write(tmp_path, iter(state.items()), iteration=4, common={"global_batch_size": 8},
                       optimizer=iter(opt.items()))
     ckpt = Checkpoint2(tmp_path)
     assert ckpt.iteration == 4 and ckpt.common["global_batch_size"] == 8 and ckpt.common["global_step"] == 4
@@ -214,7 +214,7 @@ def test_damaged_directory_is_refused_in_one_line(tmp_path, case, change, words)
 def test_root_without_tracker_names_its_iterations(tmp_path):
     root, _ = _copy(tmp_path)
     (root / "latest_checkpointed_iteration.txt").unlink()
-    assert checkpoint2.is_checkpoint2(root)
+    assert sharded.is_checkpoint2(root)
     with pytest.raises(RunError, match="latest_checkpointed_iteration.txt: missing; name one iteration_XXXXXXXX"):
         Checkpoint2(root)
 

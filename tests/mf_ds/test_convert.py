@@ -14,9 +14,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint
 from mf_ds.convert import cli, to_hf, to_mindformers
 from mf_ds.errors import RunError
-from mf_ds.mindspore_ckpt import MindSporeCheckpoint
 from tests.conftest import ROOT
 from tests.mf_ds.test_mindspore_ckpt import MF, TINY, golden, weights_of
 from translators.plan import translate_file
@@ -258,7 +258,7 @@ def test_load_into_a_live_model(tmp_path, family, file):
     """What mf-train's load_checkpoint does (build_model): the tensors go straight into transformers' fused
     parameters (experts.gate_up_proj [E, 2I, H], q_b_proj from its two MindFormers halves, ...), the same model
     from_pretrained makes of mf-convert's HF directory."""
-    from mf_ds.mindspore_ckpt import load_into
+    from mf_ds.checkpoint.mindspore_ckpt import load_into
     from mf_ds.model import build_model
     from mf_ds.weights import layout_of
 
@@ -305,8 +305,8 @@ def test_cli_round_trip_on_an_mcore_yaml(tmp_path, capsys):
 def test_progress_counts_every_weight_byte(tmp_path):
     """load_into reports each MindFormers tensor's bytes as it goes (mf-convert's progress bar): the weights' total,
     nothing for the counters it skips."""
+    from mf_ds.checkpoint.mindspore_ckpt import load_into
     from mf_ds.convert import _meta_model
-    from mf_ds.mindspore_ckpt import load_into
 
     plan = plan_for("mixtral")
     seen = []
@@ -323,7 +323,7 @@ RUN_MOE = ROOT / "tests" / "fixtures" / "mindformers" / "run_moe"
 def _with_router_state(src, dst, bias_part: str, add: bool) -> dict[str, torch.Tensor]:
     """`src`'s tensors written to `dst` with every router's topk_bias random (added beside the router weight when
     `add`, with its expert_load, as MindFormers saves a balance_via_topk_bias network); returns the biases."""
-    from mf_ds.mindspore_ckpt import write_ckpt
+    from mf_ds.checkpoint.mindspore_ckpt import write_ckpt
 
     source = MindSporeCheckpoint(src)
     tensors, biases = {}, {}

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint
 from mf_ds.convert import cli, to_hf, to_mindformers
-from mf_ds.mindspore_ckpt import MindSporeCheckpoint
 from tests.conftest import ROOT
 from translators import names
 from translators.plan_types import Plan

@@ -61,8 +61,8 @@ def test_mindformers_checkpoint_of_the_dense_model_converts(tmp_path):
     builds the dense model."""
     from transformers import AutoModelForCausalLM
 
+    from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint
     from mf_ds.convert import to_hf, to_mindformers
-    from mf_ds.mindspore_ckpt import MindSporeCheckpoint
     from mf_ds.model import build_model
 
     plan = translate_file(DS3, ["moe_config=null"]).plan

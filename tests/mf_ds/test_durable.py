@@ -1,11 +1,11 @@
-"""No kill at any point of any save loses the last complete checkpoint (mf_ds/durable.py, issue 33 item 19).
+"""No kill at any point of any save loses the last complete checkpoint (mf_ds/checkpoint/durable.py, issue 33 item 19).
 
 Each case is a subprocess (tests/mf_ds/save_under_kill.py) that saves a checkpoint, then saves another, or the same
 step again, and is SIGKILLed by the test-only hook MF_DS_TEST_KILL_AT at one point of that second save. The test then
 does what the next run does first (durable.recover, under the run's lock) and reads the checkpoint a resume would
 take: it must be complete (checksums verified / every tensor readable) and be the second save from the moment the
 pointer names it, else the first. Both formats: the legacy mf-ds checkpoint with a real one-rank DeepSpeed engine,
-and Checkpoint 2.0 as mf_ds/checkpoint2.py writes it. tests/mf_ds/test_kill.py kills whole training runs.
+and Checkpoint 2.0 as mf_ds/checkpoint/sharded.py writes it. tests/mf_ds/test_kill.py kills whole training runs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mf_ds import checkpoint, checkpoint2, durable
+from mf_ds.checkpoint import durable, native, sharded
 from mf_ds.errors import RunError
 from tests.conftest import QUIET_CPU_ENV, ROOT, free_port
 
@@ -56,11 +56,11 @@ def killed(tmp_path_factory) -> dict[tuple, tuple[int, str, Path]]:
 def _survivor(kind: str, root: Path, step: int) -> int:
     """Which save the checkpoint a resume takes holds, after recover; asserts it is complete and at `step`."""
     if kind == "legacy":
-        path = checkpoint.latest(root)
+        path = native.latest(root)
         assert path is not None and path.name == f"t-step{step}", path
-        assert checkpoint.verify(path, required=True) is None
-        return json.loads((path / checkpoint.STATE).read_text())["save"]
-    ckpt = checkpoint2.Checkpoint2(root)
+        assert native.verify(path, required=True) is None
+        return json.loads((path / native.STATE).read_text())["save"]
+    ckpt = sharded.Checkpoint2(root)
     assert ckpt.iteration == step
     tensors = {name: ckpt.tensor(name) for name in ckpt.names()}
     save = ckpt.common["save"]
@@ -81,14 +81,14 @@ def test_a_kill_inside_a_save_leaves_a_complete_checkpoint(killed, case):
 
 
 def test_recover_touches_nothing_when_every_save_finished(tmp_path):
-    checkpoint2.write(tmp_path, iter({"w": torch.ones(2)}.items()), iteration=3)
+    sharded.write(tmp_path, iter({"w": torch.ones(2)}.items()), iteration=3)
     before = sorted(p.name for p in tmp_path.iterdir())
     assert durable.recover(tmp_path) == [] and sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_checkpoint2_write_never_moves_a_runs_tracker_back(tmp_path):
     """mf-convert into a run's Checkpoint 2.0 folder wrote iteration_00000000 and set the tracker to 0 (item 18)."""
-    checkpoint2.write(tmp_path, iter({"w": torch.ones(2)}.items()), iteration=6)
+    sharded.write(tmp_path, iter({"w": torch.ones(2)}.items()), iteration=6)
     with pytest.raises(RunError, match=r"names iteration 6\); writing iteration 0 there would move its tracker"):
-        checkpoint2.write(tmp_path, iter({"w": torch.zeros(2)}.items()), iteration=0)
-    assert (tmp_path / checkpoint2.TRACKER).read_text() == "6" and not (tmp_path / "iteration_00000000").exists()
+        sharded.write(tmp_path, iter({"w": torch.zeros(2)}.items()), iteration=0)
+    assert (tmp_path / sharded.TRACKER).read_text() == "6" and not (tmp_path / "iteration_00000000").exists()

@@ -136,7 +136,7 @@ CKPT = (MF / "llama" / "model.ckpt").read_bytes()
 
 
 def _read_ckpt(path: Path) -> None:
-    from mf_ds.mindspore_ckpt import MindSporeCheckpoint
+    from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint
 
     with no_hang():
         try:

@@ -44,7 +44,7 @@ def _plant(pt: Path, marker: Path) -> None:
 
 
 def _rechecksum(ckpt: Path) -> None:
-    from mf_ds.checkpoint import write_checksums
+    from mf_ds.checkpoint.native import write_checksums
 
     write_checksums(ckpt)
 
@@ -177,7 +177,7 @@ import os, sys, json
 os.environ.update(DS_ACCELERATOR="cpu", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                   MASTER_PORT=sys.argv[1])
 from transformers import TrainerCallback
-from mf_ds.checkpoint import CheckpointError
+from mf_ds.checkpoint.native import CheckpointError
 from mf_ds.hf import from_mf_yaml
 
 class Begin(TrainerCallback):
@@ -263,7 +263,7 @@ def _draws() -> list:
 
 
 def test_rng_state_round_trips_through_json(tmp_path):
-    from mf_ds.checkpoint import RNG, _load_rng, rng_state
+    from mf_ds.checkpoint.native import RNG, _load_rng, rng_state
 
     torch.manual_seed(3)
     _draws()  # leave a cached gaussian in numpy's state
@@ -279,7 +279,7 @@ def test_an_older_checkpoints_rng_pt_is_read_weights_only(tmp_path):
 
     import numpy as np
 
-    from mf_ds.checkpoint import _load_rng
+    from mf_ds.checkpoint.native import _load_rng
 
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
                tmp_path / "rng.pt")  # what mf-ds wrote before
@@ -290,7 +290,7 @@ def test_an_older_checkpoints_rng_pt_is_read_weights_only(tmp_path):
 
 @pytest.mark.parametrize("text", ["/etc", "../x-step1", "a/t-step1", "..", "t-step1\x00"])
 def test_latest_outside_the_directory_is_refused(tmp_path, text):
-    from mf_ds.checkpoint import CheckpointError, latest
+    from mf_ds.checkpoint.native import CheckpointError, latest
 
     (tmp_path / "latest").write_text(text + "\n")
     with pytest.raises(CheckpointError, match="a resume reads only checkpoints inside its checkpoint directory"):
@@ -301,7 +301,7 @@ def test_latest_outside_the_directory_is_refused(tmp_path, text):
 def test_safe_loading_on_the_engine(tmp_path, universal):
     from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 
-    from mf_ds.checkpoint import CheckpointError, install_safe_loading
+    from mf_ds.checkpoint.native import CheckpointError, install_safe_loading
 
     class Engine:
         checkpoint_engine = TorchCheckpointEngine()

@@ -16,8 +16,8 @@ import shutil
 import pytest
 import torch
 
-from mf_ds import checkpoint, checkpoint2, optim_state, resume2
-from mf_ds.checkpoint2 import Checkpoint2
+from mf_ds.checkpoint import native, optim_state, sharded, sharded_run
+from mf_ds.checkpoint.sharded import Checkpoint2
 from mf_ds.convert import cli, to_hf
 from mf_ds.errors import RunError
 from mf_ds.weights import layout_of
@@ -42,7 +42,7 @@ def _one_line(exc: pytest.ExceptionInfo, starts: str, words: str) -> None:
     assert "\n" not in message and message.startswith(starts) and words in message, message
 
 
-@pytest.mark.parametrize("name", [checkpoint2.COMMON, checkpoint2.METADATA])
+@pytest.mark.parametrize("name", [sharded.COMMON, sharded.METADATA])
 def test_json_nested_deep_is_one_line(single, name):
     root, iteration = single
     (iteration / name).write_text("[" * DEEP + "]" * DEEP)
@@ -53,26 +53,26 @@ def test_json_nested_deep_is_one_line(single, name):
 
 def test_legacy_json_nested_deep_is_one_line(tmp_path):
     path = tmp_path / "t-step2"
-    (path / checkpoint.ENGINE).mkdir(parents=True)
-    (path / checkpoint.STATE).write_text("{\"step\": " + "[" * DEEP + "]" * DEEP + "}")
-    with pytest.raises(checkpoint.CheckpointError) as info:
-        checkpoint.load(None, path)
-    _one_line(info, str(path / checkpoint.STATE), "unreadable (RecursionError")
-    (path / checkpoint.STATE).write_text(json.dumps({"step": 2}))
-    (path / checkpoint.CHECKSUMS).write_text("[" * DEEP + "]" * DEEP)
-    assert checkpoint.verify(path)[1].startswith("unreadable (RecursionError")
+    (path / native.ENGINE).mkdir(parents=True)
+    (path / native.STATE).write_text("{\"step\": " + "[" * DEEP + "]" * DEEP + "}")
+    with pytest.raises(native.CheckpointError) as info:
+        native.load(None, path)
+    _one_line(info, str(path / native.STATE), "unreadable (RecursionError")
+    (path / native.STATE).write_text(json.dumps({"step": 2}))
+    (path / native.CHECKSUMS).write_text("[" * DEEP + "]" * DEEP)
+    assert native.verify(path)[1].startswith("unreadable (RecursionError")
 
 
 @pytest.mark.parametrize("key", ["global_batch_size", "global_step"])
 def test_huge_counts_in_common_json_are_one_line(single, key):
     root, iteration = single
-    common = iteration / checkpoint2.COMMON
+    common = iteration / sharded.COMMON
     common.write_text(json.dumps({**json.loads(common.read_text()), key: 10**399}))
     plan, family, model = _plan_model()
     keys = optim_state.state_keys(model, torch.optim.AdamW(model.parameters()))
     with pytest.raises(RunError) as info:
         optim_state.read(Checkpoint2(root), model, family, layout_of(plan), keys, global_batch_size=16)
-    _one_line(info, str(iteration / checkpoint2.COMMON), f"{key} ")
+    _one_line(info, str(iteration / sharded.COMMON), f"{key} ")
     assert "1000000000" in str(info.value) and str(optim_state.MAX_COUNT) in str(info.value)
 
 
@@ -89,12 +89,12 @@ def test_iteration_linked_out_of_the_root_is_refused(single, tmp_path):
 def test_legacy_checkpoint_linked_out_is_refused(tmp_path):
     root, elsewhere = tmp_path / "checkpoint", tmp_path / "elsewhere"
     (elsewhere / "t-step4").mkdir(parents=True)
-    (elsewhere / "t-step4" / checkpoint.STATE).write_text(json.dumps({"step": 4}))
+    (elsewhere / "t-step4" / native.STATE).write_text(json.dumps({"step": 4}))
     root.mkdir()
     (root / "t-step4").symlink_to(elsewhere / "t-step4", target_is_directory=True)
-    (root / checkpoint.LATEST).write_text("t-step4\n")
-    with pytest.raises(checkpoint.CheckpointError) as info:
-        checkpoint.latest(root)
+    (root / native.LATEST).write_text("t-step4\n")
+    with pytest.raises(native.CheckpointError) as info:
+        native.latest(root)
     _one_line(info, str(root / "t-step4"), "outside")
 
 
@@ -102,8 +102,8 @@ def test_root_without_its_tracker_is_a_root_still(single):
     """A resume does not start over beside a complete iteration whose tracker is gone: the folder is still a run's
     Checkpoint 2.0 root (mf-train then refuses it, as mf-convert does, naming the iterations)."""
     root, _ = single
-    (root / checkpoint2.TRACKER).unlink()
-    assert resume2.is_root(root)
+    (root / sharded.TRACKER).unlink()
+    assert sharded_run.is_root(root)
     with pytest.raises(RunError, match="latest_checkpointed_iteration.txt: missing; name one iteration_XXXXXXXX"):
         Checkpoint2(root)
 

@@ -200,7 +200,7 @@ def test_mf_data_nan_in_a_mindrecord_float_column(tmp_path):
 
 def _ckpt(path: Path, name: str, dims: list[int], dtype: str, content: bytes) -> Path:
     """One Checkpoint message as mindspore.save_checkpoint writes it, with the dims and bytes given."""
-    from mf_ds.mindspore_ckpt import _bytes_field, _key, _varint
+    from mf_ds.checkpoint.mindspore_ckpt import _bytes_field, _key, _varint
 
     tensor = b"".join(_key(1, 0) + _varint(d) for d in dims) + _bytes_field(2, dtype.encode()) + \
         _bytes_field(3, content)
@@ -211,7 +211,7 @@ def _ckpt(path: Path, name: str, dims: list[int], dtype: str, content: bytes) ->
 
 @pytest.mark.parametrize("dims", [[2**32, 2**32, 4], [2**62, 4], [2**63 - 1, 2**63 - 1, 2], [0, 2**64 - 1]])
 def test_ckpt_dims_that_overflow_are_named(tmp_path, dims):
-    from mf_ds.mindspore_ckpt import MindSporeCheckpoint
+    from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint
 
     path = _ckpt(tmp_path / "x.ckpt", "w", dims, "Float32", b"")
     with pytest.raises(RunError, match=f"{path}: w ") as info:
@@ -226,7 +226,7 @@ def _llama():
 
 
 def _rewrite_ckpt(dst: Path, change) -> Path:
-    from mf_ds.mindspore_ckpt import MindSporeCheckpoint, write_ckpt
+    from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint, write_ckpt
 
     src, _ = _llama()
     ckpt = MindSporeCheckpoint(src)
@@ -275,7 +275,7 @@ def test_convert_refuses_nan_and_integers_to_mindformers_and_leaves_no_tmp(tmp_p
 
 
 def test_convert_failing_mid_write_leaves_no_tmp(tmp_path):
-    from mf_ds.mindspore_ckpt import write_ckpt
+    from mf_ds.checkpoint.mindspore_ckpt import write_ckpt
 
     def tensors():
         yield "a", torch.ones(3)

@@ -1,7 +1,7 @@
 """Kill tests: a run SIGKILLed at any moment resumes from its last complete checkpoint and trains on as if never hit.
 
 Two chains of runs share an output directory each: every run but the last is killed at a chosen moment (a test-only
-hook, MF_DS_TEST_KILL_AT in mf_ds/checkpoint.py, lands the SIGKILL exactly inside a save; one kill is sent from
+hook, MF_DS_TEST_KILL_AT in mf_ds/checkpoint/native.py, lands the SIGKILL exactly inside a save; one kill is sent from
 outside when `<name>.tmp/` appears) and the next one starts with --resume_training. For every kill we check which
 checkpoint the next run resumed from against the one that was complete at that moment, that every complete
 checkpoint still matches its checksums, and at the end that metrics.jsonl and the weights equal an uninterrupted
@@ -25,7 +25,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mf_ds import checkpoint, run_lock
+from mf_ds import run_lock
+from mf_ds.checkpoint import native
 from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT
 
 STEPS = 8
@@ -101,8 +102,8 @@ def _wait_for(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
 def _newest_complete(root: Path) -> tuple[int | None, list[str]]:
     """The oracle: the highest step whose directory holds trainer_state.json, and which complete ones fail
     their checksums (there must be none)."""
-    done = checkpoint.complete(root)
-    damaged = [f"{p.name}: {problem}" for p in done if (problem := checkpoint.verify(p))]
+    done = native.complete(root)
+    damaged = [f"{p.name}: {problem}" for p in done if (problem := native.verify(p))]
     return (max(int(p.name.split("-step")[1]) for p in done) if done else None), damaged
 
 
@@ -123,10 +124,10 @@ def _run(out: Path, kill: Kill | None, resume: bool) -> Run:
 
 
 def _named(root: Path) -> int | None:
-    """The oracle of mf_ds/durable.py recover: `latest` names t-step<N>, which is absent, and t-step<N>.tmp/ holds
+    """The oracle of durable.py recover: `latest` names t-step<N>, which is absent, and t-step<N>.tmp/ holds
     checksums.json (written last): that save is complete but for its rename."""
-    name = (root / checkpoint.LATEST).read_text().strip() if (root / checkpoint.LATEST).is_file() else ""
-    whole = name and not (root / name).exists() and (root / f"{name}.tmp" / checkpoint.CHECKSUMS).is_file()
+    name = (root / native.LATEST).read_text().strip() if (root / native.LATEST).is_file() else ""
+    whole = name and not (root / name).exists() and (root / f"{name}.tmp" / native.CHECKSUMS).is_file()
     return int(name.split("-step")[1]) if whole else None
 
 
@@ -168,7 +169,7 @@ def test_each_kill_resumes_from_the_last_complete_checkpoint(runs, chain, i):
         return  # killed before it could say where it resumed from; its own successor is checked instead
     root = runs["dirs"][chain] / "checkpoint"
     assert victim.named == kill.completed or kill.completed is None, f"{kill.name}: {victim.named}"
-    step = victim.named or victim.complete  # mf_ds/durable.py recover completes a whole save `latest` names
+    step = victim.named or victim.complete  # mf_ds/checkpoint/durable.py recover completes a whole save `latest` names
     expected = f"mf-ds: resumed from {root / f't-step{step}'} at step {step}"
     assert expected in successor.stderr, f"after '{kill.name}':\n{successor.stderr[-3000:]}"
 

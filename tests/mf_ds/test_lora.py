@@ -179,7 +179,7 @@ def _llama_lora():
 def test_mindpet_adapters_read_and_written_back_bit_for_bit():
     """init_lora.ckpt's adapters (mindpet's names) into the PEFT model, then out under mindpet's names again."""
     from mf_ds import lora, lora_export
-    from mf_ds.mindspore_ckpt import mindformers_weights
+    from mf_ds.checkpoint.mindspore_ckpt import mindformers_weights
 
     plan, model = _llama_lora()
     state = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
@@ -228,7 +228,7 @@ def test_mf_convert_lora_both_ways(tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from mf_ds.mindspore_ckpt import mindformers_weights
+    from mf_ds.checkpoint.mindspore_ckpt import mindformers_weights
 
     def convert(src, dst):
         proc = subprocess.run([sys.executable, "-m", "mf_ds.convert", "--mf-config", str(LORA), str(src), str(dst)],

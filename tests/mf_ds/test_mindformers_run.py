@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint
 from mf_ds.data import MindRecord
-from mf_ds.mindspore_ckpt import MindSporeCheckpoint
 from tests.conftest import CPU_ENV, ROOT
 from translators.plan import translate_file
 

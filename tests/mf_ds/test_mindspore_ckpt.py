@@ -1,4 +1,4 @@
-"""mf_ds.mindspore_ckpt + translators/names.py: MindSpore .ckpt and MindFormers-named safetensors, written by
+"""mf_ds.checkpoint.mindspore_ckpt + translators/names.py: MindSpore .ckpt and MindFormers-named safetensors, written by
 MindSpore 2.7.2 from MindFormers 1.7.0's legacy LlamaForCausalLM (tests/fixtures/make_mindformers_fixtures.py), read
 without MindSpore; the HF model they load into gives MindFormers' logits and loss; damage is one error naming the
 file."""
@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint, load_into
 from mf_ds.errors import RunError
-from mf_ds.mindspore_ckpt import MindSporeCheckpoint, load_into
 from mf_ds.weights import WeightLayout, to_hf
 from tests.conftest import CPU_ENV, ROOT
 from translators import names

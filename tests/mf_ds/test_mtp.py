@@ -83,9 +83,9 @@ def test_mindformers_names_both_ways(tmp_path):
     .hnorm, .eh_proj, .shared_head.norm) and back to the same MindFormers names and values."""
     from safetensors import safe_open
 
+    from mf_ds.checkpoint.mindspore_ckpt import mindformers_weights
     from mf_ds.convert import to_hf as convert_to_hf
     from mf_ds.convert import to_mindformers
-    from mf_ds.mindspore_ckpt import mindformers_weights
 
     plan = _plan()
     counts = convert_to_hf(plan, str(FIX / "model.ckpt"), str(tmp_path / "hf"))

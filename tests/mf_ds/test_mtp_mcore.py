@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mf_ds import mtp
+from mf_ds.checkpoint.mindspore_ckpt import MindSporeCheckpoint
 from mf_ds.convert import to_hf, to_mindformers
-from mf_ds.mindspore_ckpt import MindSporeCheckpoint
 from mf_ds.model import build_model, hf_config
 from tests.conftest import ROOT
 from tests.mf_ds import mtp_mcore_reference as ref

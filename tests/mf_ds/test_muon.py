@@ -249,7 +249,7 @@ def engine_run(steps_before: int, steps_after: int, root: str, resume: bool, qk_
 
     import deepspeed
 
-    from mf_ds import checkpoint
+    from mf_ds.checkpoint import native
     from mf_ds.optim import build_optimizer
 
     deepspeed.init_distributed(dist_backend="gloo")
@@ -266,14 +266,14 @@ def engine_run(steps_before: int, steps_after: int, root: str, resume: bool, qk_
     ids = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(1))
     losses = []
     if resume:
-        checkpoint.load(engine, checkpoint.latest(Path(root)))
+        native.load(engine, native.latest(Path(root)))
     for step in range(steps_after if resume else steps_before + steps_after):
         loss = engine(input_ids=ids, labels=ids, use_cache=False).loss
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
         if not resume and step + 1 == steps_before:
-            checkpoint.save(engine, Path(root), "muon", steps_before, {}, keep=1)
+            native.save(engine, Path(root), "muon", steps_before, {}, keep=1)
     return {"losses": losses, "weights": {n: p.detach().tolist() for n, p in engine.module.named_parameters()},
             "min_gamma": min(gammas)}
 

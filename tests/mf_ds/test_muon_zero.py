@@ -25,7 +25,8 @@ def engine_run(stage: int, steps: int, root: str | None = None, save_at: int | N
     the latest checkpoint under `root` first and run `steps` more."""
     import deepspeed
 
-    from mf_ds import checkpoint, muon_zero
+    from mf_ds import muon_zero
+    from mf_ds.checkpoint import native
     from mf_ds.optim import build_optimizer
     from tests.mf_ds.test_muon import spec, tiny_deepseek, typed
 
@@ -42,7 +43,7 @@ def engine_run(stage: int, steps: int, root: str | None = None, save_at: int | N
     ids = torch.randint(0, 32, (4, 12), generator=torch.Generator().manual_seed(1))
     mine = ids[rank * (4 // world):(rank + 1) * (4 // world)]
     if resume:
-        checkpoint.load(engine, checkpoint.latest(Path(root)))
+        native.load(engine, native.latest(Path(root)))
     losses = []
     for step in range(steps):
         loss = engine(input_ids=mine, labels=mine, use_cache=False).loss
@@ -52,7 +53,7 @@ def engine_run(stage: int, steps: int, root: str | None = None, save_at: int | N
         torch.distributed.all_reduce(total)
         losses.append(total.item() / world)
         if save_at is not None and step + 1 == save_at:
-            checkpoint.save(engine, Path(root), "muon", save_at, {}, keep=1)
+            native.save(engine, Path(root), "muon", save_at, {}, keep=1)
     params = list(engine.module.named_parameters())
     with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=stage == 3):
         weights = {n: p.detach().clone().tolist() for n, p in params}

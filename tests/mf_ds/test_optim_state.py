@@ -1,4 +1,5 @@
-"""Resume from a Checkpoint 2.0 with its optimizer state, and save one (mf_ds/optim_state.py, mf_ds/resume2.py).
+"""Resume from a Checkpoint 2.0 with its optimizer state, and save one (mf_ds/checkpoint/optim_state.py,
+sharded_run.py).
 
 The reference is MindFormers 2.0.0's own code (tests/fixtures/make_checkpoint2_fixtures.py): `single/` is a tiny mcore
 Qwen3 and its AdamW state written by its save_checkpoint (global_step 5); adamw_step.safetensors is one update of its
@@ -18,10 +19,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from mf_ds import checkpoint2, optim_state, resume2
-from mf_ds.checkpoint2 import Checkpoint2
+from mf_ds.checkpoint import optim_state, sharded, sharded_run
+from mf_ds.checkpoint.mindspore_ckpt import load_into
+from mf_ds.checkpoint.sharded import Checkpoint2
 from mf_ds.errors import RunError
-from mf_ds.mindspore_ckpt import load_into
 from mf_ds.weights import layout_of
 from tests.conftest import CONFIGS, CPU_ENV, ROOT
 from tests.mf_ds.mindformers_adamw import adamw_step
@@ -117,7 +118,7 @@ def test_one_step_after_resume_is_mindformers_step(one_rank, tmp_path):  # noqa:
 
     common = {"epoch_num": 1, "step_num": 6, "global_step": 6, "loss_scale": 1.0, "global_batch_size": 8}
     weights = {n: p.detach() for n, p in model.named_parameters()}
-    resume2.save(engine, tmp_path, 6, keys, family, layout_of(plan), common, 1, weights)
+    sharded_run.save(engine, tmp_path, 6, keys, family, layout_of(plan), common, 1, weights)
     ours, fixture = Checkpoint2(tmp_path), Checkpoint2(CK2 / "mfds_written")
     assert sorted(ours.names()) == sorted(fixture.names()) and ours.common == fixture.common
     assert all(torch.equal(ours.tensor(n), fixture.tensor(n)) for n in ours.names())
@@ -176,7 +177,7 @@ def test_unmapped_optimizer_states_say_why(tmp_path):
     tensors = {n: Checkpoint2(CK2 / "single").tensor(n) for n in Checkpoint2(CK2 / "single").names()}
     kept = [(n, t) for n, t in tensors.items() if n.startswith(("adam_", "global_step"))
             and "linear_fc2" not in n]
-    checkpoint2.write(partial, ((n, t) for n, t in tensors.items() if not n.startswith(("adam_", "global_", "lear"))),
+    sharded.write(partial, ((n, t) for n, t in tensors.items() if not n.startswith(("adam_", "global_", "lear"))),
                       iteration=5, optimizer=iter(kept))
     with pytest.raises(optim_state.Unmapped) as info:
         optim_state.read(Checkpoint2(partial), model, family, layout, keys)
@@ -319,7 +320,7 @@ def test_muon_resumes_from_checkpoint2(one_rank, tmp_path):  # noqa: F811
     assert {"momentum_buffer"} < {k for ks in keys.values() for k in ks}
     straight = _steps(engine, 3)
     common = {"epoch_num": 1, "step_num": 3, "global_step": 3, "loss_scale": 1.0, "global_batch_size": 2}
-    resume2.save(engine, tmp_path, 3, keys, family, DEFAULT_LAYOUT, common, 1, engine.module.state_dict())
+    sharded_run.save(engine, tmp_path, 3, keys, family, DEFAULT_LAYOUT, common, 1, engine.module.state_dict())
     straight += _steps(engine, 3)
     final = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
     saved = Checkpoint2(tmp_path)
@@ -333,7 +334,7 @@ def test_muon_resumes_from_checkpoint2(one_rank, tmp_path):  # noqa: F811
     model = tiny_deepseek()
     load_into(model, tmp_path, family)
     engine, keys = _muon_engine(model)
-    assert resume2.resume(engine, tmp_path, keys, family, DEFAULT_LAYOUT, 2, lambda line: None) == 3
+    assert sharded_run.resume(engine, tmp_path, keys, family, DEFAULT_LAYOUT, 2, lambda line: None) == 3
     assert _steps(engine, 3) == straight[3:]
     for name, p in engine.module.named_parameters():
         assert torch.equal(p.detach(), final[name]), name
@@ -349,7 +350,7 @@ def test_resume_unpickles_nothing(one_rank, monkeypatch):  # noqa: F811
     plan, family, engine, keys = _engine(0)
     for target, name in ((pickle, "loads"), (pickle, "load"), (pickle, "Unpickler"), (torch, "load")):
         monkeypatch.setattr(target, name, refuse)
-    assert resume2.resume(engine, CK2 / "dp2tp2", keys, family, layout_of(plan), 8, lambda line: None) == 3
+    assert sharded_run.resume(engine, CK2 / "dp2tp2", keys, family, layout_of(plan), 8, lambda line: None) == 3
 
 
 @pytest.mark.parametrize("counter", [torch.tensor([], dtype=torch.int32), torch.tensor([5.0]),
@@ -359,7 +360,7 @@ def test_a_counter_that_is_not_one_integer_is_one_line(tmp_path, counter):
     keys = optim_state.state_keys(model, torch.optim.AdamW(model.parameters()))
     source = Checkpoint2(CK2 / "single")
     opt = [(n, source.tensor(n)) for n in source.names() if n.startswith("adam_")] + [("global_step", counter)]
-    checkpoint2.write(tmp_path, ((n, source.tensor(n)) for n in source.names() if not n.startswith(("adam_", "glo",
+    sharded.write(tmp_path, ((n, source.tensor(n)) for n in source.names() if not n.startswith(("adam_", "glo",
                                                                                                      "lear"))),
                       iteration=5, optimizer=iter(opt))
     with pytest.raises(RunError) as info:
@@ -406,10 +407,10 @@ def test_pynative_bf16_masters_are_the_weights_resumed(one_rank, tmp_path, stage
     mains = {n: w + 1e-3 for n, w in weights.items() if w.dim() == 2}  # off the bf16 grid: a master shows
     optimizer = [(n, source.tensor(n)) for n in source.names() if n.startswith(("adam_", "global_step"))]
     optimizer += [(f"main_param.{n}", m) for n, m in mains.items()]
-    checkpoint2.write(tmp_path, ((n, w.to(torch.bfloat16)) for n, w in weights.items()), iteration=5,
+    sharded.write(tmp_path, ((n, w.to(torch.bfloat16)) for n, w in weights.items()), iteration=5,
                       optimizer=iter(optimizer))
     plan, family, engine, keys = _engine(stage)
-    assert resume2.resume(engine, tmp_path, keys, family, layout_of(plan), 8, lambda line: None) == 5
+    assert sharded_run.resume(engine, tmp_path, keys, family, layout_of(plan), 8, lambda line: None) == 5
     got = optim_state.masters(engine, list(keys))
     want = _hf({n: mains.get(n, w.to(torch.bfloat16).float()) for n, w in weights.items()}, engine.module, family,
                plan)

@@ -25,6 +25,8 @@ from torch.testing import assert_close  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from mf_ds import patch  # noqa: E402
+from mf_ds.families.deepseek import rope_deepseek_v3_interleave  # noqa: E402
+from mf_ds.families.llama import rope_split_half  # noqa: E402
 from mf_ds.patch import PatchError, kernels  # noqa: E402
 from mf_ds.patch.recompute import apply_recompute, revert_recompute  # noqa: E402
 from tests.conftest import ROOT, free_port  # noqa: E402
@@ -120,7 +122,7 @@ def test_family(family):
     assert untouched(model, modeling, name, original)
     assert_same(base, forward_backward(model, IDS), 0)
 
-    assert report[0].startswith(f"{modeling.__name__}.{name} -> mf_ds.patch.kernels.rope_")
+    assert report[0].startswith(f"{modeling.__name__}.{name} -> mf_ds.families.")
     mlp_lines = [line for line in report[1:] if ".forward -> fused SwiGLU" in line]
     assert [line.split(":")[0] for line in mlp_lines] == mlps
     assert len(report) == 1 + len(mlps) + (family in EXPERTS)
@@ -237,13 +239,13 @@ def test_probe_refuses_a_different_function(monkeypatch):
 def test_adapters_are_strict():
     q, k, cos, sin = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8), torch.randn(1, 3, 8), torch.randn(1, 3, 8)
     with pytest.raises(TypeError):
-        kernels.rope_split_half(q, k, cos, sin, 1, "extra")
+        rope_split_half(q, k, cos, sin, 1, "extra")
     with pytest.raises(TypeError):
-        kernels.rope_split_half(q, k, cos, sin, position_ids=None)
+        rope_split_half(q, k, cos, sin, position_ids=None)
     with pytest.raises(ValueError, match="ignores position_ids"):
-        kernels.rope_deepseek_v3_interleave(q, k, cos, sin, position_ids=torch.arange(3))
+        rope_deepseek_v3_interleave(q, k, cos, sin, position_ids=torch.arange(3))
     with pytest.raises(ValueError, match="treats them as constants"):
-        kernels.rope_split_half(q, k, cos.requires_grad_(), sin)
+        rope_split_half(q, k, cos.requires_grad_(), sin)
 
 
 def test_deepcopy_rebinds():

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from mf_ds.pipeline import refusal
 from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, ds_launch
@@ -85,7 +86,7 @@ def test_what_does_not_compose_folds_or_is_refused():
     mtp = plan_of(*PIPE, *base, "use_parallel=True", "model.model_config.offset=[1, 0]",
                   config=str(ROOT / "tests" / "fixtures" / "mindformers" / "mtp" / "ds3_mtp_tiny.yaml"))
     assert mtp.plan.mtp is not None and mtp.plan.parallel.pipeline_stage == 2
-    assert "MTP layers" in refusal(mtp.plan, resume2=False)
+    assert refusal(mtp.plan, resume2=False) is None  # on the last stage: test_mtp_on_the_last_stage_equals_one_rank
 
 
 def _run(out: Path, *sets: str, ranks: int = 1, config: str = LLAMA, base: tuple = (*FOUR, PRINT)
@@ -241,3 +242,49 @@ def test_tied_embeddings_summed_across_the_first_and_last_stage(tmp_path):
                                proc.stderr))
         assert int(held["0"]) == int(held[str(ranks - 1)]) - model.model.norm.weight.numel()  # both hold the embedding
         assert int(held["0"]) > embed
+
+
+@pytest.mark.deepspeed
+def test_mtp_on_the_last_stage_equals_one_rank(tmp_path):
+    """The tiny research DeepSeek-V3 with mtp_depth 1 (its MTP block an MoE layer) on 2 stages: LayerSetting lays
+    out 3 + 1 layers as [2, 2] (layers 0-1 | 2 and the MTP block), the last stage holds the MTP block and a copy of
+    the embedding tied to stage 0's (mf_ds/pipeline_mtp.py). Losses (the MTP term inside), mtp_loss, global norms
+    (clipping at 1.0 active) and every MoE layer's drop rate and load, the MTP block's included, equal one rank."""
+    from mf_ds.model import build_model
+
+    save = ", {type: CheckpointMonitor, prefix: t, save_checkpoint_steps: 3, keep_checkpoint_max: 1}]"
+    base = tuple(s.replace("mtp_depth: 0", "mtp_depth: 1").removesuffix("]") + save if s.startswith("callbacks")
+                 else s for s in DS3_BASE if "offset" not in s and "mtp_depth=0" not in s)
+    plan = plan_of("parallel_config.data_parallel=1", *base, config=DS3).plan
+    assert plan.mtp is not None and plan.mtp.variant == "research" and [x.stage for x in plan.layers] == [None] * 4
+    build_model(plan).save_pretrained(str(tmp_path / "init"))
+    run = {"config": DS3, "base": base}
+    _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4", **run)
+    two = _run(tmp_path / "two", "parallel_config.data_parallel=1", "parallel_config.micro_batch_num=4",
+               "parallel_config.pipeline_stage=2", "mf_ds.pipeline=true", "mf_ds.zero_stage=1", ranks=2, **run)
+    one, pp = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert max(m["grad_norm"] for m in one) > 1.0 and all(m["mtp_loss"] > 0.1 for m in one)
+    for key in ("loss", "mtp_loss", "grad_norm"):
+        assert [m[key] for m in pp] == pytest.approx([m[key] for m in one], rel=1e-5), key
+    for x, y in zip(pp, one, strict=True):
+        assert x["moe"].keys() == y["moe"].keys() == {"1", "2", "3"}
+        for layer, row in y["moe"].items():
+            assert x["moe"][layer]["drop_rate"] == pytest.approx(row["drop_rate"], abs=1e-9), layer
+            assert x["moe"][layer]["expert_load"] == pytest.approx(row["expert_load"], abs=1e-9), layer
+    assert "rank 1 (stage 1 of 2) holds decoder layers [2]" in two.stderr
+    assert "MTP blocks [3] and the embedding tied to stage 0's" in two.stderr
+    # the saved HF weights: the MTP block under the one-rank names, the embedding written once (by stage 0)
+    from safetensors.torch import load_file
+
+    saved, pp_weights = load_file(str(tmp_path / "one" / "checkpoint" / "t-step3" / "model.safetensors")), {}
+    for shard in sorted((tmp_path / "two" / "checkpoint" / "t-step3").glob("*.safetensors")):
+        part = load_file(str(shard))
+        assert not part.keys() & pp_weights.keys(), shard
+        pp_weights.update(part)
+    # MoE experts' names are mf_ds/checkpoint/pipelined.py's (fused on stages, per expert on one rank): the same for
+    # the MTP block's as for the other MoE layers'
+    assert all(".mlp.experts." in k for k in saved.keys() ^ pp_weights.keys())
+    mtp_keys = [k for k in saved if k.startswith("model.layers.3.") and ".mlp.experts." not in k]
+    assert {"model.layers.3.eh_proj.weight", "model.layers.3.shared_head.norm.weight"} <= set(mtp_keys)
+    for key in [*mtp_keys, "model.embed_tokens.weight"]:
+        torch.testing.assert_close(pp_weights[key], saved[key], rtol=1e-5, atol=1e-6, msg=key)

@@ -1,4 +1,4 @@
-"""Checkpoints of a pipelined run (mf_ds/pipeline_checkpoint.py): the HF weights a one-rank run writes, written per
+"""Checkpoints of a pipelined run (mf_ds/checkpoint/pipelined.py): the HF weights a one-rank run writes, written per
 stage; a kill mid-run resumes with the straight run's losses; mf-convert exports them; another stage count is
 refused in one line."""
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mf_ds import checkpoint
+from mf_ds.checkpoint import native
+from mf_ds.checkpoint.pipelined import INDEX, load
 from mf_ds.errors import RunError
 from mf_ds.pipeline import refusal
-from mf_ds.pipeline_checkpoint import INDEX, load
 from tests.conftest import QUIET_CPU_ENV, ROOT, ds_launch
 from tests.mf_ds.test_pipeline import FOUR, PIPE, plan_of
 from tests.mf_ds.test_train import LLAMA, metrics
@@ -38,13 +38,13 @@ def test_saving_and_resuming_are_no_longer_refused_but_checkpoint2_is():
 def test_a_pipelined_checkpoint_without_a_pipeline_and_back_is_refused_in_one_line(tmp_path):
     """Another count of stages resumes (test_a_killed_pipeline_resumes... below); a run without a pipeline keeps
     DeepSpeed's module in one file, a pipelined one per layer: between them, one line naming both counts."""
-    (tmp_path / checkpoint.STATE).write_text(json.dumps({"step": 2, "pipeline_stage": 2}))
+    (tmp_path / native.STATE).write_text(json.dumps({"step": 2, "pipeline_stage": 2}))
     with pytest.raises(RunError) as caught:
         load(None, tmp_path, plan_of("parallel_config.data_parallel=1").plan, None, trust=False)
     line = str(caught.value)
     assert "\n" not in line and "saved by a run of 2 pipeline stage(s), this run has 1" in line
     assert "parallel_config.pipeline_stage: 2" in line and "--load_checkpoint" in line
-    (tmp_path / checkpoint.STATE).write_text(json.dumps({"step": 2}))  # a run without a pipeline wrote it
+    (tmp_path / native.STATE).write_text(json.dumps({"step": 2}))  # a run without a pipeline wrote it
     with pytest.raises(RunError, match="saved by a run of 1 pipeline stage"):
         load(None, tmp_path, plan_of(*PIPE).plan, None, trust=False)
 
@@ -94,8 +94,8 @@ def test_a_killed_pipeline_resumes_exactly_and_saves_what_one_rank_saves(tmp_pat
     one = metrics(tmp_path / "one")
     assert max(m["grad_norm"] for m in one) > 1.0  # clipping at 1.0 active
     pipe = (*PIPE, "mf_ds.zero_stage=1", SAVE)
-    killed = _train(tmp_path / "pp", *pipe, ranks=2, args=from_init, env={checkpoint.KILL_AT: "step.update@3"})
-    assert killed.returncode != 0 and [p.name for p in checkpoint.complete(tmp_path / "pp" / "checkpoint")] == \
+    killed = _train(tmp_path / "pp", *pipe, ranks=2, args=from_init, env={native.KILL_AT: "step.update@3"})
+    assert killed.returncode != 0 and [p.name for p in native.complete(tmp_path / "pp" / "checkpoint")] == \
         ["t-step2"]
     resumed = _ok(_train(tmp_path / "pp", *pipe, ranks=2, args=(*from_init, "--resume_training")))
     assert f"resumed from {tmp_path / 'pp' / 'checkpoint' / 't-step2'} at step 2" in resumed.stderr
@@ -105,11 +105,11 @@ def test_a_killed_pipeline_resumes_exactly_and_saves_what_one_rank_saves(tmp_pat
         assert [m[key] for m in two] == pytest.approx([m[key] for m in one[:4]], rel=1e-5), key
 
     saved = tmp_path / "pp" / "checkpoint" / "t-step4"
-    assert [p.name for p in checkpoint.complete(saved.parent)] == ["t-step4"]  # keep_checkpoint_max 1 pruned 2
-    assert checkpoint.verify(saved, required=True) is None
+    assert [p.name for p in native.complete(saved.parent)] == ["t-step4"]  # keep_checkpoint_max 1 pruned 2
+    assert native.verify(saved, required=True) is None
     assert sorted(p.name for p in saved.glob("*.safetensors")) == ["model-00001-of-00002.safetensors",
                                                                    "model-00002-of-00002.safetensors"]
-    assert json.loads((saved / checkpoint.STATE).read_text())["pipeline_stage"] == 2
+    assert json.loads((saved / native.STATE).read_text())["pipeline_stage"] == 2
     loaded = AutoModelForCausalLM.from_pretrained(str(saved), dtype=torch.float32).state_dict()
     expected = load_file(str(tmp_path / "one" / "checkpoint" / "t-step4" / "model.safetensors"))
     assert loaded.keys() == expected.keys()
@@ -135,7 +135,7 @@ def test_a_killed_pipeline_resumes_exactly_and_saves_what_one_rank_saves(tmp_pat
     assert firsts[0] == pytest.approx(firsts[1], rel=1e-5) and firsts[0] < one[0]["loss"]
 
     # the 2-stage checkpoint resumed on 4 stages (4 ranks, a layer each): weights by layer, the ZeRO-1 state per
-    # parameter (mf_ds/pipeline_restage.py); steps 5-6 as one rank's
+    # parameter (mf_ds/checkpoint/restage.py); steps 5-6 as one rank's
     four = ("parallel_config.data_parallel=1", "parallel_config.pipeline_stage=4", *PIPE[2:], "mf_ds.zero_stage=1",
             SAVE)
     _ok(_train(tmp_path / "pp", *four, ranks=4, args=("--load_checkpoint", str(tmp_path / "init"), "--max_steps",
@@ -158,10 +158,10 @@ def test_another_stage_count_without_zero1_is_refused_in_one_line(tmp_path):
     parameter's state: another stage count is refused, naming both counts and the weights-only start."""
     from types import SimpleNamespace
 
-    from mf_ds.pipeline_restage import load as restage
+    from mf_ds.checkpoint.restage import load as restage
 
-    (tmp_path / checkpoint.STATE).write_text(json.dumps({"step": 2, "pipeline_stage": 2}))
-    state = tmp_path / checkpoint.ENGINE / "state"
+    (tmp_path / native.STATE).write_text(json.dumps({"step": 2, "pipeline_stage": 2}))
+    state = tmp_path / native.ENGINE / "state"
     state.mkdir(parents=True)
     (state / "mp_rank_00_model_states.pt").write_bytes(b"")
     engine = SimpleNamespace(grid=SimpleNamespace(get_pipe_parallel_world_size=lambda: 4))

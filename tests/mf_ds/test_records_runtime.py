@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mf_ds.patch import kernels
+from mf_ds import families
 from translators.families import registry
 
 
@@ -22,5 +22,6 @@ def test_patch_targets_exist_in_transformers(model_type):
         assert set(targets.not_applicable) == {"fused_rope", "fused_swiglu"}
         return
     for interleave in (True, False):  # DeepSeek-V3 picks its function by config.rope_interleave
-        name, adapter = kernels.ROPES[targets.rope](SimpleNamespace(config=SimpleNamespace(rope_interleave=interleave)))
+        model = SimpleNamespace(config=SimpleNamespace(rope_interleave=interleave))
+        name, adapter = families.hook(model_type, "ROPES")[targets.rope](model)
         assert callable(getattr(modeling, name)) and callable(adapter)

@@ -8,7 +8,7 @@ leaves nothing stuck. End to end with mf-train (each a subprocess on tiny_llama)
   - `--resume_training` on a run already at its last step trains nothing and leaves the checkpoint it resumed from
     as it was (it saved that step again in place);
   - Checkpoint 2.0: a run killed after its tracker names iteration 4, before the rename, resumes from iteration 4
-    (mf_ds/durable.py recover); a root whose tracker is gone is refused on resume (it trained from step 0), and a
+    (durable.py recover); a root whose tracker is gone is refused on resume (it trained from step 0), and a
     fresh run there is refused as beside any earlier run's checkpoints.
 """
 
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from mf_ds import checkpoint2, run_lock
+from mf_ds import run_lock
+from mf_ds.checkpoint import sharded
 from mf_ds.errors import RunError
 from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT
 
@@ -161,7 +162,7 @@ def _checkpoint2_kill_and_lost_tracker(base: Path) -> dict:
     resumed = _finish(out, "--resume_training", *sets)  # at its last step: completes iteration 4, trains nothing
     final = root / "iteration_00000004"
     kept = {p.relative_to(final): (p.stat().st_ino, p.stat().st_mtime_ns) for p in final.rglob("*")} == files
-    (root / checkpoint2.TRACKER).unlink()
+    (root / sharded.TRACKER).unlink()
     lost = _finish(out, "--resume_training", "--max_steps", "6", *_callbacks(2, legacy=False))
     fresh = _finish(out, "--max_steps", "6", *_callbacks(2, legacy=False))
     return {"root": root, "killed": killed, "state": state, "resumed": resumed, "lost": lost, "fresh": fresh,

@@ -82,7 +82,7 @@ def test_checkpoint_is_hf_layout_and_atomic(tmp_path):
     stale = tmp_path / "checkpoint" / "tiny_llama-step9.tmp"
     shutil.copytree(latest, stale)
     (stale / "trainer_state.json").unlink()
-    from mf_ds.checkpoint import latest as find_latest
+    from mf_ds.checkpoint.native import latest as find_latest
 
     assert find_latest(tmp_path / "checkpoint") == latest
 

@@ -217,7 +217,8 @@ class _AtenLog(torch.utils._python_dispatch.TorchDispatchMode):
 
 def _hf_layout(family: str, dtype: torch.dtype):
     """(leaves, q and k as HF's attention hands them to its RoPE function, cos, sin, the patched function)."""
-    from mf_ds.patch.kernels import rope_deepseek_v3_interleave, rope_split_half
+    from mf_ds.families.deepseek import rope_deepseek_v3_interleave
+    from mf_ds.families.llama import rope_split_half
 
     g = torch.Generator().manual_seed(0)
     B, S = 2, 5

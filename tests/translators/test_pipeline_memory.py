@@ -3,6 +3,7 @@ real model holds (meta device), the activation term, the bubble, and the planner
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -13,27 +14,27 @@ from translators import fixes, layout, memory
 from translators import pipeline_memory as pm
 from translators import pipeline_planner as planner
 from translators.cli import apply_overrides, load_yaml, run, translate
-from translators.plan_types import Plan
+from translators.plan_types import Layer, Plan
 
 DEEPSEEK_V3 = CORPUS / "r1.5.0-beta1__research__deepseek3__deepseek3_671b__pretrain_deepseek3_671b.yaml"
 GiB = 2**30
 
 
-def _plan(path, *sets: str, world: int = 1) -> dict:
-    return translate(apply_overrides(load_yaml(str(path)), list(sets)), world_size=world).json
+def _plan(path, *sets: str, world: int = 1) -> Plan:
+    return translate(apply_overrides(load_yaml(str(path)), list(sets)), world_size=world).plan
 
 
-def _meta_stages(plan: dict, stage_of: list[int], pp: int) -> list[int]:
+def _meta_stages(plan: Plan, stage_of: list[int], pp: int) -> list[int]:
     """Parameters of each stage's modules of the model mf-ds builds (HF from_config + mf_ds/mtp.py's blocks), on the
     meta device: its decoder layers, the embedding on the first stage and where MTP reads it, norm + head last."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from mf_ds.mtp import attach
 
-    kwargs = dict(plan["hf_config"])
+    kwargs = dict(plan.hf_config)
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
-    if plan.get("mtp"):
-        config.mtp_variant, config.num_nextn_predict_layers = plan["mtp"]["variant"], plan["mtp"]["depth"]
+    if plan.mtp:
+        config.mtp_variant, config.num_nextn_predict_layers = plan.mtp.variant, plan.mtp.depth
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     attach(model)
@@ -68,9 +69,9 @@ def test_stage_parameters_equal_the_stage_modules(config, sets, pp):
     laid, built = planner.layout_size(plan)
     want = layout.build_layout(laid, pp, 1, offset or fixes.offset_for(laid, pp))
     assert len(stage_of) == built and stage_of == list(want.pp_ids[:built])
-    counted = [sum(w.numel * w.count for w in weights) for weights in pm.stage_weights(plan["hf_config"], stage_of, pp)]
+    counted = [sum(w.numel * w.count for w in weights) for weights in pm.stage_weights(plan.hf_config, stage_of, pp)]
     assert counted == _meta_stages(plan, stage_of, pp)
-    if plan.get("mtp"):
+    if plan.mtp:
         assert stage_of[-1] == pp - 1  # the MTP block takes LayerSetting's last slot
 
 
@@ -78,18 +79,17 @@ def test_activations_of_one_stage_holding_everything_equal_memory_py():
     """A stage that is first and last with one micro batch in flight is the whole model: memory.py's measured peak."""
     plan = _plan(CONFIGS / "tiny_llama.yaml", "recompute_config.recompute=[1]")
     deg = memory.Degrees(1, 1)
-    entries = [dict(e) for e in plan["layers"]]
-    whole = memory.activations(Plan.from_json(plan), deg, 2, 128, "float32")
-    assert pm.stage_activations(plan["hf_config"], entries, True, True, 1, deg, 2, 128, "float32") == \
+    entries = list(plan.layers)
+    whole = memory.activations(plan, deg, 2, 128, "float32")
+    assert pm.stage_activations(plan.hf_config, entries, True, True, 1, deg, 2, 128, "float32") == \
         pytest.approx(whole.peak)
 
 
 def test_in_flight_micro_batches_and_their_activations():
     plan = _plan(CONFIGS / "tiny_llama.yaml", "model.model_config.num_layers=4")
-    deg, hf = memory.Degrees(1, 1), plan["hf_config"]
+    deg, hf = memory.Degrees(1, 1), plan.hf_config
     e, h, T = 4, hf["hidden_size"], 2 * 128
-    plain = {"full_recompute": False, "select_recompute": [], "comm_recompute": []}
-    first = [{**plain, "index": 0}, {**plain, "index": 1}]
+    first = [Layer(index=0), Layer(index=1)]
     assert [pm.in_flight(4, s, 32) for s in range(4)] == [4, 3, 2, 1]  # DeepSpeed's TrainSchedule: pp - s
     assert pm.in_flight(4, 0, 2) == 2  # never more than the micro batches of a step
     one = pm.stage_activations(hf, first, True, False, 1, deg, 2, 128, "float32")
@@ -98,7 +98,7 @@ def test_in_flight_micro_batches_and_their_activations():
     # each further micro batch in flight: what its forward keeps + the stage output the engine holds
     assert four - one == pytest.approx(3 * (kept + e * h * T))
     # fully recomputed layers keep their input only (e h per token)
-    recomputed = [{**entry, "full_recompute": True} for entry in first]
+    recomputed = [dataclasses.replace(entry, full_recompute=True) for entry in first]
     lean = pm.stage_activations(hf, recomputed, True, False, 4, deg, 2, 128, "float32")
     assert lean - pm.stage_activations(hf, recomputed, True, False, 1, deg, 2, 128, "float32") == \
         pytest.approx(3 * (2 * e * h * T + e * h * T))
@@ -131,8 +131,8 @@ def test_deepseek_v3_671b_gets_a_layout_that_fits(capsys):
     moe_layer = named["stages"][1]["parameters"] // 4  # layers 4-7: MoE layers
     mtp_block = moe_layer + 3 * h + 2 * h * h
     assert sum(s["parameters"] for s in named["stages"]) == report["parameters"] + mtp_block + V * h
-    # MoE with expert parallel and recompute run on stages now; tensor parallel and MTP on the last stage not yet
-    assert named["not_composed"] == ["tensor parallel 4 (AutoTP) inside stages", "MTP blocks on the last stage"]
+    # MoE with expert parallel, recompute and MTP on the last stage run on stages now; tensor parallel not yet
+    assert named["not_composed"] == ["tensor parallel 4 (AutoTP) inside stages"]
     # no smaller device count has a layout that fits: the named one is the smallest
     plan = _plan(DEEPSEEK_V3, world=64)
     offset = [1] * 15 + [-1]

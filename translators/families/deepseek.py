@@ -161,12 +161,12 @@ DEEPSEEK_EXPERTS = {
 }
 
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
-DEEPSEEK_V2_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v2.modeling_deepseek_v2", rope="deepseek_v2",
+DEEPSEEK_V2_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v2.modeling_deepseek_v2", rope="deepseek_v2", hooks="deepseek",
                                    mlps=("DeepseekV2MLP",), experts="DeepseekV2Experts", moe_block="DeepseekV2Moe",
                                    shared="shared_experts")
 # layers < first_k_dense_replace stay dense (HF builds them so); gate.e_score_correction_bias is the selection bias
 # TopkBiasBalanceCallback moves
-DEEPSEEK_V3_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v3.modeling_deepseek_v3", rope="deepseek_v3",
+DEEPSEEK_V3_RUNTIME = PatchTargets(f"{MODELS}.deepseek_v3.modeling_deepseek_v3", rope="deepseek_v3", hooks="deepseek",
                                    mlps=("DeepseekV3MLP",), experts="DeepseekV3Experts", moe_block="DeepseekV3MoE",
                                    shared="shared_experts")
 DEEPSEEK_V3_MEMORY = {**parts.MLA_DEFAULTS, "n_shared_experts": 1, "num_experts_per_tok": 8,

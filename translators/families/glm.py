@@ -126,7 +126,7 @@ GLM_PREFIXES = ("transformer.",)  # the first part of a weight's name
 # ChatGLM2/3 and GLM-4-9B share one architecture (ChatGLM2Config): transformers' `glm` (THUDM/glm-4-9b-hf). Its
 # `glm4` is GLM-4-0414, which adds post-attention and post-MLP norms that these models do not have.
 _GLM_WEIGHTS = Weights(GLM_NAMES, split=GLM_SPLIT, style="glm", fused=GLM_FUSED, prefixes=GLM_PREFIXES)
-_GLM_RUNTIME = PatchTargets(f"{MODELS}.glm.modeling_glm", rope="glm", mlps=("GlmMLP",))
+_GLM_RUNTIME = PatchTargets(f"{MODELS}.glm.modeling_glm", rope="glm", hooks="glm", mlps=("GlmMLP",))
 RECORDS = (
     FamilyRecord("glm4", "glm", "glm", False, weights=_GLM_WEIGHTS, tp=parts.ATTENTION + parts.GLM_MLP,
                  runtime=_GLM_RUNTIME),

@@ -196,22 +196,23 @@ QWEN2_MOE_EXPERTS = {
 
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
 _LLAMA_WEIGHTS = Weights(LLAMA_NAMES)  # Qwen2 runs on LlamaForCausalLM too: the same names
-LLAMA_TARGETS = PatchTargets(f"{MODELS}.llama.modeling_llama", rope="split_half", mlps=("LlamaMLP",))
+LLAMA_TARGETS = PatchTargets(f"{MODELS}.llama.modeling_llama", rope="split_half", hooks="llama", mlps=("LlamaMLP",))
 RECORDS = (
     FamilyRecord("llama", "llama", "llama", False, weights=_LLAMA_WEIGHTS, tp="hf_tp_plan", runtime=LLAMA_TARGETS),
     FamilyRecord("qwen2", "qwen2", "llama", False, weights=_LLAMA_WEIGHTS, tp="hf_tp_plan",
-                 runtime=PatchTargets(f"{MODELS}.qwen2.modeling_qwen2", rope="split_half", mlps=("Qwen2MLP",))),
+                 runtime=PatchTargets(f"{MODELS}.qwen2.modeling_qwen2", rope="split_half", hooks="llama",
+                                      mlps=("Qwen2MLP",))),
     FamilyRecord("mixtral", "mixtral", "llama", False,
                  weights=Weights(MIXTRAL_NAMES, experts=MIXTRAL_EXPERTS, gmm_names=MIXTRAL_GMM),
                  tp=parts.ATTENTION,
                  # router_jitter_noise is not applied: MindFormers has none
-                 runtime=PatchTargets(f"{MODELS}.mixtral.modeling_mixtral", rope="split_half",
+                 runtime=PatchTargets(f"{MODELS}.mixtral.modeling_mixtral", rope="split_half", hooks="llama",
                                       experts="MixtralExperts", moe_block="MixtralSparseMoeBlock")),
     FamilyRecord("qwen2_moe", "qwen2_moe", "llama", False,
                  weights=Weights(QWEN2_MOE_NAMES, experts=QWEN2_MOE_EXPERTS, gmm_names=QWEN2_MOE_GMM),
                  tp=parts.ATTENTION + parts.MLP,
                  # the shared expert, scaled by sigmoid(shared_expert_gate(x)) under use_shared_expert_gating
-                 runtime=PatchTargets(f"{MODELS}.qwen2_moe.modeling_qwen2_moe", rope="split_half",
+                 runtime=PatchTargets(f"{MODELS}.qwen2_moe.modeling_qwen2_moe", rope="split_half", hooks="llama",
                                       mlps=("Qwen2MoeMLP",), experts="Qwen2MoeExperts",
                                       moe_block="Qwen2MoeSparseMoeBlock", shared="shared_expert",
                                       shared_gate="shared_expert_gate")),

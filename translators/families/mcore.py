@@ -290,13 +290,15 @@ MCORE_EXPERTS = {
 
 # --- the family records (translators/families/record.py) ------------------------------------------------------------
 RECORDS = (
+    # Qwen3's transformers RoPE is Llama's ("Copied from"): its runtime module (PatchTargets.hooks) is Llama's
     FamilyRecord("qwen3", "qwen3", "mcore", True, model_types=("qwen3",), architectures=("Qwen3ForCausalLM",),
                  weights=Weights(MCORE_NAMES), tp="hf_tp_plan",
-                 runtime=PatchTargets(f"{MODELS}.qwen3.modeling_qwen3", rope="split_half", mlps=("Qwen3MLP",))),
+                 runtime=PatchTargets(f"{MODELS}.qwen3.modeling_qwen3", rope="split_half", hooks="llama",
+                                      mlps=("Qwen3MLP",))),
     FamilyRecord("qwen3_moe", "qwen3_moe", "mcore", True, model_types=("qwen3_moe",),
                  architectures=("Qwen3MoeForCausalLM",), weights=Weights(MCORE_NAMES, experts=MCORE_EXPERTS),
                  tp=parts.ATTENTION + parts.QK_NORM + parts.MLP,
-                 runtime=PatchTargets(f"{MODELS}.qwen3_moe.modeling_qwen3_moe", rope="split_half",
+                 runtime=PatchTargets(f"{MODELS}.qwen3_moe.modeling_qwen3_moe", rope="split_half", hooks="llama",
                                       mlps=("Qwen3MoeMLP",), experts="Qwen3MoeExperts",
                                       moe_block="Qwen3MoeSparseMoeBlock")),
     FamilyRecord("deepseek_v3", "deepseek_v3", "mcore", True, model_types=("deepseek_v3",),

@@ -32,8 +32,8 @@ class PatchTargets:
     module: str
     """The transformers modeling module (`transformers.models.llama.modeling_llama`)."""
     rope: str | None = None
-    """Which RoPE function and adapter (mf_ds/patch/kernels.py ROPES): split_half | glm | deepseek_v2 |
-    deepseek_v3 (by config.rope_interleave); None: no rotary embedding."""
+    """Which RoPE function and adapter (the ROPES of the runtime module `hooks` names, mf_ds/families/<hooks>.py):
+    split_half | glm | deepseek_v2 | deepseek_v3 (by config.rope_interleave); None: no rotary embedding."""
     mlps: tuple[str, ...] = ()
     """Dense SwiGLU MLP classes (shared experts included): fused_swiglu's targets."""
     experts: str | None = None
@@ -47,8 +47,8 @@ class PatchTargets:
     not_applicable: Mapping[str, str] = field(default_factory=dict)
     """Kernel feature -> why it has nothing to replace in this architecture (a report line, not an error)."""
     hooks: str | None = None
-    """The family's runtime module, mf_ds/families/<hooks>.py (initial values, module surgery, Muon names and cuts);
-    None: it has none."""
+    """The family's runtime module, mf_ds/families/<hooks>.py (RoPE adapters, initial values, module surgery, Muon
+    names and cuts); None: it has none."""
 
 
 @dataclass(frozen=True)

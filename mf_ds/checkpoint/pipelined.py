@@ -1,6 +1,6 @@
 """Saving and resuming a pipelined run (mf_ds/pipeline.py): the checkpoint a one-rank run writes, from stages.
 
-A pipelined run saves through mf_ds/checkpoint.py `save` like any other run: the same `<prefix>-step<N>/` folder,
+A pipelined run saves through mf_ds/checkpoint/native.py `save` like any other run: the same `<prefix>-step<N>/` folder,
 written into `.tmp/`, checksummed, fsynced and renamed into place, `latest`, keep_checkpoint_max pruning, under the
 run's lock. Two parts differ:
 
@@ -13,7 +13,7 @@ run's lock. Two parts differ:
 - The engine state. DeepSpeed's PipelineEngine writes it itself (engine.save_checkpoint): one file per DeepSpeed
   layer (`layer_XX-model_states.pt`, by global layer index), the ZeRO-1 optimizer shards and the LR schedule per
   stage and data-parallel rank. trainer_state.json records `pipeline_stage`: a resume on another stage count takes
-  the state apart per layer and parameter (mf_ds/pipeline_restage.py) rather than let DeepSpeed read another
+  the state apart per layer and parameter (restage.py) rather than let DeepSpeed read another
   stage's shards; a pipelined checkpoint without a pipeline, or back, is refused in one line (`load`). The step,
   the data position (consumed micro batches), the LR schedule and the RNG states are restored as for any run.
 
@@ -30,7 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mf_ds import checkpoint
+from mf_ds.checkpoint import native
+from mf_ds.checkpoint.restage import load as restage
 from mf_ds.errors import RunError
 from translators.plan_types import Plan
 
@@ -60,7 +61,11 @@ def shard_name(stage: int, stages: int) -> str:
 def stage_weights(module: Any) -> dict[str, torch.Tensor]:
     """This stage's tensors under their HF names (the state_dict save_pretrained would write for them)."""
     pieces = module.pieces
-    return {name: t.detach() for name, t in pieces.meta.state_dict().items() if t.device.type != "meta"}
+    # a copy of a weight tied to an earlier stage's (the MTP blocks' embedding on the last stage: pipeline_mtp.py)
+    # is that stage's to write; DeepSpeed marks such copies ds_pipe_replicated
+    copies = {name for name, p in pieces.meta.named_parameters() if getattr(p, "ds_pipe_replicated", False)}
+    return {name: t.detach() for name, t in pieces.meta.state_dict().items()
+            if t.device.type != "meta" and name not in copies}
 
 
 def write_hf(engine: Any, directory: Path) -> None:
@@ -92,32 +97,31 @@ def write_hf(engine: Any, directory: Path) -> None:
         meta.generation_config.save_pretrained(str(directory))
 
 
-def save(trainer: Any) -> Path:
+def save(engine: Any, root: Path, step: int, plan: Plan) -> Path:
     """Checkpoint `<prefix>-step<N>` of a pipelined run (collective)."""
-    engine, ckpt = trainer.engine, trainer.ckpt
-    state = {"consumed_micro_batches": trainer.step * trainer.ga, STAGES: trainer.plan.parallel.pipeline_stage}
-    return checkpoint.save(engine, trainer.ckpt_root, ckpt.prefix, trainer.step, state, ckpt.keep_checkpoint_max,
-                           hf_writer=lambda tmp: write_hf(engine, tmp))
+    ckpt = plan.run.callbacks.checkpoint
+    state = {"consumed_micro_batches": step * plan.run.gradient_accumulation_steps,
+             STAGES: plan.parallel.pipeline_stage}
+    return native.save(engine, root, ckpt.prefix, step, state, ckpt.keep_checkpoint_max,
+                       hf_writer=lambda tmp: write_hf(engine, tmp))
 
 
 def saved_stages(path: Path) -> int | None:
     """The stage count that wrote checkpoint `path` (1: a run without a pipeline); None when unreadable."""
     try:
-        return int(json.loads((path / checkpoint.STATE).read_text()).get(STAGES) or 1)
+        return int(json.loads((path / native.STATE).read_text()).get(STAGES) or 1)
     except (OSError, ValueError, TypeError, AttributeError):
-        return None  # checkpoint.load names the damage
+        return None  # native.load names the damage
 
 
 def load(engine: Any, path: Path, plan: Plan, keys: dict[str, tuple[str, ...]] | None, trust: bool) -> dict:
-    """checkpoint.load, on the stage count that wrote `path`; a pipelined checkpoint on another count of stages
-    through mf_ds/pipeline_restage.py. A pipelined checkpoint without a pipeline (or back) is refused in one line:
+    """native.load, on the stage count that wrote `path`; a pipelined checkpoint on another count of stages
+    through restage.py. A pipelined checkpoint without a pipeline (or back) is refused in one line:
     DeepSpeed keeps the module in per-layer files under a pipeline, in one file without, under other names."""
     saved, now = saved_stages(path), plan.parallel.pipeline_stage or 1
     if saved is None or saved == now:
-        return checkpoint.load(engine, path, trust=trust)
+        return native.load(engine, path, trust=trust)
     if saved > 1 and now > 1:
-        from mf_ds.pipeline_restage import load as restage
-
         return restage(engine, path, keys, saved, trust)
     raise RunError(f"{path}: saved by a run of {saved} pipeline stage(s), this run has {now}: DeepSpeed's engine "
                    f"state of a pipeline and of a run without one differ in layout; resume with "

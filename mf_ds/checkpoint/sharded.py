@@ -37,8 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
-from mf_ds import durable
+from mf_ds.checkpoint import durable
+from mf_ds.checkpoint.native import fault_point
 from mf_ds.errors import RunError
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -208,8 +211,6 @@ class Checkpoint2:
 
     def _header(self, file: Path) -> dict:
         if file not in self._headers:
-            from safetensors import SafetensorError, safe_open
-
             try:
                 with safe_open(str(file), framework="pt") as f:
                     self._headers[file] = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype())
@@ -307,8 +308,6 @@ class Checkpoint2:
         return int(m.group(1)) if m else None
 
     def tensor(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
         entry = self.entries[name]
         if len(entry.chunks) == 1 and all(a == 0 and b == n for (a, b), n in zip(entry.chunks[0].area, entry.shape,
                                                                                    strict=True)):
@@ -335,13 +334,9 @@ def write(root: str | os.PathLike, tensors: Iterator[tuple[str, torch.Tensor]], 
     {"format": "ms"}, opt-... when optimizer state is given, common.json, no metadata.json, then the tracker);
     MindFormers' load_checkpoint reshards it onto any layout. Returns the number of model tensors.
 
-    Written as mf_ds/durable.py says: whole into iteration_N.tmp/ and fsynced, the tracker then names it, then the
+    Written as durable.py says: whole into iteration_N.tmp/ and fsynced, the tracker then names it, then the
     rename (an earlier iteration_N set aside until the new one is in place). A root whose tracker names a later
     iteration holds a run's checkpoints: writing there would move its tracker back, and is refused."""
-    from safetensors.torch import save_file
-
-    from mf_ds.checkpoint import fault_point
-
     root = Path(root)
     newer = _tracked(root)
     if newer is not None and newer > iteration:

@@ -33,9 +33,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from mf_ds.checkpoint2 import _FILE
+from mf_ds.checkpoint.sharded import _FILE
 from mf_ds.errors import RunError
+from mf_ds.optim import _Fp32StateAdam
+from mf_ds.weights import model_slot, to_hf
+from translators import names
 
 TORCH_KEYS = {"adam_m": "exp_avg", "adam_v": "exp_avg_sq", "muon_m": "momentum_buffer"}
 MF_PREFIX = {v: k for k, v in TORCH_KEYS.items()}
@@ -49,8 +53,7 @@ class Unmapped(RunError):
 def state_keys(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, tuple[str, ...]]:
     """{parameter name: the torch state keys its optimizer keeps}, from the optimizer mf_ds/optim.py built (call it
     before deepspeed.initialize, which replaces the groups of a ZeRO optimizer). Unmapped for other optimizers."""
-    from mf_ds.muon import Muon
-    from mf_ds.optim import _Fp32StateAdam
+    from mf_ds.muon import Muon  # here: its class derives from DeepSpeed's, and DeepSpeed is imported only when used
 
     if not isinstance(optimizer, (torch.optim.AdamW, _Fp32StateAdam, Muon)):
         raise Unmapped(f"this run's optimizer is {type(optimizer).__name__}, whose state has no MindFormers "
@@ -149,9 +152,6 @@ def _assemble(ckpt, prefix: str, targets: list[str], model, family: str, layout,
     """{parameter: its `prefix`.* tensors of `ckpt` (the weights themselves for prefix ""), through the weights'
     MindFormers -> HF conversion}, fp32, for every parameter of `targets` (Unmapped when one lacks them; with
     `partial`, those that have them)."""
-    from mf_ds.weights import model_slot, to_hf
-    from translators import names
-
     where = ckpt.directory
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     state_prefixes = tuple(f"{p}." for p in (*TORCH_KEYS, "main_param"))
@@ -289,8 +289,6 @@ def install(engine, state: OptimizerState, keys: dict[str, tuple[str, ...]]) -> 
 def gather(engine, keys: dict[str, tuple[str, ...]]) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
     """Every parameter's whole optimizer state (fp32, CPU) and the update count, on every rank. Collective under
     ZeRO: each rank contributes the fragments its partition holds (the reverse of `install`)."""
-    import torch.distributed as dist
-
     inner = _inner(engine)
     params = dict(engine.module.named_parameters())
     flat = _flat(engine, inner)
@@ -332,8 +330,6 @@ def low_precision(engine) -> bool:
 def masters(engine, names: list[str]) -> dict[str, torch.Tensor]:
     """Every named parameter's fp32 master, whole, on every rank (collective under ZeRO: each rank adds the fragments
     its partition holds, as `gather`)."""
-    import torch.distributed as dist
-
     params = dict(engine.module.named_parameters())
     zero3 = engine.zero_optimization_stage() == 3
     out = {}

@@ -1,12 +1,12 @@
-"""mf-ds runs resumed from, and saved as, MindFormers 2.x Checkpoint 2.0 (mf_ds/checkpoint2.py reads and writes
-the files; mf_ds/optim_state.py maps the optimizer state).
+"""mf-ds runs resumed from, and saved as, MindFormers 2.x Checkpoint 2.0 (mf_ds/checkpoint/sharded.py reads and writes
+the files; mf_ds/checkpoint/optim_state.py maps the optimizer state).
 
 Resume (`resume`): the weights are already in the model (mf_ds/model.py build_model reads a Checkpoint 2.0 like any
 MindFormers checkpoint); this restores the optimizer's moments and update count, the LR schedule's position and the
 trainer's step (its data position), after deepspeed.initialize. A checkpoint whose optimizer state does not map
 (another optimizer, moments missing, no opt-*.safetensors) is refused with one line: the caller asked for it.
 
-Save (`save`): what MindFormers' save_checkpoint writes for one card (mf_ds/checkpoint2.py write): the weights under
+Save (`save`): what MindFormers' save_checkpoint writes for one card (sharded.py write): the weights under
 their MindFormers names (under bf16 / fp16 DeepSpeed's fp32 masters, as graph mode saves its fp32 parameters; resume
 puts them back as the masters), the optimizer's adam_m.* / adam_v.* / muon_m.* and global_step (when save_optimizer),
 common.json (epoch_num, step_num, global_step, global_batch_size, consumed_samples) and the tracker written last.
@@ -25,8 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mf_ds import checkpoint2, optim_state
+from mf_ds.checkpoint import optim_state, sharded
 from mf_ds.errors import RunError
+from mf_ds.weights import from_hf, mindformers_names, model_slot
 from translators import names
 
 # transformers 5 stacks the experts of a layer into one parameter; MindFormers' tables (and HF checkpoints) name
@@ -52,8 +53,6 @@ def mindformers_tensors(state: dict[str, torch.Tensor], model: torch.nn.Module, 
                         ) -> Iterator[tuple[str, torch.Tensor]]:
     """`state` (parameter name -> whole tensor, the model's parameter shapes) under MindFormers' names, converted as
     mf-convert converts an HF directory (mf_ds/weights.py mindformers_names / from_hf)."""
-    from mf_ds.weights import from_hf, mindformers_names, model_slot
-
     def read(hf_name: str) -> torch.Tensor:
         slot = model_slot(hf_name, state)
         if slot is None:
@@ -74,7 +73,7 @@ def mindformers_tensors(state: dict[str, torch.Tensor], model: torch.nn.Module, 
 def is_root(path: Path) -> bool:
     """A directory a run saved Checkpoint 2.0 into: its tracker exists, or an iteration_N/ folder does (a root
     whose tracker is gone is refused on resume, as mf-convert refuses it, rather than trained over from step 0)."""
-    return (path / checkpoint2.TRACKER).is_file() or (path.is_dir() and any(
+    return (path / sharded.TRACKER).is_file() or (path.is_dir() and any(
         _ITERATION.match(p.name) and p.is_dir() for p in path.iterdir()))
 
 
@@ -82,7 +81,7 @@ def resume(engine: Any, path: Path, model_keys: dict[str, tuple[str, ...]], fami
            global_batch_size: int, log: Callable[[str], None]) -> int:
     """Restore the optimizer state, the LR schedule's position and the step from Checkpoint 2.0 `path`; returns the
     trainer's step. Every rank reads the files itself (they are whole after the merge); nothing is unpickled."""
-    ckpt = checkpoint2.Checkpoint2(path)
+    ckpt = sharded.Checkpoint2(path)
     masters = optim_state.low_precision(engine) or any(n.startswith("main_param.") for n in ckpt.names())
     state = optim_state.read(ckpt, engine.module, family, layout, model_keys, global_batch_size, masters=masters)
     for line in state.notes:
@@ -122,7 +121,7 @@ def save(engine: Any, root: Path, step: int, model_keys: dict[str, tuple[str, ..
 
             optimizer = list(optim_state.mindformers_state(moments, convert))
             optimizer.append(("global_step", torch.tensor([count], dtype=torch.int32)))
-        checkpoint2.write(root, tensors, iteration=step, common=common, optimizer=optimizer)
+        sharded.write(root, tensors, iteration=step, common=common, optimizer=optimizer)
         _prune(root, keep, step)
     if dist.is_initialized():
         dist.barrier()

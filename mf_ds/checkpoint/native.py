@@ -3,7 +3,7 @@
 Layout of `<output_dir>/checkpoint/`:
     <prefix>-step<N>/            one complete checkpoint
         config.json, model.safetensors   AutoModelForCausalLM.from_pretrained(dir) loads it (a pipelined run: one
-                                         shard per stage and its index, mf_ds/pipeline_checkpoint.py)
+                                         shard per stage and its index, mf_ds/checkpoint/pipelined.py)
         engine/                          DeepSpeed engine state (optimizer, scheduler, per-rank shards)
         rng.json                         Python, numpy and torch RNG states
         trainer_state.json               step, consumed micro batches: it marks the checkpoint complete
@@ -12,7 +12,7 @@ Layout of `<output_dir>/checkpoint/`:
 A checkpoint is written into `<name>.tmp/` and fsynced; `latest` then names it and the directory is renamed into
 place (a checkpoint of the same step saved again is first set aside as `<name>.replaced/`, and removed only once the
 new one is in place), so a crash at any moment leaves every earlier checkpoint intact and `<name>` either complete or
-absent; `mf_ds/durable.py` `recover`, at the next run's start, finishes a save cut short after `latest` named it.
+absent; durable.py `recover`, at the next run's start, finishes a save cut short after `latest` named it.
 Resume takes `latest` when it names a complete checkpoint, else the complete one with the highest step. A checkpoint
 whose files no longer match checksums.json (truncated, bit-flipped, missing) is refused with the file named: loading
 a damaged optimizer state would not fail, it would train on garbage (torch.load checks no CRC).
@@ -28,7 +28,7 @@ checkpoint whose files do not match it, and one without it unless the caller tru
 Test-only fault injection: `MF_DS_TEST_KILL_AT=<point>@<step>` makes the process SIGKILL itself when it reaches
 `fault_point(<point>, <step>)` (points: step.backward, step.update, step.record in loop.py; save.engine,
 save.weights, save.manifest, save.state, save.latest, save.aside, save.rename and load.engine here; save2.* in
-checkpoint2.py). tests/mf_ds/test_kill.py and test_durable.py use it to land a kill exactly inside a save; unset, it
+sharded.py). tests/mf_ds/test_kill.py and test_durable.py use it to land a kill exactly inside a save; unset, it
 costs one dictionary lookup.
 """
 
@@ -50,7 +50,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mf_ds import durable
+from mf_ds.checkpoint import durable
+
+# DeepSpeed and mf_ds.moe are imported inside the functions that use them: DeepSpeed picks its accelerator at its
+# first import (mf_ds/train.py sets it before), and mf-convert, which reads checkpoints through this package, needs
+# neither.
 
 STATE = "trainer_state.json"
 CHECKSUMS = "checksums.json"
@@ -278,7 +282,8 @@ def verify(directory: Path, only: set[str] | None = None, required: bool = False
     return (directory / min(problems), problems[min(problems)]) if problems else None
 
 
-def _expert_parallel(model: torch.nn.Module) -> bool:
+def expert_parallel(model: torch.nn.Module) -> bool:
+    """Whether the model's MoE layers hold only this rank's experts (mf_ds/moe/parallel.py)."""
     from mf_ds.moe import moe_layers
 
     return any(layer.expert_parallel is not None for layer in moe_layers(model))
@@ -300,7 +305,7 @@ def whole_weights(engine: Any) -> dict[str, torch.Tensor] | None:
             # rank) would be missing from model.safetensors, e.g. DeepSeek-V3's trained router bias
             # `mlp.gate.e_score_correction_bias`.
             weights.update({k: v.detach().cpu() for k, v in engine.module.state_dict().items() if k not in weights})
-    if not stage3 and _expert_parallel(engine.module):
+    if not stage3 and expert_parallel(engine.module):
         # Under expert parallelism each rank holds its own experts: gather them whole for the HF layout.
         from mf_ds.moe.parallel import gather_full_state_dict
 
@@ -312,7 +317,7 @@ def whole_weights(engine: Any) -> dict[str, torch.Tensor] | None:
 def save(engine: Any, root: Path, prefix: str, step: int, state: dict[str, Any], keep: int,
          hf_writer: Any = None) -> Path:
     """Write checkpoint `<prefix>-step<step>` on every rank; returns its final path. Collective. `hf_writer(tmp)`,
-    collective: writes the HF weights where no rank holds the whole model (mf_ds/pipeline_checkpoint.py)."""
+    collective: writes the HF weights where no rank holds the whole model (mf_ds/checkpoint/pipelined.py)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{prefix}-step{step}"
     tmp = root / f"{final.name}.tmp"

@@ -1,4 +1,4 @@
-"""Resuming a pipelined checkpoint on another number of stages (mf_ds/pipeline_checkpoint.py saved it).
+"""Resuming a pipelined checkpoint on another number of stages (pipelined.py saved it).
 
 DeepSpeed's PipelineEngine reads its state back on the stage count that wrote it only: `load_checkpoint` opens the
 files of its own stage (`mp_rank_<stage>_model_states.pt`, `zero_pp_rank_<d>_mp_rank_<stage>_optim_states.pt`),
@@ -11,9 +11,9 @@ which hold another set of layers, or do not exist, when the count changed. What 
   fragment sits in it (`param_slice_mappings`, DeepSpeed's own record for its universal checkpoints); a parameter is
   its fragments in data-parallel order (ZeRO-1 cuts one flat buffer into contiguous partitions).
 So here: the weights by layer, the fp32 masters and Adam moments per parameter from every saved partition of
-every stage, written into this engine's partitions (mf_ds/optim_state.py `install`, as a Checkpoint 2.0 resume
-does), the LR schedule and DeepSpeed's counters from stage 0's file (the same on every stage), the step, data
-position and RNG as checkpoint.load restores them. The result is the same optimizer state, so the losses go on as
+every stage, written into this engine's partitions (mf_ds/checkpoint/optim_state.py `install`, as a Checkpoint 2.0
+resume does), the LR schedule and DeepSpeed's counters from stage 0's file (the same on every stage), the step, data
+position and RNG as native.load restores them. The result is the same optimizer state, so the losses go on as
 on the old stage count (tests/mf_ds/test_pipeline_checkpoint.py: 2 stages saved, 4 resumed).
 """
 
@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from mf_ds import checkpoint
+from mf_ds.checkpoint import native
+from mf_ds.checkpoint.optim_state import OptimizerState, install
 from mf_ds.errors import RunError
 
 _ZERO = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -48,7 +49,7 @@ def per_parameter(files: list[Path]) -> tuple[dict[str, dict[str, torch.Tensor]]
     pieces: dict[str, dict[str, list[torch.Tensor]]] = {}
     step = 0
     for path in files:  # data-parallel order: each parameter's fragments in order
-        saved = checkpoint.safe_load(str(path), map_location="cpu")["optimizer_state_dict"]
+        saved = native.safe_load(str(path), map_location="cpu")["optimizer_state_dict"]
         base = saved["base_optimizer_state"]["state"]
         for g, mapping in enumerate(saved["param_slice_mappings"]):
             flat = {"master": saved["single_partition_of_fp32_groups"][g], **{
@@ -65,9 +66,7 @@ def per_parameter(files: list[Path]) -> tuple[dict[str, dict[str, torch.Tensor]]
 def load(engine: Any, path: Path, keys: dict[str, tuple[str, ...]] | None, saved: int, trust: bool) -> dict:
     """Restore checkpoint `path` of `saved` stages into this pipelined engine of another count; returns the trainer
     state. Collective (checksums)."""
-    from mf_ds.optim_state import OptimizerState, install
-
-    state_dir = path / checkpoint.ENGINE / "state"
+    state_dir = path / native.ENGINE / "state"
     now = engine.grid.get_pipe_parallel_world_size()
     files = zero1_files(state_dir) if state_dir.is_dir() else {}
     if keys is None or sorted(files) != list(range(saved)):
@@ -75,16 +74,16 @@ def load(engine: Any, path: Path, keys: dict[str, tuple[str, ...]] | None, saved
                        "is taken apart per parameter from ZeRO-1 shards only (this one has none, or its optimizer "
                        f"does not map); resume with parallel_config.pipeline_stage: {saved}, or start a new run "
                        "from its HF weights (--load_checkpoint a copy of its config.json and *.safetensors)")
-    problem = checkpoint.verify(path, required=not trust)
+    problem = native.verify(path, required=not trust)
     if problem:
-        raise checkpoint.CheckpointError(problem[0], f"{problem[1]}; checkpoint {path.name} not resumed from")
+        raise native.CheckpointError(problem[0], f"{problem[1]}; checkpoint {path.name} not resumed from")
     try:
-        state = json.loads((path / checkpoint.STATE).read_text())
+        state = json.loads((path / native.STATE).read_text())
     except (OSError, ValueError) as exc:
-        raise checkpoint.CheckpointError(path / checkpoint.STATE, f"unreadable ({exc})") from None
-    checkpoint.install_safe_loading(engine)
+        raise native.CheckpointError(path / native.STATE, f"unreadable ({exc})") from None
+    native.install_safe_loading(engine)
     engine.module.load_state_dir(str(state_dir), checkpoint_engine=engine.checkpoint_engine)  # by layer index
-    client = checkpoint.safe_load(str(state_dir / "mp_rank_00_model_states.pt"), map_location="cpu")
+    client = native.safe_load(str(state_dir / "mp_rank_00_model_states.pt"), map_location="cpu")
     engine.lr_scheduler.load_state_dict(client["lr_scheduler"])
     # the rate of the next step: DeepSpeed restores it with the optimizer's param groups, a scheduler's state alone
     # does not (LambdaLR writes the groups' lr in step() only)
@@ -101,7 +100,7 @@ def load(engine: Any, path: Path, keys: dict[str, tuple[str, ...]] | None, saved
                         for name, slot in held.items() if name in params})
     missing = sorted(set(keys) - set(tensors))
     if missing:
-        raise checkpoint.CheckpointError(state_dir, f"holds no optimizer state for {missing[0]} (another model?)")
+        raise native.CheckpointError(state_dir, f"holds no optimizer state for {missing[0]} (another model?)")
     install(engine, OptimizerState(tensors, step, state["step"], []), keys)
-    checkpoint._load_rng(path)
+    native._load_rng(path)
     return state

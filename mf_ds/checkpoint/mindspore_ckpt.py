@@ -27,10 +27,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 
-from mf_ds import checkpoint2
+from mf_ds.checkpoint import sharded
 from mf_ds.errors import RunError
+from mf_ds.lora import is_adapter
 from mf_ds.weights import DEFAULT_LAYOUT, WeightLayout, attach_router_bias, model_slot, to_hf
+from mf_ds.zero import Writer
 from translators import names
 
 DTYPES = {"Float32": torch.float32, "Float16": torch.float16, "BFloat16": torch.bfloat16, "Float64": torch.float64,
@@ -184,10 +187,10 @@ def mindformers_weights(path: str | os.PathLike) -> Iterator[tuple[str, str, obj
     """(MindFormers name, file, loader) for every tensor of a MindFormers checkpoint: a .ckpt file, a directory
     holding rank_0/*.ckpt (a single-rank run) or *.ckpt, a MindFormers-named .safetensors file, or a directory of
     them (unified / merged safetensors, with or without their param_name_map.json index), or a MindFormers 2.x
-    Checkpoint 2.0 directory (mf_ds/checkpoint2.py: its ranks' slices merged)."""
+    Checkpoint 2.0 directory (mf_ds/checkpoint/sharded.py: its ranks' slices merged)."""
     path = Path(path)
-    if checkpoint2.is_checkpoint2(path):
-        yield from checkpoint2.mindformers_weights(path)
+    if sharded.is_checkpoint2(path):
+        yield from sharded.mindformers_weights(path)
         return
     files = _checkpoint_files(path)
     for file in files:
@@ -196,8 +199,6 @@ def mindformers_weights(path: str | os.PathLike) -> Iterator[tuple[str, str, obj
             for name in ckpt.names():
                 yield name, str(file), (lambda c=ckpt, n=name: c.tensor(n))
         else:
-            from safetensors import SafetensorError, safe_open
-
             try:
                 handle = safe_open(str(file), framework="pt")
                 keys = list(handle.keys())
@@ -222,8 +223,8 @@ def _checkpoint_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise RunError(f"{path}: load_checkpoint does not exist")
-    if checkpoint2.is_checkpoint2(path):
-        return checkpoint2.Checkpoint2(path).files()
+    if sharded.is_checkpoint2(path):
+        return sharded.Checkpoint2(path).files()
     rank0 = path / "rank_0"
     if rank0.is_dir():
         ckpts = sorted(rank0.glob("*.ckpt")) or sorted(rank0.glob("*.safetensors"))
@@ -251,8 +252,6 @@ def _indexed_files(index: Path) -> list[Path]:
     """The files of a unified / merged safetensors directory, checked against its index: every file it names
     exists and holds the tensors it places there. The index is {"weight_map": {name: file}} (unified_safetensors)
     or {name: file} (MindFormers' _convert_index_json)."""
-    from safetensors import SafetensorError, safe_open
-
     try:
         data = json.loads(index.read_text())
         weight_map = data["weight_map"] if "weight_map" in data else data
@@ -289,8 +288,6 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
     `progress(nbytes)` is called after each MindFormers tensor. LoRA adapters (`...mindpet_delta_lora_a`, mf_ds/lora.py)
     are skipped with `adapters` (the run loads them into its PEFT model) and refused without.
     """
-    from mf_ds.lora import is_adapter
-
     try:
         names.name_map(family)
     except KeyError as exc:
@@ -298,8 +295,6 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike, family: str,
     state = model.state_dict()
     writer = None
     if write is None and any(hasattr(p, "ds_id") for p in model.parameters()):
-        from mf_ds.zero import Writer
-
         # ZeRO-3 shards (mf_ds/zero.py): check against the whole shapes, assemble and write one parameter at a time
         writer = Writer(model)
         state = writer.shapes

@@ -1,6 +1,6 @@
 """Saves that no kill can lose: fsync helpers and the repair of a save cut short, for both checkpoint formats.
 
-Both formats save the same way (mf_ds/checkpoint.py `save`, mf_ds/checkpoint2.py `write`): the checkpoint is written
+Both formats save the same way (native.py `save`, sharded.py `write`): the checkpoint is written
 whole into `<name>.tmp/` and fsynced; the pointer (`latest`, or Checkpoint 2.0's `latest_checkpointed_iteration.txt`)
 is replaced atomically to name it; then the folder is renamed into place. A checkpoint of the same step saved again
 (a run restarted from an earlier checkpoint) is first renamed aside to `<name>.replaced/` and removed only after the
