@@ -239,6 +239,11 @@ def test_moe_stages_equal_one_rank(tmp_path):
     four = _run(tmp_path / "four", *ep, "parallel_config.micro_batch_num=2", *pipe, ranks=4, **run)
     _assert_same(_moe_rows(tmp_path / "four"), _moe_rows(tmp_path / "dp2"), "pp2 x dp2 x ep2")
     _assert_saved_same(tmp_path / "four", tmp_path / "dp2")  # each stage's experts gathered over its ep ranks
+    from transformers import AutoModelForCausalLM  # the shard set loads as any HF directory
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "four" / "checkpoint" / "t-step3"))
+    torch.testing.assert_close(loaded.model.layers[2].mlp.experts.down_proj[7].float(),
+                               _saved(tmp_path / "dp2")["model.layers.2.mlp.experts.7.down_proj.weight"].float())
     held = dict(re.findall(r"rank (\d) \(stage \d of 2\) holds decoder layers (\[[\d, ]*\])", four.stderr))
     assert held == {"0": "[0, 1]", "1": "[0, 1]", "2": "[2]", "3": "[2]"}
 
