@@ -9,7 +9,8 @@ run's lock. Two parts differ:
   (`model-0000s-of-0000p.safetensors`), and rank 0 writes `model.safetensors.index.json` (transformers' sharded
   layout: `from_pretrained`, a one-rank mf-train run and mf-convert read it as any HF directory) and config.json.
   The HF names come from the meta model the stage was cut from (pipeline.Pieces): its taken modules are the stage's
-  own objects, so `Pieces.meta.state_dict()` names exactly this stage's tensors as the whole model would.
+  own objects, so `Pieces.meta.state_dict()` names exactly this stage's tensors as the whole model would; MoE
+  experts are gathered over the stage's expert-parallel ranks and written per expert as save_pretrained writes them.
 - The engine state. DeepSpeed's PipelineEngine writes it itself (engine.save_checkpoint): one file per DeepSpeed
   layer (`layer_XX-model_states.pt`, by global layer index), the ZeRO-1 optimizer shards and the LR schedule per
   stage and data-parallel rank. trainer_state.json records `pipeline_stage`: a resume on another stage count takes
@@ -59,13 +60,30 @@ def shard_name(stage: int, stages: int) -> str:
 
 
 def stage_weights(module: Any) -> dict[str, torch.Tensor]:
-    """This stage's tensors under their HF names (the state_dict save_pretrained would write for them)."""
+    """This stage's tensors under their module names (the state_dict the whole model would hold for them)."""
     pieces = module.pieces
     # a copy of a weight tied to an earlier stage's (the MTP blocks' embedding on the last stage: pipeline_mtp.py)
     # is that stage's to write; DeepSpeed marks such copies ds_pipe_replicated
     copies = {name for name, p in pieces.meta.named_parameters() if getattr(p, "ds_pipe_replicated", False)}
     return {name: t.detach() for name, t in pieces.meta.state_dict().items()
             if t.device.type != "meta" and name not in copies}
+
+
+def stage_hf_weights(module: Any) -> dict[str, torch.Tensor]:
+    """This stage's tensors as a one-rank save writes them (on the CPU). Collective over each expert-parallel group
+    of the stage (every rank of a stage holds the same layers): experts sharded over ep ranks are gathered whole, as
+    checkpoint.whole_weights does; then transformers' own save-time reversal of its load conversions
+    (save_pretrained's revert_weight_conversion) turns the fused `experts.gate_up_proj` / `down_proj` into the
+    per-expert `experts.N.gate_proj.weight` ... names, a stage's subset of what it does for the whole model."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    from mf_ds.moe.parallel import gather_full_state_dict
+
+    meta = module.pieces.meta
+    weights = gather_full_state_dict(meta, base=stage_weights(module))
+    weights = revert_weight_conversion(meta, {name: t.to("cpu") for name, t in weights.items()})
+    # clones: the reversal's per-expert tensors are views of one fused tensor, which safetensors refuses to save
+    return {name: t.clone(memory_format=torch.contiguous_format) for name, t in weights.items()}
 
 
 def write_hf(engine: Any, directory: Path) -> None:
@@ -76,8 +94,8 @@ def write_hf(engine: Any, directory: Path) -> None:
     grid = engine.grid
     stage, stages = grid.get_stage_id(), grid.get_pipe_parallel_world_size()
     mine = {}
+    tensors = stage_hf_weights(engine.module)  # every rank: the experts' gather is collective
     if grid.get_data_parallel_rank() == 0:
-        tensors = {name: t.to("cpu").contiguous() for name, t in stage_weights(engine.module).items()}
         name = shard_name(stage, stages)
         save_file(tensors, str(directory / name), metadata={"format": "pt"})
         mine = {key: (name, t.numel() * t.element_size()) for key, t in tensors.items()}

@@ -166,7 +166,7 @@ def gather_full_state_dict(model: nn.Module, base: dict | None = None) -> dict[s
     names = {id(m): n for n, m in model.named_modules()}
     for layer in moe_layers(model):
         ep = layer.expert_parallel
-        if ep is None:
+        if ep is None or layer.experts.gate_up_proj.is_meta:  # meta: another pipeline stage's layer
             continue
         for name in ("gate_up_proj", "down_proj"):
             shard = getattr(layer.experts, name).detach().contiguous()

@@ -172,6 +172,34 @@ DS3_BASE = ("model.model_config.seq_length=32", "model.model_config.mtp_depth=0"
             "mtp_depth: 0}]")
 
 
+SAVE = ", {type: CheckpointMonitor, prefix: t, save_checkpoint_steps: 3, keep_checkpoint_max: 1}]"
+
+
+def _saving(base: tuple) -> tuple:
+    """`base` with a checkpoint saved at the last step (3)."""
+    return tuple(s.removesuffix("]") + SAVE if s.startswith("callbacks") else s for s in base)
+
+
+def _saved(out: Path) -> dict[str, torch.Tensor]:
+    """The HF weights of checkpoint t-step3 of run `out`, every shard of the set (no name in two shards)."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for shard in sorted((out / "checkpoint" / "t-step3").glob("*.safetensors")):
+        part = load_file(str(shard))
+        assert not part.keys() & weights.keys(), shard
+        weights.update(part)
+    return weights
+
+
+def _assert_saved_same(out: Path, reference: Path) -> None:
+    """Run `out`'s saved HF weights are the reference run's: the same names, the same values (rel 1e-5)."""
+    saved, expected = _saved(out), _saved(reference)
+    assert saved.keys() == expected.keys(), sorted(saved.keys() ^ expected.keys())
+    for key, value in expected.items():
+        torch.testing.assert_close(saved[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
 def _moe_rows(out: Path) -> list[tuple]:
     return [(m["loss"], m["grad_norm"], {k: (v["drop_rate"], v["expert_load"]) for k, v in m["moe"].items()})
             for m in metrics(out)]
@@ -193,12 +221,13 @@ def test_moe_stages_equal_one_rank(tmp_path):
     bias update) on 2 stages, LayerSetting's int offset 1 (layers 0-1 | 2): losses, global norms (clipping at 1.0
     active), per-layer drop rates and expert loads equal one rank with the same global batch; and pp 2 x dp 2 with
     expert parallel 2 inside each stage on 4 ranks equals dp 2 x ep 2 unpipelined (MindFormers groups capacity and
-    routing statistics per data-parallel shard, so that one is the reference for data parallel)."""
+    routing statistics per data-parallel shard, so that one is the reference for data parallel). The HF weights
+    each saves at the last step equal its reference's save name by name: the experts per expert, as HF names them."""
     from mf_ds.model import build_model
 
     build_model(plan_of("parallel_config.data_parallel=1", *DS3_BASE, config=DS3).plan).save_pretrained(
         str(tmp_path / "init"))
-    run = {"config": DS3, "base": DS3_BASE}
+    run = {"config": DS3, "base": _saving(DS3_BASE)}  # each run saves its HF weights at the last step
     pipe = ("parallel_config.pipeline_stage=2", "mf_ds.pipeline=true", "mf_ds.zero_stage=1")
     _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4", **run)
     two = _run(tmp_path / "two", "parallel_config.data_parallel=1", "parallel_config.micro_batch_num=4", *pipe,
@@ -206,12 +235,20 @@ def test_moe_stages_equal_one_rank(tmp_path):
     one = _moe_rows(tmp_path / "one")
     assert max(r[1] for r in one) > 1.0 and max(r[2]["2"][0] for r in one) > 0.1  # clipping; the bias moved loads
     _assert_same(_moe_rows(tmp_path / "two"), one, "pp2")
+    _assert_saved_same(tmp_path / "two", tmp_path / "one")  # the stages' experts under one rank's per-expert names
+    assert "model.layers.2.mlp.experts.7.down_proj.weight" in _saved(tmp_path / "two")
     # rank 0 (stage 0) logs MindFormers' drop-rate lines of both stages' layers
     assert "layer: 1, measured_drop_rate:" in two.stderr and "layer: 2, measured_drop_rate:" in two.stderr
     ep = ("parallel_config.data_parallel=2", "parallel_config.expert_parallel=2")
     _run(tmp_path / "dp2", *ep, "runner_config.gradient_accumulation_steps=2", "mf_ds.zero_stage=1", ranks=2, **run)
     four = _run(tmp_path / "four", *ep, "parallel_config.micro_batch_num=2", *pipe, ranks=4, **run)
     _assert_same(_moe_rows(tmp_path / "four"), _moe_rows(tmp_path / "dp2"), "pp2 x dp2 x ep2")
+    _assert_saved_same(tmp_path / "four", tmp_path / "dp2")  # each stage's experts gathered over its ep ranks
+    from transformers import AutoModelForCausalLM  # the shard set loads as any HF directory
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "four" / "checkpoint" / "t-step3"))
+    torch.testing.assert_close(loaded.model.layers[2].mlp.experts.down_proj[7].float(),
+                               _saved(tmp_path / "dp2")["model.layers.2.mlp.experts.7.down_proj.weight"].float())
     held = dict(re.findall(r"rank (\d) \(stage \d of 2\) holds decoder layers (\[[\d, ]*\])", four.stderr))
     assert held == {"0": "[0, 1]", "1": "[0, 1]", "2": "[2]", "3": "[2]"}
 
@@ -221,20 +258,26 @@ def test_tied_embeddings_summed_across_the_first_and_last_stage(tmp_path):
     """tie_word_embeddings (as Qwen2-0.5B): the first and the last stage each hold the embedding (DeepSpeed's
     TiedLayerSpec), PipelineEngine sums its two gradients before the data-parallel reduction, and the norm counts it
     once: losses and global norms (clipping active) equal one rank, with ZeRO-0 on pp 2 and ZeRO-1 with the fused
-    loss on pp 2 x dp 2."""
+    loss on pp 2 x dp 2. The HF weights each saves at the last step equal one rank's save: the embedding once, no
+    lm_head.weight (save_pretrained drops a tied head)."""
     from mf_ds.model import build_model
 
     tie = "model.model_config.tie_word_embeddings=True"
     model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR, tie).plan)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     model.save_pretrained(str(tmp_path / "init"))
-    _run(tmp_path / "one", tie, "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4")
+    base = _saving((*FOUR, PRINT))  # each run saves its HF weights at the last step
+    _run(tmp_path / "one", tie, "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4",
+         base=base)
+    saved = _saved(tmp_path / "one")
+    assert "model.embed_tokens.weight" in saved and "lm_head.weight" not in saved  # HF's save drops the tied head
     one = metrics(tmp_path / "one")
     assert max(m["grad_norm"] for m in one) > 1.0
     embed = model.model.embed_tokens.weight.numel()
     for name, ranks, sets in (("pp2", 2, ["mf_ds.zero_stage=0"]),
                               ("pp2xdp2", 4, ["mf_ds.zero_stage=1", "mf_ds.fused_loss=true"])):
-        proc = _run(tmp_path / name, tie, *PIPE, *sets, ranks=ranks)
+        proc = _run(tmp_path / name, tie, *PIPE, *sets, ranks=ranks, base=base)
+        _assert_saved_same(tmp_path / name, tmp_path / "one")  # the embedding once (stage 0's), no lm_head
         two = metrics(tmp_path / name)
         assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5), name
         assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5), name
@@ -252,9 +295,8 @@ def test_mtp_on_the_last_stage_equals_one_rank(tmp_path):
     (clipping at 1.0 active) and every MoE layer's drop rate and load, the MTP block's included, equal one rank."""
     from mf_ds.model import build_model
 
-    save = ", {type: CheckpointMonitor, prefix: t, save_checkpoint_steps: 3, keep_checkpoint_max: 1}]"
-    base = tuple(s.replace("mtp_depth: 0", "mtp_depth: 1").removesuffix("]") + save if s.startswith("callbacks")
-                 else s for s in DS3_BASE if "offset" not in s and "mtp_depth=0" not in s)
+    base = _saving(tuple(s.replace("mtp_depth: 0", "mtp_depth: 1") for s in DS3_BASE
+                         if "offset" not in s and "mtp_depth=0" not in s))
     plan = plan_of("parallel_config.data_parallel=1", *base, config=DS3).plan
     assert plan.mtp is not None and plan.mtp.variant == "research" and [x.stage for x in plan.layers] == [None] * 4
     build_model(plan).save_pretrained(str(tmp_path / "init"))
@@ -273,18 +315,8 @@ def test_mtp_on_the_last_stage_equals_one_rank(tmp_path):
             assert x["moe"][layer]["expert_load"] == pytest.approx(row["expert_load"], abs=1e-9), layer
     assert "rank 1 (stage 1 of 2) holds decoder layers [2]" in two.stderr
     assert "MTP blocks [3] and the embedding tied to stage 0's" in two.stderr
-    # the saved HF weights: the MTP block under the one-rank names, the embedding written once (by stage 0)
-    from safetensors.torch import load_file
-
-    saved, pp_weights = load_file(str(tmp_path / "one" / "checkpoint" / "t-step3" / "model.safetensors")), {}
-    for shard in sorted((tmp_path / "two" / "checkpoint" / "t-step3").glob("*.safetensors")):
-        part = load_file(str(shard))
-        assert not part.keys() & pp_weights.keys(), shard
-        pp_weights.update(part)
-    # MoE experts' names are mf_ds/checkpoint/pipelined.py's (fused on stages, per expert on one rank): the same for
-    # the MTP block's as for the other MoE layers'
-    assert all(".mlp.experts." in k for k in saved.keys() ^ pp_weights.keys())
-    mtp_keys = [k for k in saved if k.startswith("model.layers.3.") and ".mlp.experts." not in k]
-    assert {"model.layers.3.eh_proj.weight", "model.layers.3.shared_head.norm.weight"} <= set(mtp_keys)
-    for key in [*mtp_keys, "model.embed_tokens.weight"]:
-        torch.testing.assert_close(pp_weights[key], saved[key], rtol=1e-5, atol=1e-6, msg=key)
+    # the saved HF weights: every tensor under one rank's names (the MTP block's experts per expert, as the other
+    # MoE layers'), the embedding written once (by stage 0: the last stage's tied copy is not written)
+    _assert_saved_same(tmp_path / "two", tmp_path / "one")
+    assert {"model.layers.3.eh_proj.weight", "model.layers.3.shared_head.norm.weight",
+            "model.layers.3.mlp.experts.7.down_proj.weight"} <= _saved(tmp_path / "two").keys()
