@@ -8,7 +8,9 @@ missing corpus inside it is an error, never a skip.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import os
 import socket
 import sys
@@ -47,6 +49,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ds_launch(ranks: int) -> list[str]:
+    """The command the `deepspeed` runner execs on one node (deepspeed/launcher/runner.py: deepspeed.launcher.launch
+    with the world base64-encoded), less the runner's own Python, which imports torch and DeepSpeed only to exec it:
+    ~2.5 s a multi-rank launch on 2 loaded cores (6.3 s against 3.6 s for 2 ranks of an empty script, measured here).
+    For tests whose claim is the run, not the launcher; the runner itself stays covered (test_train's 2-rank run,
+    test_multinode, test_launch_errors)."""
+    world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(ranks))}).encode()).decode()
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
 
 
 def corpus_files() -> list[Path]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import CONFIGS, CPU_ENV, ROOT, free_port
+from tests.conftest import CONFIGS, CPU_ENV, ROOT, ds_launch, free_port
 
 LLAMA = str(CONFIGS / "tiny_llama.yaml")
 QWEN3_MOE = str(CONFIGS / "tiny_qwen3_moe.yaml")
@@ -31,8 +31,7 @@ def train(out: Path, config: str, *sets: str, ranks: int = 1, expect: str = "", 
     if ranks == 1:
         cmd = [sys.executable, "-m", "mf_ds.cli", config, *args]
     else:
-        cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()),
-               str(ROOT / "mf_ds" / "train.py"), "--mf-config", config, *args]
+        cmd = [*ds_launch(ranks), str(ROOT / "mf_ds" / "train.py"), "--mf-config", config, *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert expect in proc.stdout + proc.stderr

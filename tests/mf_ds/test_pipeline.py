@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from mf_ds.pipeline import refusal
-from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, free_port
+from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, ds_launch
 from tests.mf_ds.test_train import LLAMA, metrics
 from translators.pipeline import run_stages
 from translators.plan import translate_file
@@ -90,8 +91,10 @@ def test_what_does_not_compose_folds_or_is_refused():
 
 def _run(out: Path, *sets: str, ranks: int = 1, config: str = LLAMA, base: tuple = (*FOUR, PRINT)
          ) -> subprocess.CompletedProcess:
-    launcher = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()),
-                str(ROOT / "mf_ds" / "train.py"), "--mf-config", config]
+    # one rank: mf-train in one process (DeepSpeed's launchers would start more Pythons that import torch and
+    # DeepSpeed, seconds each on 2 loaded cores); test_pipeline_checkpoint.py's reference runs so
+    launcher = [*ds_launch(ranks), str(ROOT / "mf_ds" / "train.py"), "--mf-config", config] if ranks > 1 else \
+        [sys.executable, "-m", "mf_ds.cli", config]
     args = ["--output_dir", str(out), "--max_steps", "3", "--load_checkpoint", str(out.parent / "init")]
     for item in (*base, *sets):
         args += ["--set", item]
@@ -103,8 +106,9 @@ def _run(out: Path, *sets: str, ranks: int = 1, config: str = LLAMA, base: tuple
 @pytest.mark.deepspeed
 def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
     """pp 2 on 2 ranks == 1 rank with the same global batch (8 = 2 x 4 micro batches), fp32, clipping at 1.0
-    active (the norms exceed it): ZeRO-1 with even stages, ZeRO-0 with LayerSetting's uneven offset [1, -1], and
-    pp 2 x dp 2 on 4 ranks (ZeRO-1 inside each stage's data-parallel group). Each rank holds its stage only."""
+    active (the norms exceed it): ZeRO-1 with even stages (and the patches), ZeRO-0 with LayerSetting's uneven offset
+    [1, -1], and pp 2 x dp 2 on 4 ranks (ZeRO-1 inside each stage's data-parallel group). Each rank holds its stage
+    only."""
     from mf_ds.model import build_model
 
     model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR).plan)
@@ -115,14 +119,15 @@ def test_two_stages_equal_one_rank_and_hold_their_stage_only(tmp_path):
     sizes = {name: p.numel() for name, p in model.named_parameters()}
     ends = {0: sizes["model.embed_tokens.weight"], 1: sizes["model.norm.weight"] + sizes["lm_head.weight"]}
     layer = sum(n for name, n in sizes.items() if name.startswith("model.layers.0."))
-    cases = (("even", 2, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]),
-             ("uneven", 2, ["mf_ds.zero_stage=0", "model.model_config.offset=[1, -1]"], [[0, 1, 2], [3]]),
+    cases = (("uneven", 2, ["mf_ds.zero_stage=0", "model.model_config.offset=[1, -1]"], [[0, 1, 2], [3]]),
              ("pp2xdp2", 4, ["mf_ds.zero_stage=1"], [[0, 1], [2, 3]]),  # 2 stages x 2 data-parallel ranks, GA 2
-             # the patch room on each stage: full recompute of layer 2 (stage 1), select recompute of layer 0's
-             # SwiGLU (stage 0), fused RoPE and SwiGLU, the fused loss on the last stage
-             ("patched", 2, ["recompute_config.recompute=[0, 1]", "recompute_config.select_recompute=[1, 0]",
-                             "model.model_config.use_fused_rope=True", "model.model_config.use_fused_swiglu=True",
-                             "mf_ds.fused_loss=true"], [[0, 1], [2, 3]]),
+             # ZeRO-1 on even stages, and the patch room on each stage: full recompute of layer 2 (stage 1), select
+             # recompute of layer 0's SwiGLU (stage 0), fused RoPE and SwiGLU, the fused loss on the last stage. One
+             # launch for both (a launch is ~12 s of the suite): the patches change no number, so an unpatched run
+             # of the same stages would repeat this comparison
+             ("patched", 2, ["mf_ds.zero_stage=1", "recompute_config.recompute=[0, 1]",
+                             "recompute_config.select_recompute=[1, 0]", "model.model_config.use_fused_rope=True",
+                             "model.model_config.use_fused_swiglu=True", "mf_ds.fused_loss=true"], [[0, 1], [2, 3]]),
              # interleave 2 with a [chunk][stage] offset under seqpipe: LayerSetting puts layers 0-1 on (0, 0),
              # 2 on (1, 0), 3 on (0, 1); 1F1B without virtual stages runs stage 0's three layers as one block
              ("interleaved", 2, ["model.model_config.pp_interleave_num=2",

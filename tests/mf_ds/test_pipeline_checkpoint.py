@@ -18,7 +18,7 @@ from mf_ds.checkpoint import native
 from mf_ds.checkpoint.pipelined import INDEX, load
 from mf_ds.errors import RunError
 from mf_ds.pipeline import refusal
-from tests.conftest import QUIET_CPU_ENV, ROOT, free_port
+from tests.conftest import QUIET_CPU_ENV, ROOT, ds_launch
 from tests.mf_ds.test_pipeline import FOUR, PIPE, plan_of
 from tests.mf_ds.test_train import LLAMA, metrics
 
@@ -51,8 +51,7 @@ def test_a_pipelined_checkpoint_without_a_pipeline_and_back_is_refused_in_one_li
 
 def _train(out: Path, *sets: str, ranks: int = 1, args: tuple = (), env: dict | None = None) -> \
         subprocess.CompletedProcess:
-    cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()),
-           str(ROOT / "mf_ds" / "train.py"), "--mf-config", LLAMA] if ranks > 1 else \
+    cmd = [*ds_launch(ranks), str(ROOT / "mf_ds" / "train.py"), "--mf-config", LLAMA] if ranks > 1 else \
         [sys.executable, "-m", "mf_ds.cli", LLAMA]
     cmd += ["--output_dir", str(out), *args]
     for item in (*SHORT, *sets):
