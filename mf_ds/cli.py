@@ -6,9 +6,10 @@ import sys
 
 
 def main() -> None:
+    from mf_ds.train import finish
     from mf_ds.train import main as train_main
 
-    sys.exit(train_main(sys.argv[1:], prog="mf-train", positional=True))
+    sys.exit(finish(train_main(sys.argv[1:], prog="mf-train", positional=True)))
 
 
 if __name__ == "__main__":
