@@ -63,7 +63,10 @@ IMPLS = ("mf_ds", "mf_ds_unfused", "hf_grouped_mm", "hf_liger", *levers.IMPLS)
 COMMON = ["model.model_config.compute_dtype=bfloat16", "mf_ds.zero_stage=1", "parallel_config.data_parallel=1",
           "runner_config.batch_size=4", "runner_config.gradient_accumulation_steps=4",
           "recompute_config.recompute=False", "recompute_config.select_recompute=False",
-          "recompute_config.select_comm_recompute=False", "callbacks=[{type: MFLossMonitor, per_print_times: 1}]"]
+          "recompute_config.select_comm_recompute=False", "callbacks=[{type: MFLossMonitor, per_print_times: 1}]",
+          # the YAMLs' one epoch of the built-in corpus is 7 steps of 16 x 4096 tokens and fewer for larger micro
+          # batches (an H200 run at micro batch 16 stopped after its first step): --steps decides, not the corpus
+          "runner_config.epochs=1000"]
 MODELS = {  # name: (YAML, shape overrides, the smoke run's overrides)
     "qwen3_30b_a3b": ("configs/tiny_qwen3_moe.yaml", [
         "model.model_config.hidden_size=2048", "model.model_config.num_hidden_layers=3",
@@ -319,6 +322,9 @@ def run_impl(name: str, impl: str, yaml_path: str, sets: list[str], steps: int, 
         return {"impl": impl, "rc": rc, "failed": log.read_text()[-2000:]}
     result = json.loads(result_path.read_text())
     result_path.unlink()
+    if result["steps"] < steps:  # the tokens/s median would then rest on the warm-up steps alone
+        print(f"{name:14} {impl:14} FAILED: ran {result['steps']} of {steps} steps, see {log}", flush=True)
+        return {**result, "failed": f"ran {result['steps']} of {steps} steps"}
     profile = out / f"{stem}.profile.json"
     profile.write_text(json.dumps(result["profile"], indent=2) + "\n")
     peak = peak_tflops(device)
@@ -332,7 +338,9 @@ def run_impl(name: str, impl: str, yaml_path: str, sets: list[str], steps: int, 
 
 
 def run_model(name: str, out: Path, steps: int, smoke: bool, device: dict, impls: tuple[str, ...] = IMPLS,
-              micro_batch: int | None = None, search: bool = False) -> dict:
+              micro_batch: int | None = None, search: bool = False, save=lambda runs: None) -> dict:
+    """Every row of one model; `save(runs)` after each row, so that a run stopped by its time limit keeps the rows
+    that finished."""
     yaml_path = MODELS[name][0]
     sets = levers.with_micro_batch(overrides(name, smoke), micro_batch)
     # each child is a one-process run of its own (mf_ds/train.py gives it a free port): a launcher's or a test
@@ -357,6 +365,7 @@ def run_model(name: str, out: Path, steps: int, smoke: bool, device: dict, impls
                   f"(tried {runs[impl]['tried']})", flush=True)
         else:
             runs[impl] = run_one(impl, sets, steps)
+        save(runs)
     record = {"overrides": sets, "steps": steps, "runs": runs, **fused_loss_effect(runs)}
     ours, hf = runs.get("mf_ds", {}), runs.get("hf_grouped_mm", {})
     if ours.get("tokens_per_s") and hf.get("tokens_per_s"):
@@ -398,12 +407,20 @@ def main(argv: list[str] | None = None) -> int:
         stamped["device"] = {"kind": "cpu"}
     record = {"benchmark": "train_gpu", **stamped, "smoke": args.smoke, "warmup_steps": WARMUP,
               "peak_bf16_TFLOPS": peak_tflops(stamped["device"]), "models": {}}
-    for name in args.model.split(","):
-        record["models"][name] = run_model(name, out, steps, args.smoke, stamped["device"],
-                                           tuple(args.impls.split(",")), args.micro_batch, args.micro_batch_search)
     device = "cpu" if args.smoke else stamped["device"]["name"].replace(" ", "_")
     path = out / f"train_gpu-{device}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+
+    def save(name):  # the record as it stands, rewritten after each row
+        def write(runs):
+            record["models"][name] = {"runs": dict(runs), "partial": True}
+            path.write_text(json.dumps(record, indent=2) + "\n")
+        return write
+
+    for name in args.model.split(","):
+        record["models"][name] = run_model(name, out, steps, args.smoke, stamped["device"],
+                                           tuple(args.impls.split(",")), args.micro_batch, args.micro_batch_search,
+                                           save=save(name))
+        path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"-> {path}")
     failed = [f"{m} {i}" for m, r in record["models"].items() for i, run in r["runs"].items() if "failed" in run]
     print("FAILED: " + ", ".join(failed) if failed else "all runs finished")
