@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from translators.errors import ConfigError
 from translators.plan_types import Plan
+
+STAGES = "parallel_config.pipeline_stage"
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,20 @@ def reasons(plan: Plan) -> list[str]:
 def fold_reason(plan: Plan) -> str | None:
     """Why the stages of a Plan translated with them fold into data parallel, in one line; None: they run."""
     why = reasons(plan)
+    return "; ".join(why) if why else None
+
+
+def probe(translate: Callable[[str], Any]) -> str | None:
+    """Why the stages fold, read from the Plan `translate(fold)` makes with them folded, or None: where the layout
+    with stages is refused, the table decides on the folded Plan. Its degrees are the stages' but for data parallel,
+    and the ZeRO cap is not a fold (`zero`); None also where it is refused too, or has no stages to fold."""
+    try:
+        plan = translate("probe").plan
+    except ConfigError:
+        return None
+    if STAGES not in plan.parallel.folded:
+        return None
+    why = [entry.reason for entry in TABLE if entry.name != "zero" and entry.holds(plan)]
     return "; ".join(why) if why else None
 
 

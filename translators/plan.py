@@ -82,9 +82,20 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     --mindformers-version) wins over the YAML's `mindformers_version:`; without either, the newest MindFormers.
     Pipeline stages run unless translators/pipeline_compose.py's table finds what does not compose with them in the
     Plan: then the YAML is translated again with them folded into data parallel (`fold`: the reason)."""
-    result = _translate(tree, world_size, gradient_accumulation_steps, mindformers_version, fold)
+    args = (tree, world_size, gradient_accumulation_steps, mindformers_version)
+    try:
+        result = _translate(*args, fold)
+    except ConfigError:
+        if fold is not None:
+            raise
+        # the stages' own layout is refused (expert parallel and the smaller dp, ...): where the table folds them
+        # anyway, the folded layout is the run; else the refusal stands
+        why = pipeline_compose.probe(lambda probe: _translate(*args, probe))
+        if why is None:
+            raise
+        return _translate(*args, why)
     why = pipeline_compose.fold_reason(result.plan) if (result.plan.parallel.pipeline_stage or 1) > 1 else None
-    return _translate(tree, world_size, gradient_accumulation_steps, mindformers_version, why) if why else result
+    return _translate(*args, why) if why else result
 
 
 def _translate(tree: dict, world_size: int | None, gradient_accumulation_steps: int | None,

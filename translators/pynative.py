@@ -207,8 +207,10 @@ def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger, 
                 seq_length=shape.seq_length, layers=shape.num_layers,
                 experts=_experts(m.config))
     with _renamed(view):
+        # no layer is placed on a stage yet: the table's pynative_layers entry folds every PyNative YAML's stages
+        placed = pipeline_compose.TABLE_BY_NAME["pynative_layers"].reason
         lay = resolve(pc, family.hf_model_type, dims, deg.world,
-                      pipeline_reason=fold if extra.pipeline else pipeline_compose.OPTED_OUT)
+                      pipeline_reason=(fold or placed) if extra.pipeline else pipeline_compose.OPTED_OUT)
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
     moe = None
     if not family.moe_plan and hf_config is not None:
