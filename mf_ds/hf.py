@@ -49,6 +49,7 @@ from mf_ds.monitor import Monitor
 from mf_ds.mtp import MtpLoss
 from mf_ds.parallel import mla_rope_key_grads, release_shm_names, tp_report
 from mf_ds.threads import configure
+from translators import pipeline_compose
 from translators.lr import Schedule, schedule_for
 from translators.plan import translate_file
 from translators.plan_types import Plan, Run
@@ -319,15 +320,13 @@ def from_mf_yaml(path: str | os.PathLike, **overrides: Any) -> MFSetup:
     if output_dir is not None:
         sets.append(f"output_dir={json.dumps(str(output_dir))}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    result = translate_file(str(path), sets, world_size=world)
+    # no pipeline engine on this path: the stages fold into data parallel, the ledger says so (pipeline_compose)
+    result = translate_file(str(path), sets, world_size=world, fold=pipeline_compose.HF_TRAINER)
     plan = result.plan
     run = plan.run
     refusal = context_parallel_refusal(plan) or startup.refusal(plan, torch.cuda.is_available())
     if refusal:
         raise RunError(refusal)
-    if (plan.parallel.pipeline_stage or 1) > 1:  # mf_ds/pipeline.py runs DeepSpeed's PipelineEngine, not HF's
-        raise RunError(f"parallel_config.pipeline_stage {plan.parallel.pipeline_stage}: the HF Trainer path has no "
-                       "pipeline; train with mf_ds/train.py, or --set parallel_config.pipeline_stage=1")
     report = startup.say(startup.translation_lines(result), _log)  # what mf-train prints, from the same place
     # No torch.set_flush_denormal here (mf_ds.loop.cpu_numerics does it in mf-train's own process): this runs in
     # the caller's process, where that global switch is theirs to make. On CPU, MoE models train much faster with it.

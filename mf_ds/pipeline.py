@@ -33,20 +33,15 @@ from translators.plan_types import Plan
 
 
 def refusal(plan: Plan, resume2: bool) -> str | None:
-    """One line on what does not compose with the pipeline yet, or None. `resume2`: resuming a Checkpoint 2.0."""
-    run, ds = plan.run, plan.deepspeed
-    if (ds.get("zero_optimization") or {}).get("stage", 0) > 1:
-        return "mf_ds.zero_stage 2/3 with pipeline_stage > 1: DeepSpeed's PipelineEngine takes ZeRO-1 at most"
-    if run.lora is not None or run.evaluation is not None:
-        return "LoRA or do_eval with pipeline_stage > 1: not composed with the pipeline yet"
-    from mf_ds.checkpoint.pipelined import refusal as checkpoint_refusal  # saving and resuming
+    """One line on what does not compose with the pipeline, or None: translators/pipeline_compose.py's table (a
+    translation folds the stages where it holds; a Plan given by hand may not have) and what only the start knows.
+    `resume2`: resuming a Checkpoint 2.0."""
+    from translators import pipeline_compose as compose
 
-    why = checkpoint_refusal(plan, resume2)
+    why = compose.fold_reason(plan)
     if why:
-        return why
-    if run.micro_batch_interleave_num > 1:
-        return "micro_batch_interleave_num > 1 with pipeline_stage > 1: not composed with the pipeline yet"
-    return None
+        return f"pipeline_stage > 1: {why} (mf_ds.pipeline: false folds the stages into data parallel)"
+    return compose.START["resume_checkpoint2"] if resume2 else None
 
 
 class Embed(nn.Module):
@@ -102,14 +97,14 @@ class Pieces:
 
     def __init__(self, plan: Plan, weights: str | None):
         from mf_ds.model import hf_config, new_model, weight_files
+        from translators import pipeline_compose as compose
 
         self.config = hf_config(plan)
         with torch.device("meta"):
             self.meta = new_model(self.config)
         inner = getattr(self.meta, "model", None)
         if not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
-            raise RunError(f"pipeline_stage > 1: {type(self.meta).__name__} is not cut into stages yet (mf-ds "
-                           "cuts models with model.embed_tokens / layers / norm / rotary_emb, as Llama and Qwen2)")
+            raise RunError(f"pipeline_stage > 1: {type(self.meta).__name__}: {compose.TABLE_BY_NAME['cut'].reason}")
         self.rotary = type(inner.rotary_emb)(config=self.config)  # its inv_freq, computed on the CPU
         self.moe = plan.moe is not None  # the stages pass (aux losses, hidden) along (mf_ds/pipeline_stage.py)
         self.mtp = plan.mtp is not None  # so do they under MTP; the head adds h (mf_ds/pipeline_mtp.py)
@@ -235,8 +230,9 @@ def train_step(trainer, data, poison: bool) -> torch.Tensor:
             batch = next(data)
             if model_inputs(batch["input_ids"], trainer.run, "sdpa", batch.get("doc_ids"),
                             batch.get("position_ids")):
-                raise RunError("pipeline_stage > 1 with pad masks, reset_attention_mask or per-document positions: "
-                               "not composed with the pipeline yet (each stage makes the plain causal mask)")
+                from translators.pipeline_compose import TABLE_BY_NAME
+
+                raise RunError(f"pipeline_stage > 1: {TABLE_BY_NAME['attention_masks'].reason}")
             labels = batch["labels"]
             if trainer.pad_id is not None:
                 labels = labels.masked_fill(batch["input_ids"] == trainer.pad_id, -100)

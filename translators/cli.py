@@ -29,12 +29,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", metavar="PATH", help="write the whole Plan (deepspeed, hf_config, layers, moe, "
                    "kernels, run, notes)")
     p.add_argument("--explain", action="store_true", help="list every YAML key and what it became (stderr)")
-    p.add_argument("--world-size", type=int, metavar="N", help="DeepSpeed ranks (default: "
-                   "parallel_config.data_parallel); MindFormers' global batch is kept")
+    p.add_argument("--world-size", type=int, metavar="N", help="DeepSpeed ranks (default: the YAML's data x model "
+                   "x context parallel x pipeline stages, folded axes adding none; a world size that is no multiple "
+                   "of the stages folds them); MindFormers' global batch is kept")
     p.add_argument("--set", action="append", default=[], metavar="a.b.c=VALUE",
                    help="override a YAML key (repeatable; VALUE is read as YAML)")
     p.add_argument("--layout", action="store_true", help="print the parallel layout on --world-size ranks instead "
-                   "of the JSON: degrees, rank order, process groups, data shards, checks, memory per device")
+                   "of the JSON: degrees, rank order, process groups, data shards, checks, memory per device; "
+                   "pipeline stages run by default, or fold with the reason translators/pipeline_compose.py gives")
     p.add_argument("--gpu-memory", metavar="SIZE", help="with --layout: device memory (80GiB, 141GB) for a verdict "
                    "and the smallest change that fits")
     p.add_argument("--json", action="store_true", help="with --layout: the layout report as JSON")

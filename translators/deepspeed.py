@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from translators import pipeline_compose
 from translators.errors import ConfigError
 from translators.fixes import batch_fit
 from translators.notes import Ledger
@@ -210,7 +211,10 @@ def precision(compute_dtype: str, param_dtype: str, wrapper: RunnerWrapper, ledg
 
 
 def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, override: int | None,
-         ledger: Ledger, tp: int = 1) -> dict[str, Any]:
+         ledger: Ledger, tp: int = 1, stages: int = 1) -> dict[str, Any]:
+    """The ZeRO block; `stages` > 1: ZeRO-1 at most inside pipeline stages (translators/pipeline_compose.zero)."""
+    if override is not None and stages > 1:
+        pipeline_compose.zero(override, "mf_ds.zero_stage", explicit=True)  # 2/3: one-line refusal
     if override is not None:
         if override == 3 and ep > 1:
             raise ConfigError("mf_ds.zero_stage", "ZeRO-3 with expert parallelism is not supported (DeepSpeed "
@@ -234,6 +238,11 @@ def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, override: int
         stage, why = 1, "tensor parallel: DeepSpeed's ZeRO optimizer computes the norm over the TP shards"
     else:
         stage, why = 0, "no optimizer sharding"
+    if stages > 1 and override is None:
+        stage, capped = pipeline_compose.zero(stage, why, explicit=False)
+        if capped:
+            why = "ZeRO-1 inside pipeline stages"
+            ledger.differs("parallel.parallel_optimizer_config.gradient_accumulation_shard", capped)
     ledger.mapped("parallel.enable_parallel_optimizer", f"deepspeed.zero_optimization.stage = {stage} ({why})")
     if parallel.enable_parallel_optimizer and stage < 3:
         ledger.differs("parallel.enable_parallel_optimizer", "MindSpore also shards the weights (ZeRO-3-like); "

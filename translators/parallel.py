@@ -16,9 +16,9 @@ share it.
                         (parallel_state_sp.initialize_sequence_parallel, groups._init_tp_mesh_device) and its config
                         derives the data-parallel world from one of them; cp then folds into dp (TP kept, it saves
                         more memory) with a note. MoE models fold cp too (our MoE layer routes per rank).
-  * pipeline_stage   -> DeepSpeed's PipelineEngine (1F1B) for dense models, stage-major ranks (rank = stage x dp +
-                        data rank); what does not compose with it yet folds into dp, with the reason
-                        (translators/pipeline.py fold_reason).
+  * pipeline_stage   -> DeepSpeed's PipelineEngine (1F1B), stage-major ranks (rank = stage x dp + data rank); what
+                        does not compose with it folds into dp with the reason `pipeline_reason` the front end found
+                        in translators/pipeline_compose.py's table (or mf_ds.pipeline: false).
   * expert_parallel  -> our MoE layer's all-to-all over DeepSpeed's expert groups, inside dp (mp_size = tp).
 
 Ranks: TP (or CP) peers are consecutive, `[i*m, (i+1)*m)` with m = tp x cp, and read the same micro batch:
@@ -31,8 +31,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from translators import pipeline_compose
 from translators.errors import ConfigError
 from translators.fixes import divisor_at_most
+
+STAGES = "parallel_config.pipeline_stage"
 
 
 def _tp_rule(hf_model_type: str | None):
@@ -100,12 +103,9 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
     folded: dict[str, str] = {}
     tp, cp = pc.model_parallel, pc.context_parallel
     pp = 1
-    if pc.pipeline_stage > 1:
-        from translators.pipeline import fold_reason
-
-        why = fold_reason(pc, hf_model_type, dims, pipeline_reason)
-        if why:
-            folded["parallel_config.pipeline_stage"] = why
+    if pc.pipeline_stage > 1:  # what does not compose with stages: translators/pipeline_compose.py, one table
+        if pipeline_reason:
+            folded[STAGES] = pipeline_compose.folded(pc.pipeline_stage, pipeline_reason)
         else:
             pp = pc.pipeline_stage
     if tp > 1:
@@ -137,9 +137,8 @@ def resolve(pc: Any, hf_model_type: str | None, dims: Dims | None, world_size: i
             fixed = divisor_at_most(world, tp) if tp > 1 else divisor_at_most(world, cp)
             raise ConfigError(key, f"{tp * cp} ({'tensor' if tp > 1 else 'context'} parallel) does not divide "
                               f"the world size {world}", fix={key: fixed})
-    if world % (tp * cp * pp):  # fewer ranks than a whole pipeline (a big YAML tried on one device): fold, as before
-        folded["parallel_config.pipeline_stage"] = (f"{pp} stages fold into data parallel: the world size {world} is "
-                                                    f"not a multiple of the {pp} stages")
+    if world % (tp * cp * pp):  # fewer ranks than a whole pipeline (a big YAML tried on one device): fold
+        folded[STAGES] = pipeline_compose.folded(pp, pipeline_compose.world_size(pp, world))
         pp = 1
     dp = world // (tp * cp * pp)
     ep = _expert_parallel(pc.expert_parallel, dims, dp, world_size is not None, folded)

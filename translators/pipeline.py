@@ -2,8 +2,9 @@
 
 A pipeline runs on DeepSpeed's PipelineEngine (mf_ds/pipeline.py, docs/DESIGN.md "Pipeline parallelism"): 1F1B over
 `micro_batch_num` micro batches, ZeRO-1 inside each stage's data-parallel group, clipping by the norm over every
-stage. The layers sit on stages as MindFormers' LayerSetting puts them (translators/layout.py). What does not compose
-with it yet folds into data parallel as before, with the reason in the ledger (fold_reason).
+stage. The layers sit on stages as MindFormers' LayerSetting puts them (translators/layout.py). It runs by default;
+what does not compose with it folds into data parallel, with the reason in the ledger: the one table of
+translators/pipeline_compose.py.
 """
 
 from __future__ import annotations
@@ -16,27 +17,6 @@ from translators import layout
 
 STAGES = "parallel_config.pipeline_stage"
 SCHEDULER = "parallel.pipeline_config.pipeline_scheduler"
-# Until the pipeline composes with the rest (LoRA, evaluation, tensor and context parallel, Checkpoint 2.0),
-# real stages are asked for by name: a YAML that trained before (its stages folded into data parallel) trains the
-# same way unless the user opts in.
-OPT_IN = ("real stages run only with mf_ds.pipeline: true (DeepSpeed's PipelineEngine: 1F1B, ZeRO-1, MoE, "
-          "recompute and tied embeddings on stages, checkpoints saved and resumed)")
-
-
-def fold_reason(pc: Any, hf_model_type: str | None, dims: Any, caller: str | None = None) -> str | None:
-    """Why `pipeline_stage` folds into data parallel here, or None when DeepSpeed's PipelineEngine runs it.
-    `caller`: a reason of the caller's own (the PyNative schema)."""
-    head = f"{pc.pipeline_stage} stages fold into data parallel"
-    if caller:
-        return f"{head}: {caller}; ZeRO shards the model states instead"
-    if hf_model_type is None or dims is None:
-        return f"{head}: no transformers architecture to cut into stages"
-    if pc.model_parallel > 1:
-        return (f"{head}: tensor parallel (AutoTP) inside pipeline stages is not composed yet; ZeRO shards the "
-                "model states instead")
-    if pc.context_parallel > 1:
-        return f"{head}: Ulysses context parallel inside pipeline stages is not composed yet"
-    return None
 
 
 def note(lay: Any) -> tuple[str, str]:
@@ -52,11 +32,12 @@ def note(lay: Any) -> tuple[str, str]:
 
 def staged(layers: list, n_layout: int, pp: int, vpp: int, offset: Any, scheduler: str) -> list:
     """`layers` (plan.layers entries, as dicts or Layer) with each one's stage and chunk from LayerSetting's
-    layout of `n_layout` layers."""
+    layout of `n_layout` layers. Layers past the layout (mcore's MTP layers: GPTModel builds them after the decoder,
+    in the post-process of the stage that computes the loss) sit where the last laid-out layer does."""
     lay = layout.build_layout(n_layout, pp, vpp, offset, scheduler=scheduler)
     out = []
     for entry in layers:
-        i = entry["index"] if isinstance(entry, dict) else entry.index
+        i = min(entry["index"] if isinstance(entry, dict) else entry.index, n_layout - 1)
         where = {"stage": lay.pp_ids[i], "chunk": lay.interleave_ids[i]}
         out.append({**entry, **where} if isinstance(entry, dict) else replace(entry, **where))
     return out

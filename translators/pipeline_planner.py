@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from translators import fixes, layout, memory
+from translators import fixes, layout, memory, pipeline_compose
 from translators import pipeline_memory as pm
 from translators.errors import ConfigError
 from translators.plan_types import Plan
@@ -49,16 +49,13 @@ def stage_of(plan: Plan, pp: int, yaml_pp: int, offset) -> list[int]:
 
 
 def runtime_gaps(plan: Plan, tp: int, cp: int, ep: int) -> list[str]:
-    """What the layout needs that mf-ds' pipeline (mf_ds/pipeline.py, translators/pipeline.fold_reason) does not
-    compose yet."""
-    gaps = []
-    if tp > 1:
-        gaps.append(f"tensor parallel {tp} (AutoTP) inside stages")
-    if cp > 1:
-        gaps.append(f"context parallel {cp} (Ulysses) inside stages")
-    if plan.hf_config["model_type"] in ("gpt2", "deepseek_v4"):  # mf_ds/pipeline.Pieces: not cut into stages
-        gaps.append(f"{plan.hf_config['model_type']} cut into stages")
-    return gaps
+    """What translators/pipeline_compose.py's table finds against stages on these degrees (ZeRO-1 inside each
+    stage, as the candidates plan it): the reasons a translation with them would fold the stages."""
+    zero = {**plan.deepspeed.get("zero_optimization", {})}
+    zero["stage"] = min(zero.get("stage", 0), 1)
+    par = dataclasses.replace(plan.parallel, tensor_parallel=tp, context_parallel=cp, expert_parallel=ep)
+    return pipeline_compose.reasons(dataclasses.replace(plan, parallel=par,
+                                                        deepspeed={**plan.deepspeed, "zero_optimization": zero}))
 
 
 def candidate(plan: Plan, world: int, pp: int, ep: int, yaml_pp: int, offset, limit: float, zero_stage: int = 1,
@@ -81,7 +78,7 @@ def candidate(plan: Plan, world: int, pp: int, ep: int, yaml_pp: int, offset, li
     zero = {**plan.deepspeed.get("zero_optimization", {}), "stage": min(zero_stage, 1)}
     stages = pm.stages(plan, stage_of(plan, pp, yaml_pp, offset), pp, deg, micro, mbn, zero)
     worst = max(stages, key=lambda s: s.peak)
-    settings = ["mf_ds.pipeline=true", f"parallel_config.pipeline_stage={pp}", f"parallel_config.data_parallel={dp}",
+    settings = [f"parallel_config.pipeline_stage={pp}", f"parallel_config.data_parallel={dp}",
                 f"parallel_config.micro_batch_num={mbn}"] + (
         [f"parallel_config.expert_parallel={ep}"] if ep != plan.parallel.expert_parallel else [])
     if pp != yaml_pp:
@@ -181,8 +178,8 @@ def render(section: dict) -> list[str]:
     out += ["", f"named layout: {named['world_size']} devices of {gib:.1f} GiB, {_degrees(named)}, micro_batch_num "
             f"{named['micro_batch_num']}, bubble {named['bubble']:.1%}"
             + (f", with {named['with']} (recompute_config.recompute: True)" if named.get("with") else "")]
-    out += table(named) + [("  to run it" if not named["not_composed"] else "  its settings (not run as planned "
-                            "yet)") + ": --set " + " --set ".join(named["set"] + (
+    out += table(named) + [("  to run it" if not named["not_composed"] else "  its settings (the stages fold "
+                            "there, as said above)") + ": --set " + " --set ".join(named["set"] + (
         ["recompute_config.recompute=True"] if named.get("with") else [])) + f" --world-size {named['world_size']}"]
     return out
 
@@ -199,8 +196,8 @@ def table(c: dict) -> list[str]:
         out.append(f"  {s['stage']:>5}  {ids:<10}{s['parameters'] / 1e9:>10.2f} B  {_gib(s['model_states']):>12}  "
                    f"{_gib(s['activations']):>11}  {s['in_flight']:>9}  {_gib(s['peak'])}")
     if c["not_composed"]:
-        out.append("  the runtime does not run this layout yet: mf-ds' pipeline (mf_ds.pipeline: true) does not "
-                   "compose yet: " + ", ".join(c["not_composed"]))
+        out.append("  its stages would fold into data parallel (translators/pipeline_compose.py): "
+                   + "; ".join(c["not_composed"]))
     return out
 
 
@@ -210,11 +207,11 @@ def section(plan: Plan, raw_pc: dict, offset, gpu_memory: float) -> dict:
 
 
 def pipelined(report: dict, plan: Plan, raw_pc: dict, offset, gpu_memory: float | None) -> dict:
-    """The report of a Plan that runs the pipeline (mf_ds.pipeline: true): DeepSpeed's stage-major groups, the memory
+    """The report of a Plan that runs the pipeline (its stages not folded): DeepSpeed's stage-major groups, the memory
     of its largest stage, its stage table, and with `gpu_memory` the search."""
     par = plan.parallel
     pp, dp, world = par.pipeline_stage, par.data_parallel, par.world_size
-    zero = plan.deepspeed.get("zero_optimization", {}).get("stage", 0)  # 0 or 1 (mf_ds/pipeline.py refuses 2, 3)
+    zero = plan.deepspeed.get("zero_optimization", {}).get("stage", 0)  # 0 or 1 (translators/pipeline_compose.zero)
     own = candidate(plan, world, pp, par.expert_parallel, pp, offset, float("inf"), zero,
                     plan.run.gradient_accumulation_steps)  # the pipeline's micro batches are the accumulation
     assert own is not None  # the Plan's own degrees divide its world

@@ -29,6 +29,7 @@ from translators import (
     mtp,
     names,
     pipeline,
+    pipeline_compose,
     pynative,
     recompute,
     recompute_ops,
@@ -69,21 +70,41 @@ PLAN_KEYS = tuple(f.name for f in fields(Plan))
 
 def translate_file(path: str, overrides: list[str] = (), world_size: int | None = None,
                    gradient_accumulation_steps: int | None = None, mindformers_version: str | None = None,
-                   ) -> Translation:
+                   fold: str | None = None) -> Translation:
     tree = apply_overrides(load_yaml(path), list(overrides))
     return translate(tree, world_size=world_size, gradient_accumulation_steps=gradient_accumulation_steps,
-                     mindformers_version=mindformers_version)
+                     mindformers_version=mindformers_version, fold=fold)
 
 
 def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None,
-              mindformers_version: str | None = None) -> Translation:
+              mindformers_version: str | None = None, fold: str | None = None) -> Translation:
     """Translate a loaded MindFormers YAML (a dict) into the Plan. `mindformers_version` (the CLI's
-    --mindformers-version) wins over the YAML's `mindformers_version:`; without either, the newest MindFormers."""
+    --mindformers-version) wins over the YAML's `mindformers_version:`; without either, the newest MindFormers.
+    Pipeline stages run unless translators/pipeline_compose.py's table finds what does not compose with them in the
+    Plan: then the YAML is translated again with them folded into data parallel (`fold`: the reason)."""
+    args = (tree, world_size, gradient_accumulation_steps, mindformers_version)
+    try:
+        result = _translate(*args, fold)
+    except ConfigError:
+        if fold is not None:
+            raise
+        # the stages' own layout is refused (expert parallel and the smaller dp, ...): where the table folds them
+        # anyway, the folded layout is the run; else the refusal stands
+        why = pipeline_compose.probe(lambda probe: _translate(*args, probe))
+        if why is None:
+            raise
+        return _translate(*args, why)
+    why = pipeline_compose.fold_reason(result.plan) if (result.plan.parallel.pipeline_stage or 1) > 1 else None
+    return _translate(*args, why) if why else result
+
+
+def _translate(tree: dict, world_size: int | None, gradient_accumulation_steps: int | None,
+               mindformers_version: str | None, fold: str | None) -> Translation:
     if not isinstance(tree, dict):
         raise ConfigError("", f"expected a mapping of sections, got {show(tree)}")
     if pynative.is_pynative(tree):  # MindFormers 2.x's PyNative schema: its own reader, the same Plan
         return pynative.translate(tree, world_size=world_size, gradient_accumulation_steps=gradient_accumulation_steps,
-                                  mindformers_version=mindformers_version)
+                                  mindformers_version=mindformers_version, fold=fold)
     check_section_types(tree)
     ledger = Ledger(tree)
     general = parse_general(tree, ledger)
@@ -95,7 +116,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
         ledger.runtime("mf_ds.fused_loss", f"run.fused_loss = {extra.fused_loss} (mf_ds/loss_model.py)")
     MfDs.note_compile(tree, ledger)
     intent, formative = _read(tree, general, extra, ledger, world_size, gradient_accumulation_steps,
-                              mindformers_version)
+                              mindformers_version, fold)
     return assemble(intent, ledger, formative)
 
 
@@ -116,7 +137,8 @@ class _Model:
 
 
 def _read(tree: dict, general: General, extra: MfDs, ledger: Ledger, world_size: int | None,
-          gradient_accumulation_steps: int | None, mindformers_version: str | None) -> tuple[Intent, tuple[str, ...]]:
+          gradient_accumulation_steps: int | None, mindformers_version: str | None, fold: str | None = None
+          ) -> tuple[Intent, tuple[str, ...]]:
     """Graph mode's front end: the YAML's sections in MindFormers' order, into the Intent."""
     # Parallel layout. use_parallel False resets parallel_config to 1s, as MindFormers does (build_parallel_config).
     pc = ParallelConfig.parse(tree.get("parallel_config"), ledger)
@@ -129,14 +151,14 @@ def _read(tree: dict, general: General, extra: MfDs, ledger: Ledger, world_size:
     pipe = PipelineConfig.parse(parallel.pipeline_config, ledger)
     m = _model(tree, general, mindformers_version, ledger)
     shape, family = m.shape, m.family
-    lay = _layout(m, pc, extra, world_size, ledger)
+    lay = _layout(m, pc, extra, world_size, ledger, fold)
     account_parallel(ledger, pc, parallel, po, lay, shape)
 
     # Recompute and the per-layer plan.
     rc = RecomputeConfig.parse(m.tree.get("recompute_config"), ledger)
     swap = recompute.swap_mode(m.tree.get("swap_config"))
     layers, formative = _layers(rc, pc, pipe, shape, family, ledger, swap=swap)
-    if lay.pipeline_stage > 1:  # each layer's stage and chunk (mf_ds/pipeline.py builds only its stage's)
+    if lay.pipeline_stage > 1 and shape is not None:  # each layer's stage and chunk (mf_ds/pipeline.py builds its own)
         layers = pipeline.staged(layers, shape.num_layers + (shape.mtp_depth if family.layer_style == "deepseek"
                                                              else 0), lay.pipeline_stage,
                                  shape.pp_interleave_num if pipe.pipeline_interleave else 1, shape.offset,
@@ -198,8 +220,10 @@ def _model(tree: dict, general: General, mindformers_version: str | None, ledger
     return _Model(version, family, shape, hf_config, built, tree, pet_config)
 
 
-def _layout(m: _Model, pc: ParallelConfig, extra: MfDs, world_size: int | None, ledger: Ledger) -> Any:
-    """The degrees DeepSpeed runs (translators/parallel.py), after MindFormers' own checks of the YAML's."""
+def _layout(m: _Model, pc: ParallelConfig, extra: MfDs, world_size: int | None, ledger: Ledger,
+            fold: str | None = None) -> Any:
+    """The degrees DeepSpeed runs (translators/parallel.py), after MindFormers' own checks of the YAML's; `fold`:
+    why the stages fold (translators/pipeline_compose.py)."""
     shape, family = m.shape, m.family
     _check_model_parallel(pc, shape)
     moe_model = shape is not None and _is_moe(m.built, family.mcore)
@@ -208,8 +232,8 @@ def _layout(m: _Model, pc: ParallelConfig, extra: MfDs, world_size: int | None, 
         raise ConfigError("parallel_config.expert_parallel", f"{pc.expert_parallel} must divide data_parallel x "
                           f"context_parallel {pc.data_parallel * pc.context_parallel} (MindFormers' _check_moe_config)")
     lay = resolve(pc, family.hf_model_type, _dims(shape, m.hf_config, m.built, family.mcore), world_size,
-                  pipeline_reason=None if extra.pipeline else pipeline.OPT_IN)
-    if extra.pipeline:
+                  pipeline_reason=fold if extra.pipeline else pipeline_compose.OPTED_OUT)
+    if ledger.present("mf_ds.pipeline"):
         ledger.runtime("mf_ds.pipeline", f"plan.parallel.pipeline_stage = {lay.pipeline_stage} (mf_ds/pipeline.py)"
                        if lay.pipeline_stage > 1 else "no pipeline runs: " + lay.folded.get(
                            pipeline.STAGES, "parallel_config.pipeline_stage is 1"))
@@ -261,7 +285,8 @@ def _step(m: _Model, general: General, pc: ParallelConfig, parallel: Parallel, p
     param_dtype = shape.param_init_type if shape else "float32"
     precision = ds.precision(compute_dtype, param_dtype, wrapper, ledger)
     zero = ds.zero(parallel, po.gradient_accumulation_shard, compute_dtype != "float32",
-                   moe.expert_parallel if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel)
+                   moe.expert_parallel if moe else 1, extra.zero_stage, ledger, tp=lay.tensor_parallel,
+                   stages=lay.pipeline_stage)
     return runner, batch, Training(compute_dtype, param_dtype, precision, zero, clip, {}, {})
 
 

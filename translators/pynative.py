@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, mf_defaults, mtp
+from translators import families, mf_defaults, mtp, pipeline_compose
 from translators import pynative_account as account
 from translators.assemble import Degrees, Intent, Loading, Model, Schedule, Settings, Training, assemble, typed
 from translators.attention import attention_plan
@@ -87,8 +87,9 @@ def _renamed(view: LedgerView):
         raise ConfigError(view.path(exc.path), exc.message, exc.hint) from None
 
 def translate(tree: dict, world_size: int | None = None, gradient_accumulation_steps: int | None = None,
-              mindformers_version: str | None = None) -> Translation:
-    """The Plan of a PyNative-schema YAML (a loaded dict): the same Translation graph mode gives."""
+              mindformers_version: str | None = None, fold: str | None = None) -> Translation:
+    """The Plan of a PyNative-schema YAML (a loaded dict): the same Translation graph mode gives; `fold`: why the
+    stages fold (translators/pipeline_compose.py, applied by translators/plan.translate)."""
     version = mf_defaults.resolve(mindformers_version if mindformers_version is not None
                                   else tree.get("mindformers_version") if tree.get("mindformers_version") is not None
                                   else NEWEST, "--mindformers-version" if mindformers_version is not None
@@ -102,7 +103,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     if extra.fused_loss is not None:
         ledger.runtime("mf_ds.fused_loss", f"run.fused_loss = {extra.fused_loss} (mf_ds/loss_model.py)")
     m = _model(tree, cfg, version, view, ledger)
-    lay, moe = _layout(m, deg, extra, view, ledger)
+    lay, moe = _layout(m, deg, extra, view, ledger, fold)
     batch = _batch(cfg, deg, lay, gradient_accumulation_steps)
     schedule, training = _optimizer(cfg, tree, m, deg, lay, moe, extra, view, ledger)
     shape, family, hf_config = m.shape, m.family, m.hf_config
@@ -190,7 +191,8 @@ def _model(tree: dict, cfg: dict, version: str, view: LedgerView, ledger: Ledger
                   select)
 
 
-def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger) -> tuple[Any, MoE | None]:
+def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger, fold: str | None = None
+            ) -> tuple[Any, MoE | None]:
     """Parallel degrees: the graph-mode resolution (DeepSpeed AutoTP, Ulysses, EP inside data parallel); MoE."""
     family, shape, hf_config = m.family, m.shape, m.hf_config
     ep = deg.ep
@@ -205,10 +207,10 @@ def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger) 
                 seq_length=shape.seq_length, layers=shape.num_layers,
                 experts=_experts(m.config))
     with _renamed(view):
-        lay = resolve(pc, family.hf_model_type, dims, deg.world, pipeline_reason=(
-            "pipeline_parallel_layers_per_stage (PpLayerSetting's 'auto' or per-stage 'start-end' ranges) is "
-            "checked as MindFormers checks it but not turned into plan.layers[].stage, which mf_ds/pipeline.py "
-            "places by"))
+        # no layer is placed on a stage yet: the table's pynative_layers entry folds every PyNative YAML's stages
+        placed = pipeline_compose.TABLE_BY_NAME["pynative_layers"].reason
+        lay = resolve(pc, family.hf_model_type, dims, deg.world,
+                      pipeline_reason=(fold or placed) if extra.pipeline else pipeline_compose.OPTED_OUT)
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
     moe = None
     if not family.moe_plan and hf_config is not None:

@@ -309,9 +309,9 @@ class MfDs(Section):
                                 "updates are skipped)", check=_positive_int)
     compile_layers: bool = key(False, "torch.compile each decoder layer (regional compilation); off by default until "
                                       "a GPU benchmark shows it faster (bench/train_gpu.py)")
-    pipeline: bool = key(False, "run parallel_config.pipeline_stage as real stages on DeepSpeed's PipelineEngine "
-                                "(mf_ds/pipeline.py: 1F1B, MoE, recompute, tied embeddings, checkpoints saved "
-                                "and resumed); false: the stages fold into data parallel")
+    pipeline: bool = key(True, "run parallel_config.pipeline_stage as real stages on DeepSpeed's PipelineEngine "
+                               "(mf_ds/pipeline.py; the default, where translators/pipeline_compose.py finds "
+                               "nothing that does not compose); false: the stages fold into data parallel")
 
     @staticmethod
     def note_compile(tree: dict, ledger) -> None:

@@ -18,8 +18,10 @@ run's lock. Two parts differ:
   stage's shards; a pipelined checkpoint without a pipeline, or back, is refused in one line (`load`). The step,
   the data position (consumed micro batches), the LR schedule and the RNG states are restored as for any run.
 
-Checkpoint 2.0 (use_legacy_format: False) is refused under a pipeline: it holds the whole model and its optimizer
-state per parameter in one rank's hands. The HF weights of an mf-ds checkpoint export to it with mf-convert.
+Checkpoint 2.0 (use_legacy_format: False) does not compose with a pipeline: it holds the whole model and its optimizer
+state per parameter in one rank's hands. Saving it folds the stages at translation time and resuming one is refused at
+start (translators/pipeline_compose.py, the one table; mf_ds/pipeline.refusal). The HF weights of an mf-ds
+checkpoint export to it with mf-convert.
 """
 
 from __future__ import annotations
@@ -38,21 +40,6 @@ from translators.plan_types import Plan
 
 STAGES = "pipeline_stage"  # trainer_state.json: the stage count that wrote the engine state (absent: 1)
 INDEX = "model.safetensors.index.json"
-
-
-def refusal(plan: Plan, resume2: bool) -> str | None:
-    """One line on a checkpoint a pipelined run cannot write or read, or None. `resume2`: resuming from a
-    Checkpoint 2.0."""
-    ckpt = plan.run.callbacks.checkpoint
-    if resume2:
-        return ("resuming a Checkpoint 2.0 with pipeline_stage > 1: its weights and optimizer state are read whole "
-                "on one rank; start from its weights converted to an HF directory (mf-convert), or resume it "
-                "without a pipeline (mf_ds.pipeline: false)")
-    if ckpt and not ckpt.use_legacy_format:
-        return ("Checkpoint 2.0 (use_legacy_format: False) with pipeline_stage > 1: it holds the whole model and "
-                "its optimizer state in one rank; a pipelined run saves and resumes mf-ds checkpoints: set "
-                "CheckpointMonitor's use_legacy_format: True (mf-convert exports their HF weights to Checkpoint 2.0)")
-    return None
 
 
 def shard_name(stage: int, stages: int) -> str:

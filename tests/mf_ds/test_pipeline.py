@@ -15,11 +15,12 @@ import torch
 from mf_ds.pipeline import refusal
 from tests.conftest import CONFIGS, QUIET_CPU_ENV, ROOT, ds_launch
 from tests.mf_ds.test_train import LLAMA, metrics
+from translators.errors import ConfigError
 from translators.pipeline import run_stages
 from translators.plan import translate_file
 
-PIPE = ["parallel_config.data_parallel=1", "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=4",
-        "mf_ds.pipeline=true"]
+# no mf_ds.pipeline: the stages run by default (translators/pipeline_compose.py)
+PIPE = ["parallel_config.data_parallel=1", "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=4"]
 FOUR = ["model.model_config.num_layers=4"]
 PRINT = "callbacks=[{type: MFLossMonitor, per_print_times: 1}]"
 
@@ -44,24 +45,13 @@ def test_layers_carry_layersetting_stages_and_the_note_is_runtime():
     assert "world size 1" in one.parallel.folded["parallel_config.pipeline_stage"]
 
 
-def test_without_mf_ds_pipeline_the_stages_fold_as_before():
-    """Real stages are asked for by name (mf_ds.pipeline: true) until the pipeline composes with the rest: a YAML's
-    pipeline_stage alone keeps the run it had (folded into data parallel, checkpoints saved), with the reason."""
-    t = plan_of(*[s for s in PIPE if not s.startswith("mf_ds.pipeline")])
+def test_mf_ds_pipeline_false_folds_the_stages():
+    """The stages run by default; mf_ds.pipeline: false keeps the folded run (data parallel), with the reason."""
+    t = plan_of(*PIPE, "mf_ds.pipeline=false")
     assert t.plan.parallel.pipeline_stage is None and all(x.stage is None for x in t.plan.layers)
-    assert "mf_ds.pipeline: true" in t.plan.parallel.folded["parallel_config.pipeline_stage"]
+    assert "mf_ds.pipeline: false" in t.plan.parallel.folded["parallel_config.pipeline_stage"]
     note = next(n for n in t.plan.notes if n.key == "parallel_config.pipeline_stage")
     assert note.kind == "differs"
-
-
-def test_the_hf_trainer_path_refuses_a_pipeline(monkeypatch):
-    from mf_ds.errors import RunError
-    from mf_ds.hf import from_mf_yaml
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RunError, match="the HF Trainer path has no pipeline"):
-        from_mf_yaml(LLAMA, **{"parallel_config.data_parallel": 1, "parallel_config.pipeline_stage": 2,
-                               "parallel_config.micro_batch_num": 2, "mf_ds.pipeline": True})
 
 
 def test_what_does_not_compose_folds_or_is_refused():
@@ -71,7 +61,8 @@ def test_what_does_not_compose_folds_or_is_refused():
     assert [x.stage for x in moe.plan.layers] == [0, 1]
     base = ["callbacks=[{type: MFLossMonitor}]"]
     assert refusal(plan_of(*PIPE, *base).plan, resume2=False) is None
-    assert "ZeRO-1 at most" in refusal(plan_of(*PIPE, *base, "mf_ds.zero_stage=2").plan, resume2=False)
+    with pytest.raises(ConfigError, match="ZeRO-1 at most"):  # refused at translation (pipeline_compose.zero)
+        plan_of(*PIPE, *base, "mf_ds.zero_stage=2")
     assert refusal(plan_of(*PIPE).plan, resume2=False) is None  # saves and resumes: test_pipeline_checkpoint.py
     interleaved = plan_of(*PIPE, *FOUR, *base, "model.model_config.pp_interleave_num=2",
                           "parallel.pipeline_config={pipeline_interleave: True, pipeline_scheduler: zero_bubble_v}",

@@ -23,12 +23,18 @@ def pc(**kwargs) -> ParallelConfig:
 
 
 def test_degrees_multiply_to_the_world():
-    lay = resolve(pc(data_parallel=2, model_parallel=4, pipeline_stage=8), "llama", DENSE, 64)
+    # the stages folded, as the front end asks where translators/pipeline_compose.py's table holds (tp inside stages)
+    lay = resolve(pc(data_parallel=2, model_parallel=4, pipeline_stage=8), "llama", DENSE, 64,
+                  pipeline_reason="tensor parallel")
     assert (lay.world_size, lay.data_parallel, lay.tensor_parallel, lay.context_parallel) == (64, 16, 4, 1)
-    assert lay.tp_rule == "hf_tp_plan" and "parallel_config.pipeline_stage" in lay.folded
+    assert lay.tp_rule == "hf_tp_plan" and lay.folded["parallel_config.pipeline_stage"] == (
+        "8 stages fold into data parallel: tensor parallel")
+    staged = resolve(pc(data_parallel=2, model_parallel=4, pipeline_stage=8), "llama", DENSE, 64)
+    assert (staged.pipeline_stage, staged.data_parallel, staged.tensor_parallel) == (8, 2, 4) and not staged.folded
     assert [lay.data_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]  # TP peers share a shard
     # without --world-size: the YAML's dp x tp x cp (folded stages add no ranks)
-    assert resolve(pc(data_parallel=2, model_parallel=4, pipeline_stage=8), "llama", DENSE, None).world_size == 8
+    assert resolve(pc(data_parallel=2, model_parallel=4, pipeline_stage=8), "llama", DENSE, None,
+                   pipeline_reason="tensor parallel").world_size == 8
 
 
 @pytest.mark.parametrize("model_type, rule", [("qwen3", "hf_tp_plan"), ("qwen3_moe", "partition_config"),

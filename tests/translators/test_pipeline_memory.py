@@ -14,6 +14,7 @@ from translators import fixes, layout, memory
 from translators import pipeline_memory as pm
 from translators import pipeline_planner as planner
 from translators.cli import apply_overrides, load_yaml, run, translate
+from translators.pipeline_compose import TABLE_BY_NAME
 from translators.plan_types import Layer, Plan
 
 DEEPSEEK_V3 = CORPUS / "r1.5.0-beta1__research__deepseek3__deepseek3_671b__pretrain_deepseek3_671b.yaml"
@@ -132,7 +133,7 @@ def test_deepseek_v3_671b_gets_a_layout_that_fits(capsys):
     mtp_block = moe_layer + 3 * h + 2 * h * h
     assert sum(s["parameters"] for s in named["stages"]) == report["parameters"] + mtp_block + V * h
     # MoE with expert parallel, recompute and MTP on the last stage run on stages now; tensor parallel not yet
-    assert named["not_composed"] == ["tensor parallel 4 (AutoTP) inside stages"]
+    assert named["not_composed"] == [TABLE_BY_NAME["tensor_parallel"].reason]  # translators/pipeline_compose.py
     # no smaller device count has a layout that fits: the named one is the smallest
     plan = _plan(DEEPSEEK_V3, world=64)
     offset = [1] * 15 + [-1]
@@ -142,7 +143,7 @@ def test_deepseek_v3_671b_gets_a_layout_that_fits(capsys):
     text = capsys.readouterr().out
     for line in ("named layout: 256 devices of 80.0 GiB, pp 16 x dp 4 x tp 4, ep 4, micro_batch_num 128",
                  "num_layers per stage: [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2]",
-                 "the runtime does not run this layout yet"):
+                 "its stages would fold into data parallel (translators/pipeline_compose.py): tensor parallel"):
         assert line in text
 
 
@@ -174,9 +175,10 @@ def test_the_named_layout_runs_as_named(capsys):
             "parallel_config.micro_batch_num=2", "--set", "model.model_config.num_layers=4", "--layout"]
     assert run([*base, "--world-size", "4", "--gpu-memory", "4GiB", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert "parallel_config.pipeline_stage" in report["folded"]  # no mf_ds.pipeline: the stages fold
+    assert "parallel_config.pipeline_stage" not in report["folded"]  # the stages run by default
+    assert report["degrees"]["pipeline_stage"] == 2
     named = report["pipeline"]["named"]
-    assert named["pipeline_stage"] == 2 and named["fits"] and "mf_ds.pipeline=true" in named["set"]
+    assert named["pipeline_stage"] == 2 and named["fits"] and not any("mf_ds.pipeline" in s for s in named["set"])
     again = [a for item in named["set"] for a in ("--set", item)]
     assert run([*base, *again, "--world-size", str(named["world_size"]), "--json"]) == 0
     pipelined = json.loads(capsys.readouterr().out)

@@ -225,7 +225,8 @@ RECORDS = (
                  weights=Weights(DEEPSEEK4_NAMES, split=DEEPSEEK4_SPLIT, experts=DEEPSEEK4_EXPERTS,
                                  frozen=DEEPSEEK4_FROZEN, style="deepseek4", fused=DEEPSEEK4_FUSED,
                                  prefixes=(*names.MCORE_PREFIXES, "mtp."), saved_names=saved_to_module, mtp="gpt"),
-                 memory_defaults=MEMORY, runtime=RUNTIME, moe_plan=False),
+                 memory_defaults=MEMORY, runtime=RUNTIME, moe_plan=False,
+                 pipeline_cut=False),  # its hyper-connection streams and hc_head: not in mf_ds/pipeline.Pieces' cut
 )
 
 

@@ -72,7 +72,7 @@ GPT2_DEFAULTS = {
 
 # --- the family record (translators/families/record.py) -------------------------------------------------------------
 RECORDS = (
-    FamilyRecord("gpt2", "gpt2", "gpt2", False, tied_embeddings=True, runtime=PatchTargets(
+    FamilyRecord("gpt2", "gpt2", "gpt2", False, tied_embeddings=True, pipeline_cut=False, runtime=PatchTargets(
         f"{MODELS}.gpt2.modeling_gpt2",
         not_applicable={"fused_rope": "GPT-2 has learned absolute position embeddings (wpe), no rotary embedding",
                         "fused_swiglu": "GPT-2's MLP is c_fc -> GELU -> c_proj, no gated unit"})),

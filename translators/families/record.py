@@ -9,6 +9,7 @@ tables and hooks live beside it) and that module is listed in translators/famili
   layer_style           the MindFormers op names of its decoder layer (recompute tables, translators/recompute_ops.py)
   weights               its MindFormers <-> HF weight names (the tables in the family's module; translators/names.py
                         applies them)
+  pipeline_cut          whether mf_ds/pipeline.py cuts its HF model into stages (translators/pipeline_compose.py)
   tp                    the AutoTP rule: "hf_tp_plan", or DeepSpeed partition specs, or None (no rule: TP refused)
   memory_defaults       HF config defaults the memory formulas read when a translated hf_config leaves them out
   runtime               PatchTargets: what mf_ds patches in the transformers model, named by string (translators/
@@ -106,6 +107,9 @@ class FamilyRecord:
     tied_embeddings: bool = False
     """The HF config's default for tie_word_embeddings."""
     runtime: PatchTargets | None = None
+    pipeline_cut: bool = True
+    """mf_ds/pipeline.py cuts its transformers model into stages: it has model.embed_tokens / layers / norm /
+    rotary_emb (Pieces); False: its stages fold into data parallel (translators/pipeline_compose.py)."""
     moe_plan: bool = True
     """False: HF's MoE block runs as it is, not built from graph mode's `moe_plan`; the family's config rules account
     for the MoE keys and build the Plan `moe` the runtime reads, if any (DeepSeek-V4's: its router and expert bias)."""
