@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, mf_defaults, mtp
+from translators import families, mf_defaults, mtp, pipeline, pynative_layout
 from translators import pynative_account as account
 from translators.assemble import Degrees, Intent, Loading, Model, Schedule, Settings, Training, assemble, typed
 from translators.attention import attention_plan
@@ -45,7 +45,6 @@ from translators.plan_types import CheckpointLayout, Kernels, MoE, Translation
 from translators.pynative_schema import NEWEST, effective, schema
 from translators.pynative_trainer import (
     check_context_parallel,
-    check_pipeline,
     degrees,
     recompute_layers,
     select_modules,
@@ -111,6 +110,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     layers = [{"index": i, "full_recompute": i in m.full, "select_recompute": list(m.select.get(i, ())),
                "comm_recompute": [], "full_recompute_exclude": [], "mtp": i >= shape.num_layers}
               for i in range(m.n_layers)]
+    layers = pynative_layout.with_stages(layers, lay, shape.num_layers, cfg["parallelism"])
     checkpointing = ds.activation_checkpointing(len(m.full), False, lay.tensor_parallel, ledger) if m.full else None
 
     # Data.
@@ -183,7 +183,7 @@ def _model(tree: dict, cfg: dict, version: str, view: LedgerView, ledger: Ledger
     family, shape = model.family, model.shape
     n_layers = shape.num_layers + shape.mtp_depth
     check_context_parallel(cfg["parallelism"], model.config, version)
-    check_pipeline(cfg["parallelism"], shape.num_layers)
+    pynative_layout.check(cfg["parallelism"], shape.num_layers)
     full = recompute_layers(cfg, n_layers)
     select = select_modules(cfg, n_layers, full, family.layer_style, ledger)
     return _Model(model.config, family, shape, model.hf_config, families.mcore_tree(model.config), n_layers, full,
@@ -205,10 +205,8 @@ def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger) 
                 seq_length=shape.seq_length, layers=shape.num_layers,
                 experts=_experts(m.config))
     with _renamed(view):
-        lay = resolve(pc, family.hf_model_type, dims, deg.world, pipeline_reason=(
-            "pipeline_parallel_layers_per_stage (PpLayerSetting's 'auto' or per-stage 'start-end' ranges) is "
-            "checked as MindFormers checks it but not turned into plan.layers[].stage, which mf_ds/pipeline.py "
-            "places by"))
+        lay = resolve(pc, family.hf_model_type, dims, deg.world,
+                      pipeline_reason=None if extra.pipeline else pipeline.OPT_IN)
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
     moe = None
     if not family.moe_plan and hf_config is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from translators import pynative_layout
 from translators.errors import ConfigError, join, show
 from translators.notes import Ledger
 from translators.plan_types import MoE
@@ -299,6 +300,8 @@ def _parallelism(cfg: dict, deg: Any, lay: Any, moe: MoE | None, ledger: Ledger)
         path = join("parallelism", name)
         if path in folded:
             ledger.differs(path, folded[path])
+        elif degree > 1 and name == "pipeline_parallel":  # DeepSpeed's PipelineEngine runs the stages
+            ledger.runtime(path, pynative_layout.stages_note(lay))
         elif degree > 1 and what:
             ledger.mapped(path, what)
         elif present(path):
@@ -328,6 +331,9 @@ def _parallelism(cfg: dict, deg: Any, lay: Any, moe: MoE | None, ledger: Ledger)
                       ("context_parallel_mask_type", "causal, as here")):
         if present(join("parallelism", name)):
             ledger.dropped(join("parallelism", name), why)
+    if lay.pipeline_stage > 1:  # the pipeline runs: what of its keys applies (translators/pynative_layout.py)
+        pynative_layout.account(p, lay, present, ledger)
+        return
     for name in ("layers_per_stage", "schedule", "microbatch_size", "interleave_num", "overlap_p2p", "overlap_b_f",
                  "enable_dxdw_split", "p2p_transport"):
         name = f"pipeline_parallel_{name}"
