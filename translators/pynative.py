@@ -5,7 +5,8 @@ torchtitan. `translate(tree)` reads it in four steps, each with MindFormers' own
   1. the schema: `TrainConfig.from_dict(tree)` (translators/pynative_schema: the same defaults and refusals);
   2. what the Trainer derives and refuses (translators/pynative_trainer.py: trainer.py
      `_compute_data_parallel_size`, parallel_dims.py `ParallelDims._validate`, activation_checkpoint.py
-     `_validate_recompute_config`, context_parallel.py, pipeline_parallel.py `PpLayerSetting`):
+     `_validate_recompute_config`, context_parallel.py; pipeline_parallel.py `PpLayerSetting`, whose placement
+     becomes plan.layers[].stage / .chunk: translators/pynative_layout.py):
          data_parallel = world / (tp x pp x cp)     gradient accumulation = global_batch / (local_batch x dp)
      (2.0.0 floors the accumulation and refuses dp x local > global; 2.1.0 refuses a global batch that does not
      divide). A PyNative YAML names no world size: MindFormers takes it from the launcher, so does mf-ds
