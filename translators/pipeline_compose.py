@@ -29,6 +29,7 @@ from translators.errors import ConfigError
 from translators.plan_types import Plan
 
 STAGES = "parallel_config.pipeline_stage"
+PYNATIVE_STAGES = "parallelism.pipeline_parallel"  # the same key in the PyNative schema (its ledger's name)
 
 
 @dataclass(frozen=True)
@@ -54,19 +55,11 @@ def _masks(plan: Plan) -> bool:
                 or run.data.reset_position_ids or hf.get("positions") or hf.get("documents"))
 
 
-def _unplaced(plan: Plan) -> bool:
-    """PyNative: pipeline_parallel_layers_per_stage is checked but no layer gets its stage (plan.layers[].stage)."""
-    return plan.run.log_line == "pynative" and any(layer.stage is None for layer in plan.layers if not layer.mtp)
-
-
 TABLE: tuple[Entry, ...] = (
     Entry("architecture", lambda p: p.hf_config is None, "no transformers architecture to cut into stages"),
     Entry("cut", lambda p: p.hf_config is not None and _no_cut(p),
           "its transformers model is not cut into stages (mf_ds/pipeline.py cuts models with model.embed_tokens / "
           "layers / norm / rotary_emb, as Llama and Qwen2; the family record's pipeline_cut)"),
-    Entry("pynative_layers", _unplaced,
-          "pipeline_parallel_layers_per_stage (PpLayerSetting's 'auto' or per-stage 'start-end' ranges) is checked as "
-          "MindFormers checks it but not turned into plan.layers[].stage, which mf_ds/pipeline.py places by"),
     Entry("tensor_parallel", lambda p: p.parallel.tensor_parallel > 1,
           "tensor parallel (AutoTP) inside pipeline stages is not composed yet"),
     Entry("context_parallel", lambda p: p.parallel.context_parallel > 1,
@@ -115,7 +108,7 @@ def probe(translate: Callable[[str], Any]) -> str | None:
         plan = translate("probe").plan
     except ConfigError:
         return None
-    if STAGES not in plan.parallel.folded:
+    if not {STAGES, PYNATIVE_STAGES} & set(plan.parallel.folded):
         return None
     why = [entry.reason for entry in TABLE if entry.name != "zero" and entry.holds(plan)]
     return "; ".join(why) if why else None

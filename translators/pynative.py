@@ -5,7 +5,8 @@ torchtitan. `translate(tree)` reads it in four steps, each with MindFormers' own
   1. the schema: `TrainConfig.from_dict(tree)` (translators/pynative_schema: the same defaults and refusals);
   2. what the Trainer derives and refuses (translators/pynative_trainer.py: trainer.py
      `_compute_data_parallel_size`, parallel_dims.py `ParallelDims._validate`, activation_checkpoint.py
-     `_validate_recompute_config`, context_parallel.py, pipeline_parallel.py `PpLayerSetting`):
+     `_validate_recompute_config`, context_parallel.py; pipeline_parallel.py `PpLayerSetting`, whose placement
+     becomes plan.layers[].stage / .chunk: translators/pynative_layout.py):
          data_parallel = world / (tp x pp x cp)     gradient accumulation = global_batch / (local_batch x dp)
      (2.0.0 floors the accumulation and refuses dp x local > global; 2.1.0 refuses a global batch that does not
      divide). A PyNative YAML names no world size: MindFormers takes it from the launcher, so does mf-ds
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from translators import deepspeed as ds
-from translators import families, mf_defaults, mtp, pipeline_compose
+from translators import families, mf_defaults, mtp, pipeline_compose, pynative_layout
 from translators import pynative_account as account
 from translators.assemble import Degrees, Intent, Loading, Model, Schedule, Settings, Training, assemble, typed
 from translators.attention import attention_plan
@@ -45,7 +46,6 @@ from translators.plan_types import CheckpointLayout, Kernels, MoE, Translation
 from translators.pynative_schema import NEWEST, effective, schema
 from translators.pynative_trainer import (
     check_context_parallel,
-    check_pipeline,
     degrees,
     recompute_layers,
     select_modules,
@@ -112,6 +112,7 @@ def translate(tree: dict, world_size: int | None = None, gradient_accumulation_s
     layers = [{"index": i, "full_recompute": i in m.full, "select_recompute": list(m.select.get(i, ())),
                "comm_recompute": [], "full_recompute_exclude": [], "mtp": i >= shape.num_layers}
               for i in range(m.n_layers)]
+    layers = pynative_layout.with_stages(layers, lay, shape.num_layers, cfg["parallelism"])
     checkpointing = ds.activation_checkpointing(len(m.full), False, lay.tensor_parallel, ledger) if m.full else None
 
     # Data.
@@ -184,7 +185,7 @@ def _model(tree: dict, cfg: dict, version: str, view: LedgerView, ledger: Ledger
     family, shape = model.family, model.shape
     n_layers = shape.num_layers + shape.mtp_depth
     check_context_parallel(cfg["parallelism"], model.config, version)
-    check_pipeline(cfg["parallelism"], shape.num_layers)
+    pynative_layout.check(cfg["parallelism"], shape.num_layers)
     full = recompute_layers(cfg, n_layers)
     select = select_modules(cfg, n_layers, full, family.layer_style, ledger)
     return _Model(model.config, family, shape, model.hf_config, families.mcore_tree(model.config), n_layers, full,
@@ -207,10 +208,8 @@ def _layout(m: _Model, deg: Any, extra: MfDs, view: LedgerView, ledger: Ledger, 
                 seq_length=shape.seq_length, layers=shape.num_layers,
                 experts=_experts(m.config))
     with _renamed(view):
-        # no layer is placed on a stage yet: the table's pynative_layers entry folds every PyNative YAML's stages
-        placed = pipeline_compose.TABLE_BY_NAME["pynative_layers"].reason
         lay = resolve(pc, family.hf_model_type, dims, deg.world,
-                      pipeline_reason=(fold or placed) if extra.pipeline else pipeline_compose.OPTED_OUT)
+                      pipeline_reason=fold if extra.pipeline else pipeline_compose.OPTED_OUT)
     lay = dataclasses.replace(lay, folded={view.path(k): v for k, v in lay.folded.items()})
     moe = None
     if not family.moe_plan and hf_config is not None:

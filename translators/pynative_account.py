@@ -12,6 +12,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from translators import pipeline_compose, pynative_layout
 from translators.errors import ConfigError, join, show
 from translators.notes import Ledger
 from translators.plan_types import MoE
@@ -97,6 +98,9 @@ def zero(cfg: dict, deg: Any, lay: Any, extra: Any, mixed: bool, moe: MoE | None
         stage, why = 2, "DeepSpeed's expert-parallel groups take ZeRO-1 or -2, not 3"
     else:
         stage, why = 3, "parameters, gradients and optimizer states sharded over the data-parallel ranks"
+    if lay.pipeline_stage > 1:  # the stages run: ZeRO-1 at most inside them, as graph mode's (deepspeed.zero)
+        stage, capped = pipeline_compose.zero(stage, why, explicit=extra.zero_stage is not None)
+        why = capped or why
     shard = p["data_parallel_shard"]
     fsdp = f"FSDP over {deg.dp_shard} ranks" + (f", replicated {deg.dp_replicate} times (HSDP)"
                                                  if deg.dp_replicate > 1 else "")
@@ -299,6 +303,8 @@ def _parallelism(cfg: dict, deg: Any, lay: Any, moe: MoE | None, ledger: Ledger)
         path = join("parallelism", name)
         if path in folded:
             ledger.differs(path, folded[path])
+        elif degree > 1 and name == "pipeline_parallel":  # DeepSpeed's PipelineEngine runs the stages
+            ledger.runtime(path, pynative_layout.stages_note(lay))
         elif degree > 1 and what:
             ledger.mapped(path, what)
         elif present(path):
@@ -328,6 +334,9 @@ def _parallelism(cfg: dict, deg: Any, lay: Any, moe: MoE | None, ledger: Ledger)
                       ("context_parallel_mask_type", "causal, as here")):
         if present(join("parallelism", name)):
             ledger.dropped(join("parallelism", name), why)
+    if lay.pipeline_stage > 1:  # the pipeline runs: what of its keys applies (translators/pynative_layout.py)
+        pynative_layout.account(p, lay, present, ledger)
+        return
     for name in ("layers_per_stage", "schedule", "microbatch_size", "interleave_num", "overlap_p2p", "overlap_b_f",
                  "enable_dxdw_split", "p2p_transport"):
         name = f"pipeline_parallel_{name}"

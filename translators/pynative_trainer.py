@@ -5,7 +5,7 @@
   recompute_layers       activation_checkpoint.py `_validate_recompute_config` and the full-recompute layer ids
   select_modules         activation_checkpoint.py `_expand_select_module` / `_clean_and_parse_config`, onto HF modules
   check_context_parallel context_parallel.py `_validate_cp_method`, `apply_context_parallel_model_io`'s mask rule
-  check_pipeline         pipeline_parallel.py `PpLayerSetting`
+  (pipeline_parallel.py `PpLayerSetting`: translators/pynative_layout.py)
 Sources: mindformers/pynative/ of the 2.0.0 and 2.1.0 wheels; tests/fixtures/make_pynative_golden.py runs them.
 """
 
@@ -211,36 +211,6 @@ def check_context_parallel(p: dict, model: dict, version: str) -> None:
                           "MindFormers stops with \"Context parallel (context_parallel > 1) requires a compressed "
                           "attention mask. Please enable use_attn_mask_compression for non-eod data, or "
                           "create_compressed_eod_mask for eod data.\"")
-
-
-def check_pipeline(p: dict, num_layers: int) -> None:
-    """pipeline_parallel.py `PpLayerSetting`, which MindFormers builds when pp > 1 (the stage layout folds away here,
-    but a layout MindFormers cannot build is refused as it refuses it): 'auto' splits the decoder layers evenly over
-    pp x interleave stages; a list gives each pipeline rank one 'start-end' range per interleave chunk."""
-    pp, vpp, per_stage = p["pipeline_parallel"], p["pipeline_parallel_interleave_num"], \
-        p["pipeline_parallel_layers_per_stage"]
-    key = "parallelism.pipeline_parallel_layers_per_stage"
-    if pp <= 1:
-        return
-    if per_stage == "auto":
-        if num_layers % (pp * vpp):
-            raise ConfigError(key, f"'auto': {num_layers} layers do not split evenly over pipeline_parallel x "
-                              f"interleave = {pp * vpp} stages (MindFormers refuses it)")
-        return
-    if not isinstance(per_stage, (list, tuple)) or len(per_stage) != pp:
-        raise ConfigError(key, f"expected 'auto' or one entry per pipeline stage ({pp}), got {show(per_stage)} "
-                          "(MindFormers refuses it)")
-    for i, entry in enumerate(per_stage):
-        chunks = str(entry).split(",")
-        if len(chunks) != vpp:
-            raise ConfigError(join(key, i), f"{len(chunks)} chunk(s) for pipeline_parallel_interleave_num {vpp} "
-                              "(MindFormers refuses it)")
-        for chunk in chunks:
-            ids = chunk.strip().split("-")
-            if len(ids) > 2 or not all(part.strip().lstrip("-").isdigit() for part in ids) \
-                    or int(ids[0]) > int(ids[-1]):
-                raise ConfigError(join(key, i), f"invalid layer range {chunk.strip()!r}: expected 'start-end' with "
-                                  "start <= end, or one layer (MindFormers refuses it)")
 
 
 def spans(layers: set[int]) -> str:

@@ -50,6 +50,7 @@ ENTRY = {
     "parallel.full_batch": "run.world_size",
     "parallel.pipeline_config.pipeline_interleave": "layers",
     "parallel.pipeline_config.pipeline_scheduler": "layers",
+    "parallelism.pipeline_parallel_schedule": "layers",
     "runner_wrapper.type": "deepspeed",
     "train_dataset": "run.data.kind",
     "train_dataset.input_columns": "run.data.columns",

@@ -25,8 +25,6 @@ PYNATIVE = str(ROOT / "tests" / "fixtures" / "pynative" / "tiny_qwen3_pynative.y
 CASES = {
     "architecture": (str(CORPUS / "r1.5.0__research__yizhao__yizhao_12b__pretrain_yizhao_12b_8k.yaml"), STAGES),
     "cut": (str(CORPUS / "r1.5.0__configs__gpt2__pretrain_gpt2_13b_fp16.yaml"), STAGES),
-    "pynative_layers": (PYNATIVE, ["parallelism.pipeline_parallel=2",
-                                   "parallelism.pipeline_parallel_layers_per_stage=auto"]),
     "tensor_parallel": (LLAMA, [*STAGES, "parallel_config.model_parallel=2"]),
     "context_parallel": (LLAMA, [*STAGES, "parallel_config.context_parallel=2"]),
     "lora": (LLAMA, [*STAGES, "model.model_config.pet_config={pet_type: lora}"]),
@@ -49,8 +47,8 @@ def test_every_entry_has_a_case():
 @pytest.mark.parametrize("name", [pytest.param(n, marks=needs_shared) if n in SHARED else n for n in CASES])
 def test_each_entry_folds_the_stages_with_its_reason(name):
     config, sets = CASES[name]
-    plan = translate_file(config, sets, world_size=2 if name == "pynative_layers" else None).plan
-    path = STAGE if name != "pynative_layers" else "parallelism.pipeline_parallel"
+    plan = translate_file(config, sets).plan
+    path = STAGE
     assert plan.parallel.pipeline_stage is None and all(layer.stage is None for layer in plan.layers)
     assert plan.parallel.folded[path] == folded(2, TABLE_BY_NAME[name].reason)
     note = [n for n in plan.notes if n.key == path]
@@ -125,3 +123,20 @@ def test_the_hf_trainer_path_folds_the_stages(monkeypatch):
                                   "parallel_config.micro_batch_num": 2})
     assert seen["plan"].parallel.pipeline_stage is None
     assert seen["plan"].parallel.folded[STAGE] == folded(2, HF_TRAINER)
+
+
+def test_a_pynative_yaml_with_stages_runs_them_with_zero_1_inside():
+    """PyNative: PpLayerSetting's placement runs by default; the FSDP its data_parallel_shard asks for (ZeRO-3) is
+    ZeRO-1 inside the stages, said in the ledger, as graph mode caps gradient_accumulation_shard's ZeRO-2."""
+    sets = ["parallelism.pipeline_parallel=2", "parallelism.pipeline_parallel_layers_per_stage=auto"]
+    plan = translate_file(PYNATIVE, sets, world_size=4).plan
+    assert plan.parallel.pipeline_stage == 2 and not plan.parallel.folded
+    assert [layer.stage for layer in plan.layers] == [0, 1]
+    assert plan.deepspeed["zero_optimization"]["stage"] == 1
+    note = next(n for n in plan.notes if n.key == "parallelism.data_parallel_shard")
+    assert note.kind == "differs" and "ZeRO-3" in note.message and "ZeRO-1 inside the pipeline stages" in note.message
+    with pytest.raises(ConfigError, match="mf_ds.zero_stage"):
+        translate_file(PYNATIVE, [*sets, "mf_ds.zero_stage=3"], world_size=4)
+    off = translate_file(PYNATIVE, [*sets, "mf_ds.pipeline=false"], world_size=2).plan
+    assert off.parallel.pipeline_stage is None  # folded: no cap, the ZeRO stage of a run without stages
+    assert not any("inside the pipeline stages" in n.message for n in off.notes)
