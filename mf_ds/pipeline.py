@@ -37,8 +37,8 @@ def refusal(plan: Plan, resume2: bool) -> str | None:
     run, ds = plan.run, plan.deepspeed
     if (ds.get("zero_optimization") or {}).get("stage", 0) > 1:
         return "mf_ds.zero_stage 2/3 with pipeline_stage > 1: DeepSpeed's PipelineEngine takes ZeRO-1 at most"
-    if run.lora is not None or run.evaluation is not None:
-        return "LoRA or do_eval with pipeline_stage > 1: not composed with the pipeline yet"
+    if run.lora is not None:
+        return "LoRA with pipeline_stage > 1: not composed with the pipeline yet"
     from mf_ds.checkpoint.pipelined import refusal as checkpoint_refusal  # saving and resuming
 
     why = checkpoint_refusal(plan, resume2)
