@@ -73,16 +73,32 @@ def stage_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: t.cpu() for name, t in gather_full_state_dict(peft, base=state).items()}
 
 
-def export(engine: Any, output_dir, plan: Plan, log: Callable[[str], None] | None = None) -> None:
-    """lora_export.export of a pipelined run: every stage's data-parallel rank 0 sends its tensors to rank 0, which
-    writes the adapters and the merged weights. Collective."""
-    from mf_ds.lora_export import write
-
+def _on_rank0(engine: Any, adapters_only: bool) -> dict[str, torch.Tensor] | None:
+    """Every stage's tensors (or its adapters alone) on rank 0, from each stage's data-parallel rank 0; None on the
+    other ranks. Collective."""
     state = stage_state(engine.module)  # every rank: the experts' gather is collective
+    if adapters_only:
+        state = {name: t for name, t in state.items() if ".lora_" in name}
     mine = state if engine.grid.get_data_parallel_rank() == 0 else {}
     parts: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, parts, dst=0)
-    if parts is None:
-        return
-    whole = {name: tensor for part in parts for name, tensor in part.items()}
-    write(engine.module.pieces.peft, whole, output_dir, plan, log)
+    return None if parts is None else {name: tensor for part in parts for name, tensor in part.items()}
+
+
+def export(engine: Any, output_dir, plan: Plan, log: Callable[[str], None] | None = None) -> None:
+    """lora_export.export of a pipelined run: rank 0 writes the adapters and the merged weights from every stage's
+    tensors. Collective."""
+    from mf_ds.lora_export import write
+
+    whole = _on_rank0(engine, adapters_only=False)
+    if whole is not None:
+        write(engine.module.pieces.peft, whole, output_dir, plan, log)
+
+
+def write_adapters(engine: Any, directory: Path) -> None:
+    """A checkpoint's weights under LoRA, as one rank's checkpoint holds them (PeftModel.save_pretrained: the
+    adapters in PEFT's layout; the base weights stay those the run loaded): the pipelined checkpoint's hf_writer
+    (mf_ds/checkpoint/pipelined.py). Collective; rank 0 writes."""
+    adapters = _on_rank0(engine, adapters_only=True)
+    if adapters is not None:
+        engine.module.pieces.peft.save_pretrained(str(directory), state_dict=adapters, safe_serialization=True)
