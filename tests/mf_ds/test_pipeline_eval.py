@@ -48,3 +48,36 @@ def test_the_last_stage_evaluates_the_language_model_loss_alone():
     assert loss_fn((aux, logits), labels).item() == pytest.approx(ce.item() + 0.25)
     loss_fn.lm_only = True
     assert loss_fn((aux, logits), labels).item() == pytest.approx(ce.item())
+
+
+def test_the_last_stage_evaluates_without_the_mtp_term():
+    """Under MTP (the mcore fixture model's last stage, as tests/mf_ds/test_pipeline_mtp.py builds it) the eval loss
+    is the main model's loss, one rank's eval `out.loss`, and no MTP term is kept for the training log."""
+    from types import SimpleNamespace
+
+    from mf_ds.pipeline import Head
+    from mf_ds.pipeline_mtp import MtpBlocks, lend_embedding
+    from mf_ds.pipeline_stage import aux_start
+    from tests.mf_ds.test_mtp_mcore import IDS, _model, mcore_plan
+
+    model, plan = _model("mcore").eval(), mcore_plan()
+    ids = torch.tensor(IDS)
+    tokens, labels = ids[:, :-1], ids[:, 1:].masked_fill(ids[:, :-1] == 0, -100)
+    captured = {}
+    hook = model.model.norm.register_forward_pre_hook(lambda module, args: captured.update(h=args[0]))
+    with torch.no_grad():
+        want = model(input_ids=tokens, labels=labels, shift_labels=labels).loss
+    hook.remove()
+    loss_fn = StageLoss(False, plan)
+    pieces = SimpleNamespace(take=model.get_submodule, loss=loss_fn, mtp=True, moe=False, config=model.config,
+                             rotary=model.model.rotary_emb)
+    head, blocks = Head(pieces), MtpBlocks(pieces)
+    with torch.no_grad():
+        stage = lend_embedding(loss_fn, model.model, blocks(head((aux_start(captured["h"]), captured["h"]))))
+        loss_fn.lm_only = True
+        got = loss_fn(stage, labels)
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    assert loss_fn.mtp.total is None
+    loss_fn.lm_only = False
+    with torch.no_grad():
+        assert loss_fn(stage, (labels, tokens)).item() > want.item()  # training's loss adds the term
