@@ -155,7 +155,10 @@ def apply(model: torch.nn.Module, plan: Plan, log: Callable[[str], None] | None 
     fused = sorted({mf for mf in chosen.values() if list(chosen.values()).count(mf) > 1})
     if log is not None:
         trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in peft_model.parameters())
+        # a tied head once: one rank's model shares the Parameter; a pipeline's meta model, whose embedding a stage
+        # materialised, holds the head's meta copy apart (mf_ds/pipeline_lora.py)
+        tied = getattr(model.config, "tie_word_embeddings", False)
+        total = sum(p.numel() for n, p in peft_model.named_parameters() if not (tied and n.endswith("lm_head.weight")))
         log(f"mf-ds: lora: {len(chosen)} adapters of rank {lora.rank}, alpha {lora.alpha:g} on "
             f"{', '.join(sorted({m.rsplit('.', 1)[-1] for m in chosen.values()}))} (MindFormers' names); "
             f"{trainable:,} of {total:,} parameters train")

@@ -18,6 +18,8 @@ from tests.mf_ds.test_train import LLAMA, metrics
 # legacy Llama's names: adapters on the attention's q, v, o and the MLP's down projection, in every layer
 LORA = ("model.model_config.pet_config={pet_type: lora, lora_rank: 4, lora_alpha: 8, lora_dropout: 0.0, "
         "target_modules: '.*wq|.*wv|.*wo|.*w2'}",)
+# tied embeddings (TiedLayerSpec: the embedding on the first and the last stage), frozen under LoRA
+TIE = "model.model_config.tie_word_embeddings=True"
 SAVING = ("callbacks=[{type: MFLossMonitor, per_print_times: 1}, {type: CheckpointMonitor, prefix: t, "
           "save_checkpoint_steps: 2, keep_checkpoint_max: 2}]")
 
@@ -31,7 +33,7 @@ def _resumed(out, *sets: str) -> subprocess.CompletedProcess:
     """2 stages on 2 ranks: steps 1-2 (a checkpoint at 2), then resumed from it for step 3 (test_pipeline._run's
     launch, in two parts)."""
     args = ["--output_dir", str(out), "--load_checkpoint", str(out.parent / "init")]
-    for item in (*FOUR, SAVING, *sets):
+    for item in (*FOUR, TIE, SAVING, *sets):
         args += ["--set", item]
     launch = [*ds_launch(2), str(ROOT / "mf_ds" / "train.py"), "--mf-config", LLAMA, *args]
     for more in (["--max_steps", "2"], ["--max_steps", "3", "--resume_training"]):
@@ -48,9 +50,9 @@ def test_lora_on_two_stages_equals_one_rank(tmp_path):
     at the end (adapter directory, merged weights) equals one rank's, name by name."""
     from mf_ds.model import build_model
 
-    build_model(plan_of("parallel_config.data_parallel=1", *FOUR).plan).save_pretrained(str(tmp_path / "init"))
+    build_model(plan_of("parallel_config.data_parallel=1", *FOUR, TIE).plan).save_pretrained(str(tmp_path / "init"))
     one = _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4",
-               *LORA, base=(*FOUR, SAVING))
+               *LORA, base=(*FOUR, TIE, SAVING))
     two = _resumed(tmp_path / "two", *PIPE, "mf_ds.zero_stage=1", *LORA)
     a, b = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [m["step"] for m in b] == [1, 2, 3]
