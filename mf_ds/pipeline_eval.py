@@ -30,10 +30,10 @@ def evaluate(evaluator: Evaluator, trainer) -> dict:
     """{'eval_loss', 'eval_ppl', 'eval_batches'} of the pipeline's model; collective over every rank."""
     engine, run = trainer.engine, trainer.run
     batches = list(evaluator.batches())
-    for batch, _ in batches:
-        if model_inputs(batch["input_ids"], run, "sdpa"):
-            raise RunError("do_eval with pipeline_stage > 1 and pad masks: not composed with the pipeline yet (each "
-                           "stage makes the plain causal mask)")
+    masked = any(model_inputs(batch["input_ids"], run, "sdpa") for batch, _ in batches)
+    if trainer._agree(masked):  # every rank stops, not only the one whose batch holds the pads
+        raise RunError("do_eval with pipeline_stage > 1 on eval data with pad masks: not composed with the pipeline "
+                       "yet (each stage makes the plain causal mask)")
 
     def micro_batches():
         for batch, _ in batches:
