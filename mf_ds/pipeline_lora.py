@@ -10,8 +10,7 @@ freezes every base weight as on one rank. The adapters' initial values come from
 trainable parameters only (mf_ds/optim.py), so ZeRO-1 partitions the adapters alone.
 
 A weight tied across stages (the embedding under tie_word_embeddings or MTP) is frozen: its copies have no
-gradient, and DeepSpeed's allreduce_tied_weight_gradients, which sums them, would all-reduce None; it is given the
-trainable tied weights only (every rank of the tie skips the same frozen ones).
+gradient, which PipelineEngine's sum over the tie skips (_exec_reduce_tied_grads: `if grad is not None`).
 
 Export at the end of the run (lora_export.export on one rank): every stage's tensors under the PEFT model's names
 (experts gathered over the stage's expert-parallel ranks, a tied copy counted once) are gathered on rank 0, which
@@ -50,16 +49,6 @@ def attach(module: nn.Module, plan: Plan, weights: str | None, log: Callable[[st
                        "pipeline_stage > 1: an adapter on the LM head is not composed with the pipeline yet; narrow "
                        "it to the decoder layers")
     pieces.peft = lora.apply(pieces.meta, plan, log)
-
-    def allreduce_trainable_tied_gradients():
-        for key, comm in module.tied_comms.items():
-            for attr in comm["weight_attr"]:
-                weight = module._recursive_getattr(module.tied_modules[key], attr)
-                if weight.requires_grad:
-                    dist.all_reduce(weight.grad, group=comm["group"])
-
-    if module.tied_comms:
-        module.allreduce_tied_weight_gradients = allreduce_trainable_tied_gradients
 
 
 def stage_state(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -76,3 +76,17 @@ def test_lora_on_two_stages_equals_one_rank(tmp_path):
     assert merged.keys() == want_merged.keys()
     for name, value in want_merged.items():
         torch.testing.assert_close(merged[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_an_adapter_on_the_lm_head_is_one_line():
+    """The last stage lends the head's weight to the loss (pipeline_stage.StageLoss): no adapter there yet."""
+    from types import SimpleNamespace
+
+    from mf_ds.errors import RunError
+    from mf_ds.pipeline import Pieces
+    from mf_ds.pipeline_lora import attach
+
+    head = "model.model_config.pet_config={pet_type: lora, lora_rank: 4, lora_alpha: 8, target_modules: '.*wq|lm_head'}"
+    plan = plan_of(*PIPE, *FOUR, head, world_size=2).plan
+    with pytest.raises(RunError, match="an adapter on the LM head is not composed with the pipeline yet"):
+        attach(SimpleNamespace(pieces=Pieces(plan, None)), plan, None, None)
