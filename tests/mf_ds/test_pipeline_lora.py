@@ -55,7 +55,7 @@ def test_lora_on_two_stages_equals_one_rank(tmp_path):
                *LORA, base=(*FOUR, TIE, SAVING))
     two = _resumed(tmp_path / "two", *PIPE, "mf_ds.zero_stage=1", *LORA)
     a, b = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    assert [m["step"] for m in b] == [1, 2, 3]
+    assert [m["step"] for m in b] == [1, 2, 3] and "resumed from " in two.stderr and "at step 2" in two.stderr
     assert [m["loss"] for m in b] == pytest.approx([m["loss"] for m in a], rel=1e-5)
     assert [m["grad_norm"] for m in b] == pytest.approx([m["grad_norm"] for m in a], rel=1e-5)
     assert a[0]["loss"] != a[-1]["loss"]  # the adapters moved
