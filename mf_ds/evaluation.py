@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -54,9 +54,9 @@ class Evaluator:
         items = [self.dataset[i] for i in range(index * size, min((index + 1) * size, len(self.dataset)))]
         return {key: torch.stack([item[key] for item in items]) for key in items[0]}
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, device: torch.device, forward: Callable | None = None) -> dict:
-        """{'eval_loss', 'eval_ppl', 'eval_batches'}; collective over the data-parallel ranks."""
+    def batches(self) -> Iterator[tuple[dict[str, torch.Tensor], bool]]:
+        """This rank's eval batches in order (on the CPU), each with whether it counts: rounds of one batch per
+        data-parallel rank; in the last round a rank left without a batch runs batch 0, uncounted."""
         size, data = self.run.micro_batch_size, self.spec.data
         whole = len(self.dataset) // size if data.drop_remainder else -(-len(self.dataset) // size)
         if whole == 0:
@@ -64,32 +64,47 @@ class Evaluator:
                            "(drop_remainder: True)")
         count = whole * data.repeat  # dataset.repeat after batching: the same batches again
         rank, world = data_shard(self.rank, self.world, self.plan.parallel)
-        rounds = -(-count // world)
+        for r in range(-(-count // world)):
+            index = r * world + rank
+            yield self._batch(index % whole if index < count else 0, size), index < count
+
+    def labels(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The batch's labels, pads masked as in training."""
+        if self.run.loss_mask_pad_id is None:
+            return batch["labels"]
+        return batch["labels"].masked_fill(batch["input_ids"] == self.run.loss_mask_pad_id, -100)
+
+    def result(self, total: torch.Tensor, peers: int) -> dict:
+        """{'eval_loss', 'eval_ppl', 'eval_batches'} from this rank's [sum of batch losses, batches], summed over
+        every rank (collective) and divided by `peers`, the ranks that evaluated the same batches."""
+        if dist.is_initialized():
+            dist.all_reduce(total)
+            total /= peers
+        loss = (total[0] / total[1]).item()
+        return {"eval_loss": loss, "eval_ppl": math.exp(loss) if loss < 700 else math.inf,
+                "eval_batches": int(total[1].item())}
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, device: torch.device, forward: Callable | None = None) -> dict:
+        """{'eval_loss', 'eval_ppl', 'eval_batches'}; collective over the data-parallel ranks."""
         implementation = model.config._attn_implementation
         total = torch.zeros(2, dtype=torch.float64, device=device)  # sum of batch losses, batches
         was_training = model.training
         model.eval()
         try:
-            for r in range(rounds):
-                index = r * world + rank
-                batch = {k: t.to(device) for k, t in self._batch(index % whole if index < count else 0, size).items()}
-                labels = batch["labels"]
-                if self.run.loss_mask_pad_id is not None:
-                    labels = labels.masked_fill(batch["input_ids"] == self.run.loss_mask_pad_id, -100)
+            for cpu, counted in self.batches():
+                batch = {k: t.to(device) for k, t in cpu.items()}
+                labels = self.labels(batch)
                 attention = model_inputs(batch["input_ids"], self.run, implementation)
                 out = (forward or model)(input_ids=batch["input_ids"], labels=labels, shift_labels=labels,
                                          **attention)
-                if index < count:
+                if counted:
                     total += torch.stack([out.loss.detach().double(), torch.ones((), dtype=torch.float64,
                                                                                   device=device)])
         finally:
             model.train(was_training)
-        if dist.is_initialized():
-            dist.all_reduce(total)
-            total /= self.world // world  # tensor-parallel peers evaluated the same batches
-        loss = (total[0] / total[1]).item()
-        return {"eval_loss": loss, "eval_ppl": math.exp(loss) if loss < 700 else math.inf,
-                "eval_batches": int(total[1].item())}
+        _, world = data_shard(self.rank, self.world, self.plan.parallel)
+        return self.result(total, self.world // world)  # tensor-parallel peers evaluated the same batches
 
 
 def trainer_callback(evaluator: Evaluator):

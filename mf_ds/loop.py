@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from mf_ds import checkpoint, lora_export, pipeline, reporters, run_lock, startup
+from mf_ds import checkpoint, lora_export, pipeline, pipeline_eval, pipeline_lora, reporters, run_lock, startup
 from mf_ds import loss_model as fused_loss
 from mf_ds import moe as moe_layer
 from mf_ds.attention import model_inputs
@@ -384,7 +384,7 @@ class Trainer:
             if self._save_every() and self.step % self._save_every() and self.step > start_step:
                 self.save()
             if self.plan.run.lora is not None:  # the adapters (PEFT) and the merged model (mf_ds/lora.py)
-                lora_export.export(self.engine, self.output_dir, self.plan, _log)
+                (pipeline_lora if self.pipe else lora_export).export(self.engine, self.output_dir, self.plan, _log)
         return losses
 
     def _beat(self) -> None:
@@ -436,7 +436,10 @@ class Trainer:
         if self.evaluator is None or not self.evaluator.due(self.step):
             return {}
         start = time.perf_counter()
-        result = self.evaluator.evaluate(self.engine.module, self.engine.device, forward=self.engine)
+        if self.pipe:  # DeepSpeed's forward-only schedule over the stages (mf_ds/pipeline_eval.py)
+            result = pipeline_eval.evaluate(self.evaluator, self)
+        else:
+            result = self.evaluator.evaluate(self.engine.module, self.engine.device, forward=self.engine)
         self._beat()
         _log(f"mf-ds: eval: step {self.step}: Eval result: {{'loss': {result['eval_loss']:.6f}, 'PPL': "
              f"{result['eval_ppl']:.6f}}}, eval time is {time.perf_counter() - start:.3f} s.")

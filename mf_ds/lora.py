@@ -15,7 +15,8 @@ in HF: each of them gets an adapter of its own (MindFormers' one adapter shares 
 
 The adapter: y = W x + (alpha / rank) B A dropout(x), PEFT's LoraLayer, as mindpet's LoRADense. Initial values
 (run.lora.a_init): LoRADense's HeUniform(negative_slope sqrt 5) is PEFT's own default (kaiming_uniform a=sqrt 5,
-B zero); mcore / PyNative draw A from N(0, a_std) and B from N(0, b_std) (zero when 0).
+B zero); mcore / PyNative draw A from N(0, a_std) and B from N(0, b_std) (zero when 0). Each adapter draws from
+its own generator (the run's seed and its module name: `initialise`), so a pipeline stage draws what one rank does.
 
 Checkpoints: PeftModel.save_pretrained writes PEFT's layout (adapter_config.json, adapter_model.safetensors), which
 `PeftModel.from_pretrained(base, dir)` loads. MindFormers' names of an adapter are `<module>.mindpet_delta_lora_a` /
@@ -26,8 +27,10 @@ and the merged weights and PEFT directory at the end of a run.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -148,16 +151,14 @@ def apply(model: torch.nn.Module, plan: Plan, log: Callable[[str], None] | None 
     family = plan.weights_family
     chosen = targets(model, lora, family, plan)
     peft_model = get_peft_model(model, peft_config(plan, peft_target_modules(model, chosen)))
-    if lora.a_init == "normal":  # mcore / PyNative: A ~ N(0, a_std), B ~ N(0, b_std) or zero
-        with torch.no_grad():
-            for module in _lora_layers(peft_model):
-                module.lora_A[ADAPTER].weight.normal_(0.0, lora.a_std)
-                b = module.lora_B[ADAPTER].weight
-                b.normal_(0.0, lora.b_std) if lora.b_std > 0 else b.zero_()
+    initialise(peft_model, lora, plan.run.seed)
     fused = sorted({mf for mf in chosen.values() if list(chosen.values()).count(mf) > 1})
     if log is not None:
         trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in peft_model.parameters())
+        # a tied head once: one rank's model shares the Parameter; a pipeline's meta model, whose embedding a stage
+        # materialised, holds the head's meta copy apart (mf_ds/pipeline_lora.py)
+        tied = getattr(model.config, "tie_word_embeddings", False)
+        total = sum(p.numel() for n, p in peft_model.named_parameters() if not (tied and n.endswith("lm_head.weight")))
         log(f"mf-ds: lora: {len(chosen)} adapters of rank {lora.rank}, alpha {lora.alpha:g} on "
             f"{', '.join(sorted({m.rsplit('.', 1)[-1] for m in chosen.values()}))} (MindFormers' names); "
             f"{trainable:,} of {total:,} parameters train")
@@ -166,6 +167,31 @@ def apply(model: torch.nn.Module, plan: Plan, log: Callable[[str], None] | None 
                 "is shared by its parts; PEFT gives each HF projection an A of its own (more parameters; equal at a "
                 "loaded MindFormers checkpoint, which copies the shared A into each)")
     return peft_model
+
+
+def initialise(peft_model: torch.nn.Module, lora: Lora, seed: int) -> None:
+    """Each adapter's initial A and B, drawn from a generator seeded with the run's seed and the adapter's module
+    name (not from the global RNG after the model's build), so a pipeline stage, which builds only its own layers,
+    draws what one rank draws (mf_ds/pipeline_lora.py). Adapters of layers on the meta device (another stage's) are
+    skipped. HeUniform: PEFT's kaiming_uniform(a=sqrt 5) of A, B zero; normal (mcore / PyNative): N(0, a_std),
+    N(0, b_std) or zero."""
+    with torch.no_grad():
+        for name, module in peft_model.named_modules():
+            if not hasattr(module, "lora_A") or ADAPTER not in module.lora_A:
+                continue
+            a, b = module.lora_A[ADAPTER].weight, module.lora_B[ADAPTER].weight
+            if a.device.type == "meta":
+                continue
+            draw = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            fresh_a, fresh_b = torch.empty(a.shape), torch.zeros(b.shape)
+            if lora.a_init == "normal":
+                fresh_a.normal_(0.0, lora.a_std, generator=draw)
+                if lora.b_std > 0:
+                    fresh_b.normal_(0.0, lora.b_std, generator=draw)
+            else:
+                torch.nn.init.kaiming_uniform_(fresh_a, a=math.sqrt(5), generator=draw)
+            a.copy_(fresh_a)
+            b.copy_(fresh_b)
 
 
 def attach(model: torch.nn.Module, plan: Plan, weights: str | None,
@@ -182,12 +208,6 @@ def attach(model: torch.nn.Module, plan: Plan, weights: str | None,
         if count and log is not None:
             log(f"mf-ds: lora: {count} adapter tensors loaded from {weights}")
     return peft_model
-
-
-def _lora_layers(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    from peft.tuners.lora import LoraLayer
-
-    return (m for m in model.modules() if isinstance(m, LoraLayer))
 
 
 def load_adapters(peft_model: torch.nn.Module, path: str, plan: Plan) -> int:

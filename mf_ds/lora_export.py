@@ -34,6 +34,14 @@ def export(engine, output_dir, plan: Plan, log: Callable[[str], None] | None = N
         return
     model = engine.module
     state = state if state is not None else {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    write(model, state, output_dir, plan, log)
+
+
+def write(model, state: dict[str, torch.Tensor], output_dir, plan: Plan,
+          log: Callable[[str], None] | None = None) -> None:
+    """`export`'s files from the PEFT model's whole state dict `state` (PeftModel names): the adapters saved by
+    PEFT, the merged weights by transformers. A pipeline's rank 0 calls it with every stage's tensors
+    (mf_ds/pipeline_lora.py)."""
     root = Path(output_dir) / "lora"
     model.save_pretrained(str(root / "adapter"), state_dict=state, safe_serialization=True)
     merged = merged_state_dict(state, plan.run.lora.alpha / plan.run.lora.rank)

@@ -76,7 +76,7 @@ def prepare(plan: Plan, *, weights: str | None = None, max_steps: int | None = N
         model = build_model(plan, weights, log=log, full_reason=whole)
         report = patch.apply(model, plan, checkpoint_fn=checkpoint_fn)
     notes = pending_features(plan)
-    if lora:
+    if lora and stage_builder is None:  # a pipeline stage takes its adapters as it is built (mf_ds/pipeline_lora.py)
         from mf_ds import lora as peft_lora
 
         model = peft_lora.attach(model, plan, weights, log)

@@ -195,6 +195,10 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
     mtp = block_indices(pieces) if rank // dp == pp - 1 else []  # the patch lines of the MTP blocks: last stage
     report = patch_stage(pieces.meta, plan, [i for i, s in enumerate(stages) if s == rank // dp] + mtp, checkpoint_fn,
                          module._grid.get_data_parallel_group())
+    if plan.run.lora is not None:  # PEFT's adapters on this stage's Linear layers (mf_ds/pipeline_lora.py)
+        from mf_ds.pipeline_lora import attach
+
+        attach(module, plan, weights, log if rank == 0 else None)
     held = sum(p.numel() for p in module.parameters())
     # every rank says what it holds (the proof that no rank built the whole model: tests/mf_ds/test_pipeline.py)
     print(f"mf-ds: pipeline: rank {rank} (stage {rank // dp} of {pp}) holds decoder layers "

@@ -91,6 +91,7 @@ class StageLoss:
         # DeepSeek's MTP (mf_ds/pipeline_mtp.py): the term's keeper, h after the final norm or before it
         self.mtp = MtpLoss(plan) if plan is not None and plan.mtp is not None else None
         self.mtp_after_norm = self.mtp is not None and plan.mtp.variant in ("mcore", "pynative")
+        self.lm_only = False  # evaluating: the language-model loss alone, as one rank's eval (mf_ds/pipeline_eval.py)
 
     def __call__(self, outputs, labels) -> torch.Tensor:
         from mf_ds.loss import IGNORE_INDEX, linear_cross_entropy_sum
@@ -102,6 +103,8 @@ class StageLoss:
             loss = linear_cross_entropy_sum(out.flatten(0, 1), self.weight, targets) / (targets != IGNORE_INDEX).sum()
         else:
             loss = nn.functional.cross_entropy(out.float().flatten(0, 1), targets, ignore_index=IGNORE_INDEX)
+        if self.lm_only:
+            return loss
         if self.mtp is not None:
             from mf_ds.pipeline_mtp import stage_term
 

@@ -64,8 +64,6 @@ TABLE: tuple[Entry, ...] = (
           "tensor parallel (AutoTP) inside pipeline stages is not composed yet"),
     Entry("context_parallel", lambda p: p.parallel.context_parallel > 1,
           "Ulysses context parallel inside pipeline stages is not composed yet"),
-    Entry("lora", lambda p: p.run.lora is not None, "LoRA (pet_config) is not composed with the pipeline yet"),
-    Entry("do_eval", lambda p: p.run.evaluation is not None, "do_eval is not composed with the pipeline yet"),
     Entry("micro_batch_interleave", lambda p: p.run.micro_batch_interleave_num > 1,
           "micro_batch_interleave_num > 1 is not composed with the pipeline yet"),
     Entry("checkpoint2", lambda p: bool(p.run.callbacks.checkpoint

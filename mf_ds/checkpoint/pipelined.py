@@ -107,8 +107,16 @@ def save(engine: Any, root: Path, step: int, plan: Plan) -> Path:
     ckpt = plan.run.callbacks.checkpoint
     state = {"consumed_micro_batches": step * plan.run.gradient_accumulation_steps,
              STAGES: plan.parallel.pipeline_stage}
+    writer = write_hf if plan.run.lora is None else lora_writer
     return native.save(engine, root, ckpt.prefix, step, state, ckpt.keep_checkpoint_max,
-                       hf_writer=lambda tmp: write_hf(engine, tmp))
+                       hf_writer=lambda tmp: writer(engine, tmp))
+
+
+def lora_writer(engine: Any, directory: Path) -> None:
+    """Under LoRA the adapters alone, as one rank's checkpoint (mf_ds/pipeline_lora.py)."""
+    from mf_ds.pipeline_lora import write_adapters
+
+    write_adapters(engine, directory)
 
 
 def saved_stages(path: Path) -> int | None:

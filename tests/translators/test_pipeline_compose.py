@@ -27,10 +27,6 @@ CASES = {
     "cut": (str(CORPUS / "r1.5.0__configs__gpt2__pretrain_gpt2_13b_fp16.yaml"), STAGES),
     "tensor_parallel": (LLAMA, [*STAGES, "parallel_config.model_parallel=2"]),
     "context_parallel": (LLAMA, [*STAGES, "parallel_config.context_parallel=2"]),
-    "lora": (LLAMA, [*STAGES, "model.model_config.pet_config={pet_type: lora}"]),
-    "do_eval": (str(RUN / "finetune_llama2_tiny.yaml"),
-                [*STAGES, "use_parallel=True", "model.model_config.num_layers=2", "do_eval=True",
-                 f"eval_dataset.data_loader.dataset_dir={RUN}", "eval_dataset.input_columns=[input_ids, labels]"]),
     "micro_batch_interleave": (LLAMA, [*STAGES, "micro_batch_interleave_num=2"]),
     "checkpoint2": (LLAMA, [*STAGES, "callbacks=[{type: CheckpointMonitor, use_legacy_format: False}]"]),
     "attention_masks": (PACKED, [*STAGES, "use_parallel=True",
@@ -140,3 +136,16 @@ def test_a_pynative_yaml_with_stages_runs_them_with_zero_1_inside():
     off = translate_file(PYNATIVE, [*sets, "mf_ds.pipeline=false"], world_size=2).plan
     assert off.parallel.pipeline_stage is None  # folded: no cap, the ZeRO stage of a run without stages
     assert not any("inside the pipeline stages" in n.message for n in off.notes)
+
+
+def test_lora_and_do_eval_run_their_stages():
+    """LoRA (mf_ds/pipeline_lora.py) and do_eval (mf_ds/pipeline_eval.py) compose with stages: no fold."""
+    lora = translate_file(LLAMA, [*STAGES, "model.model_config.pet_config={pet_type: lora}"]).plan
+    evaluation = translate_file(str(RUN / "finetune_llama2_tiny.yaml"),
+                                [*STAGES, "use_parallel=True", "model.model_config.num_layers=2", "do_eval=True",
+                                 f"eval_dataset.data_loader.dataset_dir={RUN}",
+                                 "eval_dataset.input_columns=[input_ids, labels]"]).plan
+    for plan in (lora, evaluation):
+        assert plan.parallel.pipeline_stage == 2 and not plan.parallel.folded
+        assert refusal(plan, resume2=False) is None
+    assert lora.run.lora is not None and evaluation.run.evaluation is not None
