@@ -99,8 +99,10 @@ MCORE_PARTS = (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), (
                ("hc_head", "hc_head"), ("transformer_layer", ""))
 MCORE_FAMILY = "deepseek_v3/mcore"
 GPT_FAMILIES = (MCORE_FAMILY, "deepseek_v4/mcore")  # the weight families whose MTP is GPTModel's `mtp.layers.N`
-_MCORE_MF = re.compile(r"^(?:model\.)?mtp\.layers\.(\d+)\.(enorm|hnorm|eh_proj|final_layernorm|hc_head|transformer_layer)\.")
-_MCORE_DECODER = re.compile(r"^(model\.)?decoder\.layers\.(\d+)\.(enorm\.|hnorm\.|eh_proj\.|shared_head\.norm\.|hc_head\.)?")
+_MCORE_MF = re.compile(r"^(?:model\.)?mtp\.layers\.(\d+)\."
+                       r"(enorm|hnorm|eh_proj|final_layernorm|hc_head|transformer_layer)\.")
+_MCORE_DECODER = re.compile(r"^(model\.)?decoder\.layers\.(\d+)\."
+                            r"(enorm\.|hnorm\.|eh_proj\.|shared_head\.norm\.|hc_head\.)?")
 
 
 def mcore_to_decoder(name: str, num_layers: int) -> str:

@@ -28,8 +28,9 @@ experts.py). Compared from source, piece by piece, with transformers' modeling_d
 What differs in training only (stated on the keys): the indexer's KL loss (dsa_indexer_loss_coeff: HF has none, so
 the indexer's weights get no gradient here), the sequence aux loss, the hash layers' router dtype under bf16. MTP
 (num_nextn_predict_layers; HF builds none) is built beside the model by mf_ds/mtp_v4.py: its layer's attention
-kind is the compress_ratios entry after the decoder layers' (hf_config MTP_LAYER_TYPES), its MoE never hash-routed. mf-ds' MoE layer replaces the top-k blocks
-(plan_moe: MindFormers' router, its expert-bias update); the hash-routed ones stay transformers'. A fresh model
+kind is the compress_ratios entry after the decoder layers' (hf_config MTP_LAYER_TYPES), its MoE never hash-routed.
+mf-ds' MoE layer replaces the decoder layers' top-k blocks (plan_moe: MindFormers' router, its expert-bias update);
+the hash-routed ones and the MTP layer's stay transformers'. A fresh model
 starts its hash table and mHC as MindFormers does (mf_ds/families/deepseek4.py init: transformers' _init_weights
 leaves tid2eid at zeros, one expert for every token); its other initial values are transformers'
 (normal(initializer_range) weights, zero sinks and position biases).
@@ -460,8 +461,8 @@ def _layers(m, moe) -> dict:
         mtp = ratios[layers:layers + depth]
         if len(mtp) < depth or any(r not in LAYER_TYPES for r in mtp):
             _refuse(m, "compress_ratios", f"{ratios!r}: {layers} decoder layers and {depth} MTP layer(s) need "
-                                          f"{layers + depth} ratios, each 0, 4 or 128 (MindFormers: \"csa_compress_ratios "
-                                          "length must equal num_layers + (mtp_num_layers or 0)\")")
+                                          f"{layers + depth} ratios, each 0, 4 or 128 (MindFormers: \"csa_compress_"
+                                          "ratios length must equal num_layers + (mtp_num_layers or 0)\")")
         out[MTP_LAYER_TYPES] = [LAYER_TYPES[r] for r in mtp]
     return out
 
