@@ -3,8 +3,9 @@ schema kept; 4 layers of sliding, compressed sparse, heavily compressed and comp
 hash-routed; mf-ds' MoE layer in the other three) trains on transformers' DeepseekV4ForCausalLM: 20 steps with
 mf-train and the loss falls (and its MTP layer's CE, logged beside it), the expert bias moves as MindFormers moves
 it, a run killed mid-way resumes from its checkpoint with the same losses, and 2 ranks of `deepspeed
-mf_ds/train.py` give the single rank's losses. With the YAML's own optimizer, MindFormers' Muon (mf_ds/muon.py, its DeepSeek-V4 split; the
-other tests run AdamW), the loss falls over 20 steps too and a killed run resumes with the same losses.
+mf_ds/train.py` give the single rank's losses. With the YAML's own optimizer, MindFormers' Muon (mf_ds/muon.py, its
+DeepSeek-V4 split; the other tests run AdamW), the loss falls over 20 steps too and a killed run resumes with the
+same losses.
 """
 
 from __future__ import annotations
