@@ -54,7 +54,9 @@ def test_builds_the_shared_expert_at_its_own_width(plan):
     weight = model.model.layers[1].mlp.shared_experts.down_proj.weight
     assert weight.dtype == torch.float32 and abs(float(weight.detach().std()) - model.config.initializer_range) < 0.008
     count = sum(p.numel() for p in model.parameters())
-    assert count == sum(w.numel * w.count for w in memory.inventory(plan.hf_config)) == 124_829
+    mtp = sum(p.numel() for p in model.model.layers[4:].parameters())  # the YAML's MTP block (mf_ds/mtp_v4.py)
+    assert count - mtp == sum(w.numel * w.count for w in memory.inventory(plan.hf_config)) == 124_829
+    assert mtp == 23_943 and model.model.layers[4].mlp.shared_experts.down_proj.weight.shape == (HIDDEN, SHARED)
     assert _shared_shapes(_meta_model(plan)) == _shared_shapes(model)  # mf-convert's shapes too
 
 
@@ -172,7 +174,7 @@ def test_zero3_partitioned_build_starts_from_the_same_weights(tmp_path, corpus):
     # every parameter partitioned, the new shared experts too (held whole, they would put 3,072 elements over half)
     held = re.search(r"built partitioned \(deepspeed.zero.Init\): this rank holds ([\d,]+) of ([\d,]+)", log)
     mine, total = (int(g.replace(",", "")) for g in held.groups())
-    assert total == 124_829 and 0 <= 2 * mine - total < 100, (mine, total)
+    assert total == 124_829 + 23_943 and 0 <= 2 * mine - total < 100, (mine, total)  # the MTP block's too
     two, first = metrics(tmp_path / "two")[0], metrics(one)[0]
     assert two["loss"] == pytest.approx(first["loss"], rel=1e-6)
     assert two["grad_norm"] == pytest.approx(first["grad_norm"], rel=1e-5)

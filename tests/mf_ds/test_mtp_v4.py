@@ -160,3 +160,23 @@ def test_mindformers_checkpoint_loads_into_the_mtp_block(tmp_path):
     assert any(name.startswith("model.layers.4.hc_head") for name in again)
     for name, param in model.named_parameters():
         torch.testing.assert_close(again[name], param, rtol=0, atol=0, msg=name)
+
+
+def _mtp_count(plan) -> int:
+    from mf_ds.model import hf_config, new_model
+
+    with torch.device("meta"):
+        model = new_model(hf_config(plan))
+    return sum(p.numel() for p in model.model.layers[model.config.num_hidden_layers:].parameters())
+
+
+def test_mtp_block_has_mindformers_parameter_count(tmp_path):
+    """The block's parameters are as many as the trainable ones of MindFormers' MTP layer: the tiny model built by
+    MindFormers (params.tiny.json: hidden 40, 5 experts) and Flash and Pro at their real widths (counts.json)."""
+    tiny = json.loads((ROOT / "tests" / "fixtures" / "deepseek4" / "params.tiny.json").read_text())["params"]
+    want = sum(torch.Size(shape).numel() for n, (shape, trainable, _) in tiny.items() if trainable and ".mtp." in n)
+    assert _mtp_count(translate_file(str(tiny_yaml(tmp_path))).plan) == want
+    counts = json.loads((ROOT / "tests" / "fixtures" / "deepseek4" / "counts.json").read_text())
+    wheel = ROOT / "tests" / "fixtures" / "mindformers_wheels" / "2.1.0" / "deepseek4"
+    for key in ("flash", "pro"):
+        assert _mtp_count(translate_file(str(wheel / f"pretrain_deepseek4_{key}.yaml")).plan) == counts[key]["mtp"]
