@@ -33,6 +33,7 @@ MoE layer replaces the decoder layers' top-k blocks only): its expert bias is no
 from __future__ import annotations
 
 import copy
+import re
 
 import torch
 from torch import nn
@@ -89,6 +90,35 @@ def guard(layers: nn.ModuleList, n: int) -> None:
     """Make transformers' forward run only the first n layers of `layers` (_MainLayers)."""
     layers.__class__ = _MainLayers
     layers.main = n
+
+
+# DeepSeek's release names of the MTP layer (`mtp.{k}.*`; transformers' DeepseekV4 defines none and ignores them on
+# load), as MindFormers 2.1.0 reads them (models/deepseek4/utils.py weight_mapping 80-90 and the MTP converters 254-345):
+# norm -> final_layernorm, hc_head_{fn,base,scale} -> hc_head, e_proj and h_proj concatenated (dim 1, embedding first)
+# into eh_proj, the rest a decoder layer under DeepSeek's names (the family's saved-name table has read those).
+_RELEASE = re.compile(r"^mtp\.(\d+)\.")
+_RELEASE_PARTS = (("norm.", "shared_head.norm."), ("hc_head_fn", "hc_head.hc_fn"), ("hc_head_base", "hc_head.hc_base"),
+                  ("hc_head_scale", "hc_head.hc_scale"))
+
+
+def release_slot(name: str, state: dict, num_layers: int) -> tuple[str, tuple] | None:
+    """Where DeepSeek's release tensor `name` (after names.hf_module_name) lies in the MTP block: (parameter, index)
+    as weights.model_slot gives it; None for any other name."""
+    from mf_ds.weights import model_slot
+
+    m = _RELEASE.match(name)
+    if not m:
+        return None
+    block, rest = f"model.layers.{num_layers + int(m.group(1))}.", name[m.end():]
+    for proj, half in (("e_proj.weight", 0), ("h_proj.weight", 1)):
+        if rest == proj and block + "eh_proj.weight" in state:
+            width = state[block + "eh_proj.weight"].shape[1] // 2
+            return block + "eh_proj.weight", (slice(None), slice(half * width, (half + 1) * width))
+    for saved, module in _RELEASE_PARTS:
+        if rest.startswith(saved):
+            rest = module + rest[len(saved):]
+            break
+    return model_slot(block + rest, state)
 
 
 def _shift(x: torch.Tensor, k: int, fill: int) -> torch.Tensor:

@@ -180,3 +180,34 @@ def test_mtp_block_has_mindformers_parameter_count(tmp_path):
     wheel = ROOT / "tests" / "fixtures" / "mindformers_wheels" / "2.1.0" / "deepseek4"
     for key in ("flash", "pro"):
         assert _mtp_count(translate_file(str(wheel / f"pretrain_deepseek4_{key}.yaml")).plan) == counts[key]["mtp"]
+
+
+def test_deepseek_release_names_of_the_mtp_layer_load(tmp_path):
+    """DeepSeek's release names the MTP layer `mtp.0.*` (transformers' DeepseekV4 ignores them): written here as
+    MindFormers 2.1.0's converter reads them (models/deepseek4/utils.py 80-90: norm is final_layernorm,
+    hc_head_{fn,base,scale}; 268-275: eh_proj = concat(e_proj, h_proj) on dim 1), they load into the block."""
+    from safetensors.torch import load_file, save_file
+
+    plan = _plan()
+    torch.manual_seed(3)
+    model = build_model(plan)
+    model.save_pretrained(str(tmp_path))
+    (shard,) = tmp_path.glob("*.safetensors")
+    saved, release = load_file(str(shard)), {}
+    parts = {"shared_head.norm.weight": "norm.weight", "hc_head.hc_fn": "hc_head_fn", "hc_head.hc_base": "hc_head_base",
+             "hc_head.hc_scale": "hc_head_scale"}
+    for name, tensor in saved.items():
+        if not name.startswith("model.layers.4."):
+            release[name] = tensor
+            continue
+        rest = name.removeprefix("model.layers.4.")
+        if rest == "eh_proj.weight":
+            release["mtp.0.e_proj.weight"], release["mtp.0.h_proj.weight"] = tensor.chunk(2, dim=1)
+        else:
+            release["mtp.0." + parts.get(rest, rest)] = tensor
+    assert "mtp.0.attn.wq_a.weight" in release and "mtp.0.ffn.experts.0.w1.weight" in release
+    shard.unlink()
+    save_file({k: v.contiguous() for k, v in release.items()}, str(tmp_path / "model.safetensors"))
+    again = dict(build_model(plan, str(tmp_path)).named_parameters())
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(again[name], param, rtol=0, atol=0, msg=name)
