@@ -93,7 +93,7 @@ def guard(layers: nn.ModuleList, n: int) -> None:
 
 
 # DeepSeek's release names of the MTP layer (`mtp.{k}.*`; transformers' DeepseekV4 defines none and ignores them on
-# load), as MindFormers 2.1.0 reads them (models/deepseek4/utils.py weight_mapping 80-90 and the MTP converters 254-345):
+# load), as MindFormers 2.1.0 reads them (models/deepseek4/utils.py weight_mapping 80-90, MTP converters 254-345):
 # norm -> final_layernorm, hc_head_{fn,base,scale} -> hc_head, e_proj and h_proj concatenated (dim 1, embedding first)
 # into eh_proj, the rest a decoder layer under DeepSeek's names (the family's saved-name table has read those).
 _RELEASE = re.compile(r"^mtp\.(\d+)\.")
