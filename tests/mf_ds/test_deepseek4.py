@@ -147,7 +147,7 @@ def test_mf_moe_equals_hf_topk_block_forward_and_backward(tmp_path):
     from mf_ds.patch.moe import build_block
 
     plan = translate_file(str(tiny_yaml(tmp_path))).plan
-    assert plan.moe.layers == (1, 2, 3) and plan.moe.router.score == "sqrtsoftplus"
+    assert plan.moe.layers == (1, 2, 3, 4) and plan.moe.router.score == "sqrtsoftplus"  # 4: the MTP layer
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(hf_config(plan), dtype=torch.float32)
     block = model.model.layers[1].mlp

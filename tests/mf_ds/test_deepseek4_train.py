@@ -94,6 +94,12 @@ def test_expert_bias_moves_as_mindformers_moves_it(one_rank):
         assert bool(steps.any()) and torch.allclose(steps, steps.round(), atol=1e-3), steps
         assert float(steps.abs().max()) <= 20
     assert not hasattr(model.model.layers[0].mlp.gate, "e_score_correction_bias")
+    # the MTP layer's too (MindFormers' is_mtp_layer router is top-k with the bias: moe_layer.py 71), as saved
+    from safetensors.torch import load_file
+
+    saved = load_file(str(out / "checkpoint" / "checkpoint-step20" / "model.safetensors"))
+    steps = saved["model.layers.4.ffn.gate.bias"] / 1e-4
+    assert bool(steps.any()) and torch.allclose(steps, steps.round(), atol=1e-3), steps
 
 
 def test_mf_convert_of_the_trained_checkpoint_both_ways(tmp_path, one_rank):
@@ -190,5 +196,6 @@ def test_plan():
 
     plan = translate_file(str(TINY), world_size=2).plan
     assert plan.zero_stage == 0 and plan.run.gradient_accumulation_steps == 1
-    assert plan.moe.layers == (1, 2, 3) and plan.moe.router.score == "sqrtsoftplus"  # the hash layer 0 stays HF's
+    # the hash layer 0 stays HF's; the MTP layer (4) is top-k
+    assert plan.moe.layers == (1, 2, 3, 4) and plan.moe.mtp_layers == (4,) and plan.moe.router.score == "sqrtsoftplus"
     assert plan.hf_config["model_type"] == "deepseek_v4" and plan.weights_family == "deepseek_v4/mcore"

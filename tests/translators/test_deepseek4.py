@@ -215,7 +215,9 @@ def test_moe_plan_for_the_top_k_layers():
     model = _model("pretrain_deepseek4_flash_reduction")
     hf, _ = _translate(model)
     moe = plan_moe(hf, model)
-    assert moe["layers"] == [1, 2] and moe["router"]["score"] == "sqrtsoftplus" and moe["path"] == "mcore"
+    # layer 3: the MTP layer (num_nextn_predict_layers 1), top-k as MindFormers builds it (is_mtp_layer)
+    assert moe["layers"] == [1, 2, 3] and moe["mtp_layers"] == [3]
+    assert moe["router"]["score"] == "sqrtsoftplus" and moe["path"] == "mcore"
     assert moe["router"]["bias_balance"] and moe["router"]["bias_update_rate"] == 1e-4
     assert moe["router"]["routed_scaling_factor"] == 1.5 and moe["dropless"]
     clamped = {**model, "hidden_act": "fusedswiglu"}

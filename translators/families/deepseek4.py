@@ -375,12 +375,17 @@ def plan_moe(hf: dict, model_config: dict) -> dict | None:
     if math.isfinite(hf["swiglu_limit"]):
         return None
     layers = [i for i, kind in enumerate(hf["mlp_layer_types"]) if kind == "moe"]
+    # the MTP layers' top-k MoE too (mf_ds/mtp_v4.py builds them after the decoder layers; moe/router.py: never hash,
+    # and moe_layer.py 71 moves their expert bias as the decoder layers')
+    n = hf["num_hidden_layers"]
+    mtp = list(range(n, n + len(hf.get(MTP_LAYER_TYPES) or ())))
+    layers += mtp
     bias = bool(model_config.get("moe_router_enable_expert_bias", False))
     rate = float(model_config.get("moe_router_bias_update_rate", 1e-3))
     zero = {"expert": 0.0, "device": 0.0, "comm": 0.0}
     return {"num_experts": hf["n_routed_experts"], "top_k": hf["num_experts_per_tok"],
             "intermediate_size": hf["moe_intermediate_size"], "shared_experts": 1, "shared_expert_gating": False,
-            "layers": layers, "mtp_layers": [], "path": "mcore",
+            "layers": layers, "mtp_layers": mtp, "path": "mcore",
             "router": {"score": hf["scoring_func"], "dtype": "float32", "topk_method": "greedy", "n_group": None,
                        "topk_group": None, "norm_topk_prob": True,
                        "routed_scaling_factor": hf["routed_scaling_factor"], "bias_balance": bias,
