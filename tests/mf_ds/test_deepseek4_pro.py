@@ -107,9 +107,13 @@ def test_mf_moe_layer_keeps_the_shared_expert_as_built(plan):
 
     model = build_model(plan)
     built = [layer.mlp.shared_experts for layer in model.model.layers]
+    mtp = model.model.layers[4]  # the MTP block (mf_ds/mtp_v4.py): top-k, its shared expert 16 wide too
+    mtp_shared = mtp.mlp.shared_experts
     patch.apply(model, plan)
-    assert plan.moe.layers == (2, 3)  # the two hash-routed layers stay transformers' blocks
+    assert plan.moe.layers == (2, 3, 4)  # the two hash-routed layers stay transformers' blocks
     assert [isinstance(layer.mlp, MFMoE) for layer in model.model.layers] == [False, False, True, True]
+    assert isinstance(mtp.mlp, MFMoE) and mtp.mlp.shared_experts is mtp_shared
+    assert mtp_shared.down_proj.weight.shape == (HIDDEN, SHARED)
     assert [layer.mlp.shared_experts for layer in model.model.layers] == built  # the same modules
     ids = torch.randint(0, 320, (1, 256))
     out = model(input_ids=ids, labels=ids)
