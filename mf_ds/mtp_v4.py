@@ -26,8 +26,9 @@ transformers' DeepseekV4Model.forward runs `for layer in self.layers` (every ent
 `layers[:num_hidden_layers]`), so the list is made a _MainLayers, whose iteration stops at the decoder layers; its
 state dict, modules and indexing keep every entry. Embedding and head are the main model's (shared, not copied).
 MindFormers' names (model.mtp.layers.k.{enorm, hnorm, eh_proj, final_layernorm, hc_head, transformer_layer.*}) map
-through the family's table (translators/mtp.py MCORE_PARTS). The MTP layer's MoE block stays transformers' (mf-ds'
-MoE layer replaces the decoder layers' top-k blocks only): its expert bias is not moved (MindFormers moves it).
+through the family's table (translators/mtp.py MCORE_PARTS); DeepSeek's release names (`mtp.k.*`, e_proj and h_proj
+apart) load too (release_slot). The layer's top-k MoE block is in the Plan's MoE layers (translators/families/
+deepseek4.py plan_moe): mf-ds' MoE layer replaces it and moves its expert bias, as MindFormers does (moe_layer.py 71).
 """
 
 from __future__ import annotations
