@@ -199,7 +199,7 @@ def _load_hf(model: torch.nn.Module, path: Path, family: str | None) -> None:
     """An HF-layout safetensors directory into a built model (partitioned or whole), one tensor at a time through
     mf_ds.zero.Writer, with from_pretrained's checks (shapes, nothing missing, finite). Names as saved (DeepSeek-V4's
     save_pretrained writes DeepSeek's own) are read as transformers' modules hold them (names.hf_module_name)."""
-    from mf_ds import zero
+    from mf_ds import mtp_v4, zero
     from mf_ds.weights import attach_router_bias, model_slot
     from translators import names
 
@@ -215,6 +215,8 @@ def _load_hf(model: torch.nn.Module, path: Path, family: str | None) -> None:
                     if tensor.is_floating_point() and not torch.isfinite(tensor).all():
                         raise RunError(f"{shard}: weight {name} holds inf/NaN (a damaged file?)")
                     slot = model_slot(name, writer.shapes)
+                    if slot is None and getattr(model.config, "mtp_variant", None) == "v4":  # DeepSeek's mtp.k names
+                        slot = mtp_v4.release_slot(name, writer.shapes, model.config.num_hidden_layers)
                     if slot is None and (bias := attach_router_bias(model, name, tensor)) is not None:
                         writer.shapes[bias] = writer.tensors[bias] = model.get_buffer(bias)
                         slot = (bias, ())

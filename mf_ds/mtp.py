@@ -44,6 +44,9 @@ Plan.mtp.variant "pynative": 2.x's PyNative GPTModel (2.1.0 pynative/base_models
 pynative/transformers/multi_token_prediction.py): the mcore layers (embedding first, h after the final norm,
 final_layernorm per depth, roll with 0), each depth's CE sum(ce x mask) / sum(mask); only its gradient joins the
 main loss's (MtpLoss below).
+
+Plan.mtp.variant "v4": DeepSeek-V4's PyNative model, the pynative layer with hyper-connection streams: its blocks and
+their forward are mf_ds/mtp_v4.py's, the loss the pynative variant's.
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mf_ds import mtp_v4
 from mf_ds.errors import RunError
 from mf_ds.loss import IGNORE_INDEX, linear_cross_entropy_sum
-from translators.mtp import SOURCES
+from translators.mtp import GRADIENT_ONLY, SOURCES
 from translators.plan_types import Plan
 
 EPS = 1e-8  # CrossEntropyLoss's denominator guard
@@ -64,7 +68,7 @@ def refusal(plan: Plan) -> str | None:
     """Why this runtime cannot build the Plan's MTP, None when it can."""
     if plan.mtp is None:
         return None
-    if plan.mtp.variant not in ("research", "mcore", "pynative"):
+    if plan.mtp.variant not in ("research", "mcore", "pynative", "v4"):
         return f"MTP variant {plan.mtp.variant!r} is not built by mf-ds"
     hf = plan.hf_config or {}
     n, first = hf.get("num_hidden_layers"), hf.get("first_k_dense_replace")
@@ -101,13 +105,12 @@ def attach(model: nn.Module) -> list[str]:
     n, depth = config.num_hidden_layers, config.num_nextn_predict_layers
     layer_class, norm_class = type(layers[0]), type(model.model.norm)
     first = next(model.parameters())
-    for k in range(depth):
-        block = layer_class(config, n + k)
-        block.enorm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
-        block.hnorm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
-        block.eh_proj = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
-        block.shared_head = nn.Module()
-        block.shared_head.norm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+    if config.mtp_variant == "v4":  # DeepSeek-V4: its own parts, and transformers' forward kept to the main layers
+        new = mtp_v4.blocks(config, layer_class, n, depth)
+        mtp_v4.guard(layers, n)
+    else:
+        new = [_block(config, layer_class, norm_class, n + k) for k in range(depth)]
+    for block in new:
         if hasattr(first, "ds_id"):  # built inside zero.Init (mf_ds/zero.py construction): partitioned as built
             import deepspeed
 
@@ -131,12 +134,23 @@ def attach(model: nn.Module) -> list[str]:
             f"({count:,} parameters; embedding and head shared)"]
 
 
+def _block(config, layer_class, norm_class, index: int) -> nn.Module:
+    """DeepSeek-V3's MTP block: a decoder layer with the MTP parts."""
+    block = layer_class(config, index)
+    block.enorm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+    block.hnorm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+    block.eh_proj = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+    block.shared_head = nn.Module()
+    block.shared_head.norm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+    return block
+
+
 class _Capture:
     """What the MTP blocks take from the main forward: h before the final norm (research) or after it (mcore), the
     first layer's mask and RoPE."""
 
     def __init__(self, variant: str):
-        self.after_norm = variant in ("mcore", "pynative")
+        self.after_norm = variant in ("mcore", "pynative", "v4")
         self.hidden = None
         self.kwargs = None
 
@@ -161,6 +175,9 @@ def depth_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor
     model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT (LoRA) wraps it
     capture = model._mf_mtp
     n = model.config.num_hidden_layers
+    if model.config.mtp_variant == "v4":
+        return mtp_v4.depths(model.model.layers[n:], model.get_input_embeddings(), model.get_output_embeddings(),
+                             capture.hidden, capture.kwargs, model.config.hc_mult, input_ids, labels, _ce_sum)
     return depths(model.model.layers[n:], model.get_input_embeddings(), model.get_output_embeddings(),
                   capture.hidden, capture.after_norm, capture.kwargs, input_ids, labels)
 
@@ -179,16 +196,18 @@ def depths(blocks, embed: nn.Module, head, h: torch.Tensor, after_norm: bool, kw
         h = h[0] if isinstance(h, tuple) else h
         h_NH = block.shared_head.norm(h).flatten(0, 1)
         target = _shift(labels, k, IGNORE_INDEX).flatten()
-        # fp32 sum of the kept tokens' CE from h @ W^T upcast, the logits never whole (mf_ds/loss.py); ZeRO-3's
-        # gathered head weight only inside the head's own call
-        weight = head if isinstance(head, torch.Tensor) else head.weight
-        if hasattr(weight, "ds_id"):
-            logits = head(h_NH).float()
-            ce_sum = nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
-        else:
-            ce_sum = linear_cross_entropy_sum(h_NH, weight, target, IGNORE_INDEX)
-        out.append(ce_sum / ((target != IGNORE_INDEX).sum() + EPS))
+        out.append(_ce_sum(h_NH, head, target) / ((target != IGNORE_INDEX).sum() + EPS))
     return out
+
+
+def _ce_sum(h_NH: torch.Tensor, head, target: torch.Tensor) -> torch.Tensor:
+    """fp32 sum of the kept tokens' CE from h @ W^T upcast, the logits never whole (mf_ds/loss.py); ZeRO-3's
+    gathered head weight only inside the head's own call. `head`: a module, or its weight."""
+    weight = head if isinstance(head, torch.Tensor) else head.weight
+    if hasattr(weight, "ds_id"):
+        logits = head(h_NH).float()
+        return nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
+    return linear_cross_entropy_sum(h_NH, weight, target, IGNORE_INDEX)
 
 
 class MtpLoss:
@@ -200,7 +219,7 @@ class MtpLoss:
 
     def __init__(self, plan: Plan):
         self.factor = plan.mtp.loss_factor / plan.mtp.depth
-        self.gradient_only = plan.mtp.variant == "pynative"
+        self.gradient_only = plan.mtp.variant in GRADIENT_ONLY
         self.total = None
         # under a pipeline only the last stage's ranks compute it (mf_ds/pipeline_mtp.py), every rank reduces it
         self.stages = plan.parallel.pipeline_stage or 1

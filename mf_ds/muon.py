@@ -95,12 +95,13 @@ _MCORE_NAMES = (("model.embed_tokens.", "embedding.word_embeddings."), ("lm_head
 
 
 
-def mindformers_name(name: str, model_type: str | None = None) -> str:
+def mindformers_name(name: str, model_type: str | None = None, num_layers: int | None = None) -> str:
     """The MindFormers name of an HF parameter, as adamw_include's globs see it: mcore's for DeepSeek-V3 (and any
-    other MLA model), or the family's own (its `mindformers_name` hook, mf_ds/families/<family>.py: DeepSeek-V4's)."""
+    other MLA model), or the family's own (its `mindformers_name` hook, mf_ds/families/<family>.py: DeepSeek-V4's,
+    which names the MTP block's, layers num_layers and up, as MindFormers' `mtp.layers.k`)."""
     own = families.hook(model_type, "mindformers_name")
     if own is not None:
-        return own(name)
+        return own(name, num_layers)
     for hf, mf in _MCORE_NAMES:
         name = name.replace(hf, mf)
     return name
@@ -331,12 +332,13 @@ class Muon(_muon_base()):
         p.copy_(weight - (m / denom) * (lr / (1.0 - beta1**t)))
 
 
-def uses_muon(name: str, param: torch.Tensor, adamw_include: tuple[str, ...], model_type: str | None = None) -> bool:
+def uses_muon(name: str, param: torch.Tensor, adamw_include: tuple[str, ...], model_type: str | None = None,
+              num_layers: int | None = None) -> bool:
     """Muon._build_muon_filter: 2-D / 3-D, and no adamw_include glob matches its MindFormers name (or its HF one).
     A parameter built partitioned (deepspeed.zero.Init) is judged by its full shape, ds_shape."""
     if len(getattr(param, "ds_shape", None) or param.shape) not in (2, 3):
         return False
-    mf = mindformers_name(name, model_type)
+    mf = mindformers_name(name, model_type, num_layers)
     return not any(fnmatch(mf, pat) or fnmatch(name, pat) for pat in adamw_include)
 
 
@@ -348,7 +350,7 @@ def build_muon(model: torch.nn.Module, spec: MuonOptimizer) -> Muon:
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        if uses_muon(name, param, include, model_type):
+        if uses_muon(name, param, include, model_type, getattr(model.config, "num_hidden_layers", None)):
             muon.append((name, param))
         else:
             full = getattr(param, "ds_shape", None) or param.shape

@@ -274,7 +274,7 @@ def mindformers_names(hf_names: list[str], family: str, layout: WeightLayout = D
                 for part in split[1]:
                     out[stem.replace("\0", part)] = [name]
             else:
-                research = num_layers is not None and family != mtp_names.MCORE_FAMILY  # mcore's: below
+                research = num_layers is not None and family not in mtp_names.GPT_FAMILIES  # GPTModel's: below
                 mtp = names.mtp_to_mf(name, num_layers) if research else name
                 out[names.hf_to_mf(mtp, family, layout.gmm, layout.mla_concat)] = [name]
     return out if num_layers is None else {mtp_names.from_decoder(mf, family, num_layers): hf for mf, hf in out.items()}

@@ -14,7 +14,10 @@ Variants (issue 30 part 5), built by mf_ds/mtp.py:
   mtp_loss_scaling_factor / depth x CE_k through _MTPLossAutoScaler (forward: the identity; backward: the main
   loss's scale), so the logged loss is the main loss alone; loss_callback.py logs each depth's unscaled CE
   (mtp_1_loss, summed over micro batches / their count).
-Not built: DeepSeek-V4's PyNative model (translators/families/deepseek4.py MTP_ABSENT keeps its `differs` note).
+- v4: DeepSeek-V4's PyNative model (2.1.0 models/deepseek4, the same multi_token_prediction.py with its mHC branch,
+  built by mf_ds/mtp_v4.py): the pynative layer and gradient-only loss, with the projected input expanded into the
+  hc_mult residual streams before the decoder layer and collapsed by the layer's own learnable hc_head before its
+  final_layernorm; the main model's h is after its hc_head and final norm. One MTP layer at most (the same check).
 """
 
 from __future__ import annotations
@@ -26,11 +29,15 @@ from translators.errors import ConfigError
 from translators.notes import Ledger
 
 SOURCES = {"research": "research/deepseek3", "mcore": "mcore multi_token_prediction.py",
-           "pynative": "the PyNative multi_token_prediction.py"}
+           "pynative": "the PyNative multi_token_prediction.py",
+           "v4": "the PyNative multi_token_prediction.py with mHC streams (DeepSeek-V4)"}
+GRADIENT_ONLY = ("pynative", "v4")  # process_mtp_loss's _MTPLossAutoScaler: the term's gradient, not its value
 
 
 def variant(family: Any, pynative: bool = False) -> str | None:
     """The MTP variant mf-ds builds for this family (`pynative`: a PyNative-schema YAML), None where it builds none."""
+    if family.name == "deepseek_v4":
+        return "v4"  # a PyNative-only model (PyNativeDeepseekV4ForCausalLM)
     if family.name != "deepseek_v3":
         return None
     return "pynative" if pynative else "mcore" if family.mcore else "research"
@@ -46,7 +53,7 @@ def _graph_mode(ledger: Any) -> bool:
 def account(family: Any, shape: Any, paths: dict[str, str], ledger: Ledger) -> None:
     """Notes model_config.mtp_depth / mtp_loss_factor (`paths`: name -> YAML path, the keys the YAML spells)."""
     kind = variant(family, pynative=not _graph_mode(ledger))
-    if kind in ("mcore", "pynative") and shape.mtp_depth > 1:
+    if kind in ("mcore", *GRADIENT_ONLY) and shape.mtp_depth > 1:
         raise ConfigError(paths.get("mtp_depth", "model.model_config.mtp_depth"),
                           f"{shape.mtp_depth}: MindFormers' mcore GPTModel builds at most 1 MTP layer "
                           "(transformer_config.py refuses mtp_num_layers > 1)")
@@ -59,7 +66,7 @@ def account(family: Any, shape: Any, paths: dict[str, str], ledger: Ledger) -> N
         else:
             ledger.dropped(paths["mtp_depth"], "0: no MTP layers")
     if "mtp_loss_factor" in paths:
-        if built and shape.mtp_depth and kind == "pynative":
+        if built and shape.mtp_depth and kind in GRADIENT_ONLY:
             ledger.runtime(paths["mtp_loss_factor"], "MTP gradient weight (plan.mtp.loss_factor, mf_ds/mtp.py): "
                            f"the gradient of {shape.mtp_loss_factor} / depth x each depth's masked CE joins the "
                            "loss's; the logged loss stays the main loss, each depth's CE is logged beside it")
@@ -86,11 +93,16 @@ def plan(family: Any, shape: Any, hf_config: dict | None, pynative: bool = False
 # DeepSeek's HF layout: model.layers.{num_layers + k}.{enorm, hnorm, eh_proj, shared_head.norm, <the layer>}. The
 # decoder-layer part takes the mcore table as the main layers do: here the depth's names become `decoder.layers.N`
 # names (and back), which translators/names.py MCORE_MLA maps.
+# DeepSeek-V4's layer adds its learnable mHC head (MultiTokenPredictionLayer.hc_head, a HyperConnectionHead: hc_fn,
+# hc_base, hc_scale), held as `hc_head` beside them; the table maps its `.hc_head.hc_fn.weight` as the main model's.
 MCORE_PARTS = (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("final_layernorm", "shared_head.norm"),
-               ("transformer_layer", ""))
+               ("hc_head", "hc_head"), ("transformer_layer", ""))
 MCORE_FAMILY = "deepseek_v3/mcore"
-_MCORE_MF = re.compile(r"^(?:model\.)?mtp\.layers\.(\d+)\.(enorm|hnorm|eh_proj|final_layernorm|transformer_layer)\.")
-_MCORE_DECODER = re.compile(r"^(model\.)?decoder\.layers\.(\d+)\.(enorm\.|hnorm\.|eh_proj\.|shared_head\.norm\.)?")
+GPT_FAMILIES = (MCORE_FAMILY, "deepseek_v4/mcore")  # the weight families whose MTP is GPTModel's `mtp.layers.N`
+_MCORE_MF = re.compile(r"^(?:model\.)?mtp\.layers\.(\d+)\."
+                       r"(enorm|hnorm|eh_proj|final_layernorm|hc_head|transformer_layer)\.")
+_MCORE_DECODER = re.compile(r"^(model\.)?decoder\.layers\.(\d+)\."
+                            r"(enorm\.|hnorm\.|eh_proj\.|shared_head\.norm\.|hc_head\.)?")
 
 
 def mcore_to_decoder(name: str, num_layers: int) -> str:
@@ -114,10 +126,10 @@ def decoder_to_mcore(name: str, num_layers: int) -> str:
 
 
 def to_decoder(name: str, family: str, num_layers: int) -> str:
-    """mcore_to_decoder for the mcore DeepSeek-V3's names; any other family's unchanged."""
-    return mcore_to_decoder(name, num_layers) if family == MCORE_FAMILY else name
+    """mcore_to_decoder for the mcore DeepSeek-V3's and DeepSeek-V4's names; any other family's unchanged."""
+    return mcore_to_decoder(name, num_layers) if family in GPT_FAMILIES else name
 
 
 def from_decoder(name: str, family: str, num_layers: int) -> str:
-    """decoder_to_mcore for the mcore DeepSeek-V3's names; any other family's unchanged."""
-    return decoder_to_mcore(name, num_layers) if family == MCORE_FAMILY else name
+    """decoder_to_mcore for the mcore DeepSeek-V3's and DeepSeek-V4's names; any other family's unchanged."""
+    return decoder_to_mcore(name, num_layers) if family in GPT_FAMILIES else name

@@ -40,6 +40,7 @@ from torch import nn
 
 from mf_ds.init import _gathered
 from translators.families.deepseek4 import SHARED_WIDTH
+from translators.mtp import from_decoder
 from translators.names import hf_to_mf
 
 
@@ -126,12 +127,14 @@ _V4_STACKED = ((".mlp.experts.gate_up_proj", ".mlp.experts.weight1"),
                (".mlp.shared_experts.up_proj.", ".mlp.shared_experts.linear_fc1."))
 
 
-def mindformers_name(name: str) -> str:
-    """PyNativeDeepseekV4ForCausalLM's name of an HF parameter (`model.decoder...`, as MindSpore names them), as
-    Muon's adamw_include globs see it (mf_ds/muon.py mindformers_name)."""
+def mindformers_name(name: str, num_layers: int | None = None) -> str:
+    """PyNativeDeepseekV4ForCausalLM's name of an HF parameter (`model.decoder...`, as MindSpore names them; given
+    num_layers, the MTP block's as `model.mtp.layers.k...`: mf_ds/mtp_v4.py), as Muon's adamw_include globs see it
+    (mf_ds/muon.py mindformers_name)."""
     for hf, mf in _V4_STACKED:
         name = name.replace(hf, mf)
-    return "model." + hf_to_mf(name, "deepseek_v4/mcore")
+    mf = hf_to_mf(name, "deepseek_v4/mcore")
+    return "model." + (mf if num_layers is None else from_decoder(mf, "deepseek_v4/mcore", num_layers))
 
 
 def muon_split_rule(name: str) -> tuple:

@@ -55,7 +55,7 @@ def _patch(family: PatchTargets, model: nn.Module, plan: Plan, recorder: Recorde
 
         ep = ExpertParallel(moe.expert_parallel, moe.num_experts, plan.parallel.tensor_parallel,
                             plan.parallel.pipeline_stage or 1)
-    for index, layer in enumerate(layers):
+    for index, layer in enumerate(layers._modules.values()):  # every entry: DeepSeek-V4's MTP blocks (mf_ds/mtp_v4.py)
         block = layer.mlp
         sparse = type(block).__name__ == family.moe_block
         if sparse and getattr(block, "is_hash", False) and index not in wanted:

@@ -92,7 +92,11 @@ def test_mf_convert_round_trip_is_exact_and_covers_every_hf_weight(tmp_path):
     original = mindformers_checkpoint(src)
     counts = to_hf(plan, str(src), str(tmp_path / "hf"))
     model, info = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), output_loading_info=True)
-    assert not any(info.values()), info  # every HF weight and buffer given, nothing left over
+    # every HF weight and buffer given; left over: only the MTP block (model.layers.4, mf_ds/mtp_v4.py), which
+    # transformers does not build
+    unexpected = info.pop("unexpected_keys")
+    assert not any(info.values()), info
+    assert unexpected and all(k.startswith("model.layers.4.") for k in unexpected), unexpected
     state = model.state_dict()
     # spot checks of the layouts: the stacked experts, the grouped output projection, the split mHC scale
     w1 = original["decoder.layers.1.mlp.experts.weight1"]  # [E, H, 2I] = [gate^T | up^T]
@@ -107,13 +111,12 @@ def test_mf_convert_round_trip_is_exact_and_covers_every_hf_weight(tmp_path):
     scale = torch.cat([original[f"decoder.layers.2.ffn_hc.alpha_{p}"] for p in ("pre", "post", "res")])
     torch.testing.assert_close(state["model.layers.2.ffn_hc.scale"], scale, rtol=0, atol=0)
     assert torch.equal(state["model.layers.0.mlp.gate.tid2eid"], original["decoder.layers.0.mlp.router.tid2eid"].long())
-    # MindFormers' MTP layer: transformers builds none (the Plan notes it); its load counter is no weight
-    assert counts["mtp_skipped"] == sum(n.startswith("mtp.") and "tokens_per_expert" not in n for n in original)
+    assert "mtp_skipped" not in counts  # MindFormers' MTP layer is built (mf_ds/mtp_v4.py) and converted
 
     back = tmp_path / "back.safetensors"
     to_mindformers(plan, str(tmp_path / "hf"), str(back))
     again = load_file(str(back))
-    expected = {k: v for k, v in original.items() if not k.startswith("mtp.")}
+    expected = original
     assert set(again) == set(expected)
     for name, tensor in expected.items():
         assert again[name].dtype == tensor.dtype or name.endswith(".tid2eid"), name
@@ -144,7 +147,7 @@ def test_mf_moe_equals_hf_topk_block_forward_and_backward(tmp_path):
     from mf_ds.patch.moe import build_block
 
     plan = translate_file(str(tiny_yaml(tmp_path))).plan
-    assert plan.moe.layers == (1, 2, 3) and plan.moe.router.score == "sqrtsoftplus"
+    assert plan.moe.layers == (1, 2, 3, 4) and plan.moe.router.score == "sqrtsoftplus"  # 4: the MTP layer
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(hf_config(plan), dtype=torch.float32)
     block = model.model.layers[1].mlp
@@ -270,12 +273,12 @@ def test_routers_equal_mindformers_own(tmp_path):
     _same_routing(_by_expert(gates, experts), _by_expert(g["hash.gates"], g["hash.experts"]))
 
 
-def test_the_mtp_report_line_names_deepseek_v4():
-    """The YAML's MTP layer is reported as not built, naming the architecture that does not build it."""
+def test_the_mtp_layer_is_built_not_reported_pending():
+    """The YAML's MTP layer is built (mf_ds/mtp_v4.py), so no report line says it is not trained."""
     from mf_ds.model import pending_features
     from translators.plan import translate_file
 
     root = Path(__file__).resolve().parents[1] / "fixtures" / "pynative" / "tiny_deepseek4_flash.yaml"
     plan = translate_file(str(root), world_size=1).plan
-    assert pending_features(plan) == ["mtp: transformers' deepseek_v4 builds no MTP layers; the MTP loss is not "
-                                      "trained"]
+    assert (plan.mtp.variant, plan.mtp.depth) == ("v4", 1)
+    assert pending_features(plan) == []

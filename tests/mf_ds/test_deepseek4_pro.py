@@ -54,7 +54,9 @@ def test_builds_the_shared_expert_at_its_own_width(plan):
     weight = model.model.layers[1].mlp.shared_experts.down_proj.weight
     assert weight.dtype == torch.float32 and abs(float(weight.detach().std()) - model.config.initializer_range) < 0.008
     count = sum(p.numel() for p in model.parameters())
-    assert count == sum(w.numel * w.count for w in memory.inventory(plan.hf_config)) == 124_829
+    mtp = sum(p.numel() for p in model.model.layers[4:].parameters())  # the YAML's MTP block (mf_ds/mtp_v4.py)
+    assert count - mtp == sum(w.numel * w.count for w in memory.inventory(plan.hf_config)) == 124_829
+    assert mtp == 23_943 and model.model.layers[4].mlp.shared_experts.down_proj.weight.shape == (HIDDEN, SHARED)
     assert _shared_shapes(_meta_model(plan)) == _shared_shapes(model)  # mf-convert's shapes too
 
 
@@ -105,9 +107,13 @@ def test_mf_moe_layer_keeps_the_shared_expert_as_built(plan):
 
     model = build_model(plan)
     built = [layer.mlp.shared_experts for layer in model.model.layers]
+    mtp = model.model.layers[4]  # the MTP block (mf_ds/mtp_v4.py): top-k, its shared expert 16 wide too
+    mtp_shared = mtp.mlp.shared_experts
     patch.apply(model, plan)
-    assert plan.moe.layers == (2, 3)  # the two hash-routed layers stay transformers' blocks
+    assert plan.moe.layers == (2, 3, 4)  # the two hash-routed layers stay transformers' blocks
     assert [isinstance(layer.mlp, MFMoE) for layer in model.model.layers] == [False, False, True, True]
+    assert isinstance(mtp.mlp, MFMoE) and mtp.mlp.shared_experts is mtp_shared
+    assert mtp_shared.down_proj.weight.shape == (HIDDEN, SHARED)
     assert [layer.mlp.shared_experts for layer in model.model.layers] == built  # the same modules
     ids = torch.randint(0, 320, (1, 256))
     out = model(input_ids=ids, labels=ids)
@@ -172,7 +178,7 @@ def test_zero3_partitioned_build_starts_from_the_same_weights(tmp_path, corpus):
     # every parameter partitioned, the new shared experts too (held whole, they would put 3,072 elements over half)
     held = re.search(r"built partitioned \(deepspeed.zero.Init\): this rank holds ([\d,]+) of ([\d,]+)", log)
     mine, total = (int(g.replace(",", "")) for g in held.groups())
-    assert total == 124_829 and 0 <= 2 * mine - total < 100, (mine, total)
+    assert total == 124_829 + 23_943 and 0 <= 2 * mine - total < 100, (mine, total)  # the MTP block's too
     two, first = metrics(tmp_path / "two")[0], metrics(one)[0]
     assert two["loss"] == pytest.approx(first["loss"], rel=1e-6)
     assert two["grad_norm"] == pytest.approx(first["grad_norm"], rel=1e-5)

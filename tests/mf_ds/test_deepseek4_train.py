@@ -1,15 +1,17 @@
 """A shrunk DeepSeek-V4 Flash (tests/fixtures/pynative/tiny_deepseek4_flash.yaml: the 2.1.0 wheel's YAML with its
 schema kept; 4 layers of sliding, compressed sparse, heavily compressed and compressed sparse attention, the first
 hash-routed; mf-ds' MoE layer in the other three) trains on transformers' DeepseekV4ForCausalLM: 20 steps with
-mf-train and the loss falls, the expert bias moves as MindFormers moves it, a run killed
-mid-way resumes from its checkpoint with the same losses, and 2 ranks of `deepspeed mf_ds/train.py` give the single
-rank's losses. With the YAML's own optimizer, MindFormers' Muon (mf_ds/muon.py, its DeepSeek-V4 split; the
-other tests run AdamW), the loss falls over 20 steps too and a killed run resumes with the same losses.
+mf-train and the loss falls (and its MTP layer's CE, logged beside it), the expert bias moves as MindFormers moves
+it, a run killed mid-way resumes from its checkpoint with the same losses, and 2 ranks of `deepspeed
+mf_ds/train.py` give the single rank's losses. With the YAML's own optimizer, MindFormers' Muon (mf_ds/muon.py, its
+DeepSeek-V4 split; the other tests run AdamW), the loss falls over 20 steps too and a killed run resumes with the
+same losses.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +73,11 @@ def test_trains_20_steps_with_the_loss_falling(one_rank):
     assert [r["step"] for r in rows] == list(range(1, 21))
     first, last = sum(r["loss"] for r in rows[:3]) / 3, sum(r["loss"] for r in rows[-3:]) / 3
     assert last < first - 2.0, (first, last)
+    # the YAML's MTP layer (mf_ds/mtp_v4.py): its CE logged beside the loss (the loss is the main loss alone), and
+    # trained: it falls too
+    mtp = [r["mtp_loss"] for r in rows]
+    assert all(math.isfinite(v) and v > 0 for v in mtp), mtp
+    assert sum(mtp[-3:]) / 3 < sum(mtp[:3]) / 3 - 1.0, mtp
     assert sorted(p.name for p in (out / "checkpoint").iterdir() if p.name.startswith("checkpoint-step")) == [
         "checkpoint-step10", "checkpoint-step20"]
 
@@ -87,6 +94,12 @@ def test_expert_bias_moves_as_mindformers_moves_it(one_rank):
         assert bool(steps.any()) and torch.allclose(steps, steps.round(), atol=1e-3), steps
         assert float(steps.abs().max()) <= 20
     assert not hasattr(model.model.layers[0].mlp.gate, "e_score_correction_bias")
+    # the MTP layer's too (MindFormers' is_mtp_layer router is top-k with the bias: moe_layer.py 71), as saved
+    from safetensors.torch import load_file
+
+    saved = load_file(str(out / "checkpoint" / "checkpoint-step20" / "model.safetensors"))
+    steps = saved["model.layers.4.ffn.gate.bias"] / 1e-4
+    assert bool(steps.any()) and torch.allclose(steps, steps.round(), atol=1e-3), steps
 
 
 def test_mf_convert_of_the_trained_checkpoint_both_ways(tmp_path, one_rank):
@@ -158,6 +171,11 @@ def test_muon_trains_20_steps_with_the_loss_falling(muon_rank, one_rank):
     assert [r["step"] for r in rows] == list(range(1, 21))
     first, last = sum(r["loss"] for r in rows[:3]) / 3, sum(r["loss"] for r in rows[-3:]) / 3
     assert last < first - 2.0, (first, last)
+    # the YAML's MTP layer (mf_ds/mtp_v4.py): its CE logged beside the loss (the loss is the main loss alone), and
+    # trained: it falls too
+    mtp = [r["mtp_loss"] for r in rows]
+    assert all(math.isfinite(v) and v > 0 for v in mtp), mtp
+    assert sum(mtp[-3:]) / 3 < sum(mtp[:3]) / 3 - 1.0, mtp
     assert [r["loss"] for r in rows[1:]] != [r["loss"] for r in one_rank[1][1:]]
 
 
@@ -178,5 +196,6 @@ def test_plan():
 
     plan = translate_file(str(TINY), world_size=2).plan
     assert plan.zero_stage == 0 and plan.run.gradient_accumulation_steps == 1
-    assert plan.moe.layers == (1, 2, 3) and plan.moe.router.score == "sqrtsoftplus"  # the hash layer 0 stays HF's
+    # the hash layer 0 stays HF's; the MTP layer (4) is top-k
+    assert plan.moe.layers == (1, 2, 3, 4) and plan.moe.mtp_layers == (4,) and plan.moe.router.score == "sqrtsoftplus"
     assert plan.hf_config["model_type"] == "deepseek_v4" and plan.weights_family == "deepseek_v4/mcore"

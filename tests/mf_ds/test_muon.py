@@ -328,7 +328,7 @@ def v4():
 
 def v4_counterparts(name: str) -> list[str]:
     """The MindFormers parameters an HF DeepSeek-V4 parameter holds (mHC `scale` [3]: alpha_pre / post / res)."""
-    mf = mindformers_name(name, "deepseek_v4")
+    mf = mindformers_name(name, "deepseek_v4", 4)  # 4 decoder layers: model.layers.4 is the MTP block
     if mf.endswith(("attn_hc.scale", "ffn_hc.scale")):
         return [mf.replace(".scale", f".alpha_{part}") for part in ("pre", "post", "res")]
     return [mf]
@@ -337,8 +337,8 @@ def v4_counterparts(name: str) -> list[str]:
 def test_deepseek_v4_split_is_mindformers(v4):
     """Every trainable parameter of the tiny DeepSeek-V4 takes Muon or AdamW as its MindFormers counterpart does
     (P _build_muon_filter on the name PyNativeDeepseekV4ForCausalLM gives it, its shape there), and is cut as G's
-    schema cuts that counterpart; every trainable 2-D / 3-D MindFormers weight of the decoder has an HF counterpart
-    (MTP, which HF does not hold, aside). build_muon on this model used to stop on V3's per-head rule (AttributeError:
+    schema cuts that counterpart; every trainable 2-D / 3-D MindFormers weight, the MTP layer's among them, has an
+    HF-side counterpart. build_muon on this model used to stop on V3's per-head rule (AttributeError:
     no qk_nope_head_dim)."""
     import json
 
@@ -364,8 +364,8 @@ def test_deepseek_v4_split_is_mindformers(v4):
             assert len(shape) != 3 or ref.is_expert_muon_weight(counterpart)  # MindFormers' 3-D refusal
             kinds.add(rule["kind"])
     assert kinds == {None, "reshape_concat", "reshape_only", "periodic"}
-    wanted = {n for n, (shape, trainable, _) in mf.items()
-              if trainable and len(shape) in (2, 3) and not n.startswith("model.mtp.")}
+    wanted = {n for n, (shape, trainable, _) in mf.items() if trainable and len(shape) in (2, 3)}
+    assert any(n.startswith("model.mtp.") for n in wanted)  # the MTP layer's too (mf_ds/mtp_v4.py builds it)
     assert wanted <= seen, sorted(wanted - seen)
 
 

@@ -26,6 +26,7 @@ YAMLS = ("pretrain_deepseek4_flash", "pretrain_deepseek4_flash_reduction")
 # DeepSeek-V4 has no other shared width than the routed one: mf-ds builds it (mf_shared_expert_intermediate_size).
 PRO = ("pretrain_deepseek4_pro", "pretrain_deepseek4_pro_reduction")
 LAYER_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+MTP_LAYER_TYPES = "mf_mtp_layer_types"  # translators/families/deepseek4.py: the MTP layers' attention kinds
 
 
 def _model(name: str) -> dict:
@@ -58,12 +59,15 @@ def test_effective_config_of_mindformers_is_carried(name):
             "hc_mult": "num_residual_streams", "hc_sinkhorn_iters": "mhc_sinkhorn_iterations",
             "sliding_window": "csa_window_size", "rope_theta": "rope_theta",
             "compress_rope_theta": "compress_rope_theta", "max_position_embeddings": "max_position_embeddings",
-            "initializer_range": "initializer_range", "num_nextn_predict_layers": "num_nextn_predict_layers"}
+            "initializer_range": "initializer_range"}
     for ours, theirs in same.items():
         assert hf[ours] == mc[theirs], (ours, hf[ours], mc[theirs])
     assert hf["head_dim"] == mc["v_head_dim"] == mc["head_dim"] == mc["qk_nope_head_dim"] + mc["qk_rope_head_dim"]
     assert hf["partial_rotary_factor"] * hf["head_dim"] == mc["qk_rope_head_dim"]
     assert hf["layer_types"] == [LAYER_TYPES[r] for r in mc["compress_ratios"][:L]]
+    # the MTP layer's attention kind: the ratio after the decoder layers' (mf_ds/mtp_v4.py builds it)
+    assert mc["num_nextn_predict_layers"] == 1
+    assert hf[MTP_LAYER_TYPES] == [LAYER_TYPES[r] for r in mc["compress_ratios"][L:]]
     assert hf["mlp_layer_types"] == ["hash_moe"] * mc["num_hash_layers"] + ["moe"] * (L - mc["num_hash_layers"])
     assert hf["scoring_func"] == mc["moe_router_score_function"] == "sqrtsoftplus"
     assert hf["num_key_value_heads"] == mc["num_key_value_heads"] == 1
@@ -80,8 +84,9 @@ def test_effective_config_of_mindformers_is_carried(name):
     notes = {n.key.rsplit(".", 1)[-1]: n.kind for n in ledger.finish() if n.key.startswith("model.model_config.")}
     assert set(_model(name)) <= set(notes), set(_model(name)) - set(notes)
     assert "unknown" not in notes.values(), [k for k, v in notes.items() if v == "unknown"]
-    for key in ("dsa_indexer_loss_coeff", "moe_aux_loss_coeff", "num_nextn_predict_layers"):
+    for key in ("dsa_indexer_loss_coeff", "moe_aux_loss_coeff"):
         assert notes[key] == "differs", key
+    assert notes["num_nextn_predict_layers"] == notes["mtp_loss_factor"] == "runtime"  # mf_ds/mtp_v4.py builds it
     assert notes["moe_router_enable_expert_bias"] == "runtime"  # mf-ds' MoE layer moves the bias (plan_moe)
     assert notes["qk_nope_head_dim"] == "mapped"  # checked as MindFormers checks it; HF's head_dim = v_head_dim
     assert notes["mhc_init_gating_factor"] == "mapped" and hf["mhc_init_gating_factor"] == 0.01  # mf_ds/init.py
@@ -210,7 +215,9 @@ def test_moe_plan_for_the_top_k_layers():
     model = _model("pretrain_deepseek4_flash_reduction")
     hf, _ = _translate(model)
     moe = plan_moe(hf, model)
-    assert moe["layers"] == [1, 2] and moe["router"]["score"] == "sqrtsoftplus" and moe["path"] == "mcore"
+    # layer 3: the MTP layer (num_nextn_predict_layers 1), top-k as MindFormers builds it (is_mtp_layer)
+    assert moe["layers"] == [1, 2, 3] and moe["mtp_layers"] == [3]
+    assert moe["router"]["score"] == "sqrtsoftplus" and moe["path"] == "mcore"
     assert moe["router"]["bias_balance"] and moe["router"]["bias_update_rate"] == 1e-4
     assert moe["router"]["routed_scaling_factor"] == 1.5 and moe["dropless"]
     clamped = {**model, "hidden_act": "fusedswiglu"}

@@ -60,12 +60,6 @@ DEEPSEEK_V3 = {
     "init_method_std": "initializer_range",
     "mtp_depth": Shape(),  # the research variant's MTP layers are built by mf_ds/mtp.py (translators/mtp.py notes it)
 }
-# DeepSeek-V4's MTP (2.1.0 pynative/transformers/multi_token_prediction.py with hyper-connection streams) is not
-# built: transformers builds nothing from mtp_depth, mf_ds/mtp.py builds DeepSeek-V3's variants only.
-MTP_ABSENT = Expect(0, "no MTP layers", "not built: mf-ds builds no DeepSeek-V4 MTP layer (MindFormers' PyNative "
-                                        "multi_token_prediction.py with its hyper-connection streams), so its "
-                                        "gradient is not trained and its weights are skipped",
-                    hf="num_nextn_predict_layers")
 DEEPSEEK_V2 = {
     **DEEPSEEK,
     **_each(("pretrain_seqlen", "compute_in_2d", "use_past_shard"), DROP("deprecated DeepseekV2Config argument")),

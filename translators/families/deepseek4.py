@@ -26,9 +26,11 @@ experts.py). Compared from source, piece by piece, with transformers' modeling_d
              activation_func_clamp_value for every other activation, and the YAMLs say `silu`): HF's swiglu_limit
              is then +inf.
 What differs in training only (stated on the keys): the indexer's KL loss (dsa_indexer_loss_coeff: HF has none, so
-the indexer's weights get no gradient here), the sequence aux loss, the hash layers' router dtype under bf16, MTP
-(HF builds none, as for DeepSeek-V3: num_nextn_predict_layers). mf-ds' MoE layer replaces the top-k blocks
-(plan_moe: MindFormers' router, its expert-bias update); the hash-routed ones stay transformers'. A fresh model
+the indexer's weights get no gradient here), the sequence aux loss, the hash layers' router dtype under bf16. MTP
+(num_nextn_predict_layers; HF builds none) is built beside the model by mf_ds/mtp_v4.py: its layer's attention
+kind is the compress_ratios entry after the decoder layers' (hf_config MTP_LAYER_TYPES), its MoE never hash-routed.
+mf-ds' MoE layer replaces the decoder layers' top-k blocks (plan_moe: MindFormers' router, its expert-bias update);
+the hash-routed ones and the MTP layer's stay transformers'. A fresh model
 starts its hash table and mHC as MindFormers does (mf_ds/families/deepseek4.py init: transformers' _init_weights
 leaves tid2eid at zeros, one expert for every token); its other initial values are transformers'
 (normal(initializer_range) weights, zero sinks and position biases).
@@ -44,7 +46,7 @@ from __future__ import annotations
 import math
 
 from translators import memory, names
-from translators.families.deepseek import DEEPSEEK, MTP_ABSENT
+from translators.families.deepseek import DEEPSEEK
 from translators.families.derive import _untied
 from translators.families.mcore import MCORE, MCORE_DEFAULTS, MCORE_MOE_RULES, UNTIED, mcore_spec
 from translators.families.parts import MODELS
@@ -60,6 +62,7 @@ from translators.families.rules import (
     Feeds,
     Map,
     Runtime,
+    Shape,
     _choice,
     _each,
     _flag,
@@ -70,6 +73,8 @@ from translators.families.rules import (
 
 # The HF config attribute for a shared expert whose width is not moe_intermediate_size (mf_ds/families/deepseek4.py).
 SHARED_WIDTH = "mf_shared_expert_intermediate_size"
+# The HF config attribute for the MTP layers' attention kinds (HF layer_types names; mf_ds/mtp_v4.py builds them).
+MTP_LAYER_TYPES = "mf_mtp_layer_types"
 
 _CSA, _HCA, _SLIDING = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 LAYER_TYPES = {0: _SLIDING, 4: _CSA, 128: _HCA}  # HF's _COMPRESS_RATIO_TO_LAYER_TYPE (its default compress_rates)
@@ -287,7 +292,7 @@ def _rules() -> dict:
         "qk_layernorm": Expect(True, "norms on the compressed q and the kv, as HF (q_a_norm, kv_norm)",
                                "HF DeepSeek-V4 always normalises the compressed q and the kv"),
         "normalization": Expect("RMSNorm", "RMSNorm, as HF", "HF DeepSeek-V4 uses RMSNorm"),
-        "mtp_depth": MTP_ABSENT,
+        "mtp_depth": Shape(),  # built by mf_ds/mtp_v4.py (translators/mtp.py notes it and mtp_loss_factor)
         "topk_method": Drop("not read by the PyNative router (it limits groups by moe_router_num_groups)"),
         "actual_vocab_size": Drop("DeepseekV4Config's copy of vocab_size (the hash table's rows)"),
         "moe_router_fusion": Drop("Ascend fused-router switch (performance only)"),
@@ -371,12 +376,17 @@ def plan_moe(hf: dict, model_config: dict) -> dict | None:
     if math.isfinite(hf["swiglu_limit"]):
         return None
     layers = [i for i, kind in enumerate(hf["mlp_layer_types"]) if kind == "moe"]
+    # the MTP layers' top-k MoE too (mf_ds/mtp_v4.py builds them after the decoder layers; moe/router.py: never hash,
+    # and moe_layer.py 71 moves their expert bias as the decoder layers')
+    n = hf["num_hidden_layers"]
+    mtp = list(range(n, n + len(hf.get(MTP_LAYER_TYPES) or ())))
+    layers += mtp
     bias = bool(model_config.get("moe_router_enable_expert_bias", False))
     rate = float(model_config.get("moe_router_bias_update_rate", 1e-3))
     zero = {"expert": 0.0, "device": 0.0, "comm": 0.0}
     return {"num_experts": hf["n_routed_experts"], "top_k": hf["num_experts_per_tok"],
             "intermediate_size": hf["moe_intermediate_size"], "shared_experts": 1, "shared_expert_gating": False,
-            "layers": layers, "mtp_layers": [], "path": "mcore",
+            "layers": layers, "mtp_layers": mtp, "path": "mcore",
             "router": {"score": hf["scoring_func"], "dtype": "float32", "topk_method": "greedy", "n_group": None,
                        "topk_group": None, "norm_topk_prob": True,
                        "routed_scaling_factor": hf["routed_scaling_factor"], "bias_balance": bias,
@@ -447,9 +457,20 @@ def _layers(m, moe) -> dict:
         _refuse(m, "experimental_attention_variant", f"{m.get('experimental_attention_variant')!r}: only "
                                                      "dsv4_hybrid is HF's DeepSeek-V4 attention")
     hashed = min(m.get("num_hash_layers") or 0, layers)
-    return {"layer_types": [LAYER_TYPES[r] for r in ratios[:layers]], "sliding_window": 128,
-            "compress_rates": {_CSA: 4, _HCA: 128},
-            "mlp_layer_types": ["hash_moe"] * hashed + ["moe"] * (layers - hashed)}
+    out = {"layer_types": [LAYER_TYPES[r] for r in ratios[:layers]], "sliding_window": 128,
+           "compress_rates": {_CSA: 4, _HCA: 128},
+           "mlp_layer_types": ["hash_moe"] * hashed + ["moe"] * (layers - hashed)}
+    depth = m.get("mtp_depth") or 0
+    if depth:
+        # the MTP layer's attention reads csa_compress_ratios[num_layers + i] (deepseek_v4_hybrid_attention.py 70-71,
+        # multi_token_prediction.py 568: layer_number num_layers + i); TransformerConfig wants exactly that many
+        mtp = ratios[layers:layers + depth]
+        if len(mtp) < depth or any(r not in LAYER_TYPES for r in mtp):
+            _refuse(m, "compress_ratios", f"{ratios!r}: {layers} decoder layers and {depth} MTP layer(s) need "
+                                          f"{layers + depth} ratios, each 0, 4 or 128 (MindFormers: \"csa_compress_"
+                                          "ratios length must equal num_layers + (mtp_num_layers or 0)\")")
+        out[MTP_LAYER_TYPES] = [LAYER_TYPES[r] for r in mtp]
+    return out
 
 
 def _rope(m, moe) -> dict:
