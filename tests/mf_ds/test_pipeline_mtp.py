@@ -12,6 +12,7 @@ import torch
 
 from mf_ds.mtp import MtpLoss
 from mf_ds.pipeline import Head
+from mf_ds.pipeline_mask import StageInputs
 from mf_ds.pipeline_mtp import MtpBlocks, lend_embedding
 from mf_ds.pipeline_stage import StageLoss, aux_start
 from tests.mf_ds.test_mtp_mcore import IDS, _model, mcore_plan
@@ -43,7 +44,8 @@ def test_last_stage_loss_and_gradients_equal_one_rank(variant):
     hook.remove()
     loss_fn = StageLoss(False, plan)
     pieces = SimpleNamespace(take=model.get_submodule, loss=loss_fn, mtp=True, moe=False, config=model.config,
-                             rotary=model.model.rotary_emb)
+                             rotary=model.model.rotary_emb,
+                             inputs=StageInputs(plan.run, model.config, model.model.rotary_emb))
     head, blocks = Head(pieces), MtpBlocks(pieces)
     assert [b is model.model.layers[model.config.num_hidden_layers] for b in blocks.blocks] == [True]
     stage = lend_embedding(loss_fn, model.model, blocks(head((aux_start(captured["h"]), captured["h"]))))
