@@ -1,9 +1,10 @@
 """Pipeline parallelism on DeepSpeed's PipelineEngine: each rank builds and trains only its stage of the HF model.
 
 The HF causal LM is cut into DeepSpeed layers: the token embedding (first stage), one layer per decoder layer
-(rotary embedding and causal mask made on the stage from the hidden state's shape, as LlamaModel.forward makes them
-once), and the final norm + LM head (last stage), whose logits meet the labels in `pipeline_stage.StageLoss`. The
-decoder layers sit on the stages that plan.layers[].stage names (MindFormers' LayerSetting, translators/layout.py).
+(rotary embedding and mask made on the stage from the hidden state and the carried ids, as LlamaModel.forward makes
+them once: mf_ds/pipeline_mask.py), and the final norm + LM head (last stage), whose logits meet the labels in
+`pipeline_stage.StageLoss`. The decoder layers sit on the stages that plan.layers[].stage names (MindFormers'
+LayerSetting, translators/layout.py).
 
 The model is first built on the meta device (no memory); then only this stage's modules are materialised, with
 their weights read tensor by tensor from the HF safetensors directory (or initialised fresh), and patched by the
