@@ -14,9 +14,11 @@ positions, batch by batch (a batch with only trailing pads keeps the plain causa
 DeepSpeed's PipelineEngine carries integer tensors between stages as they are (pipe/engine.py: _send_tensor_meta
 sends each tensor's dtype from ID_TO_DTYPE, int64 included; _exec_recv_activations sets requires_grad only on
 floating tensors; _exec_send_grads and _exec_backward_pass skip the others, so no gradient travels for them). They
-go last in the tuple: the hidden state stays first (the tensor DeepSpeed partitions under tensor parallel) and the
-floating tensors keep their backward order (pipeline_stage: aux before hidden). Cost: B x S int64 per carried tensor
-per micro batch, next to the [B, S, hidden] activation. The mask itself ([B, 1, S, S]) is never sent; each stage
+go last in the tuple, after (aux, hidden): the floating tensors keep their backward order (pipeline_stage: aux's
+first), and DeepSpeed's partitioning of activations under tensor parallel, which splits the tuple's first tensor,
+asserts only that the others take no gradient (_exec_forward_pass), as integer tensors do not. No bool tensors: NCCL
+does not send them (DeepSpeed's has_bool_tensors hack). Cost: B x S int64 per carried tensor per micro batch, next
+to the [B, S, hidden] activation. The mask itself ([B, 1, S, S]) is never sent; each stage
 builds it once per micro batch (`StageInputs` keeps it for the stage's other layers).
 
 Under do_eval (mf_ds/pipeline_eval.py) one rank's forward is `model_inputs(input_ids, run, implementation)`, without

@@ -88,3 +88,28 @@ def test_what_the_stages_carry():
     plain = dataclasses.replace(plan.run, pad_attention_mask=False)
     assert carried(plain) == ()
     assert first_stage_input({"input_ids": IDS}, ()) is IDS
+
+
+def test_evaluating_stages_build_one_ranks_eval_mask():
+    """do_eval (mf_ds/pipeline_eval.py): one rank evaluates with model_inputs(ids, run, implementation), without the
+    data's doc_ids / positions; the eval micro batch fills their slots with the ids and the stages leave them out."""
+    from mf_ds.pipeline_mask import StageInputs, layer_kwargs
+
+    plan = _plan("data")
+    plan = dataclasses.replace(plan, run=dataclasses.replace(plan.run, pad_attention_mask=True, pad_token_id=EOD,
+                                                             trailing_pads_inert=False))
+    model = build_model(plan)
+    stage = StageInputs(plan.run, model.config, model.model.rotary_emb)
+    batch = {"input_ids": IDS, "doc_ids": DOCS, "position_ids": POSITIONS}
+    sent = first_stage_input(batch, stage.names, evaluating=True)
+    assert len(sent) == 3 and all(t is IDS for t in sent)
+    hidden = torch.zeros(2, 16, model.config.hidden_size)
+    stage.evaluating = True
+    got = stage(hidden, sent)
+    want = layer_kwargs(model.config, model.model.rotary_emb, hidden, plan.run, {"input_ids": IDS})
+    assert torch.equal(got["attention_mask"], want["attention_mask"])
+    assert torch.equal(got["position_ids"], want["position_ids"])
+    assert torch.equal(got["attention_mask"][:, 0], model_inputs(IDS, plan.run, "sdpa")["attention_mask"][:, 0])
+    stage.evaluating = False  # training reads the documents: another mask
+    assert not torch.equal(stage(hidden, first_stage_input(batch, stage.names))["attention_mask"],
+                           got["attention_mask"])
