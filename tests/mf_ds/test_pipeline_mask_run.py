@@ -39,3 +39,28 @@ def test_document_masks_and_interleaved_parts_on_two_stages_equal_one_rank(tmp_p
     assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5)
     assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5)
     assert len({round(m["loss"], 6) for m in one}) == 3  # the steps train: the weights move between them
+
+
+@pytest.mark.deepspeed
+def test_packed_samples_doc_ids_and_positions_on_two_stages_equal_one_rank(tmp_path):
+    """MindFormers 2.1.0's finetune_qwen3.yaml on its HFDataLoader (alpaca, PackingHandler) feeding the model the
+    attention_mask and position_ids columns (use_eod_reset): the stages carry the ids, doc_ids and position_ids, and
+    the losses and norms equal one rank's."""
+    import tests.mf_ds.test_hfdata_train as hfdata
+
+    config = str(hfdata.shrunk("qwen3/finetune_qwen3.yaml", tmp_path))  # 6 packed samples of 256: 3 steps of 2
+    cols = "[input_ids, labels, loss_mask, position_ids, attention_mask]"
+    sets = ("use_parallel=True", f"train_dataset.input_columns={cols}", f"train_dataset.construct_args_key={cols}",
+            "model.model_config.use_eod_reset=True", "callbacks=[{type: MFLossMonitor, per_print_times: 1}]")
+    pipe = ("parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2")
+    one_rank = ("runner_config.gradient_accumulation_steps=2",)
+    plan = translate_file(config, [*sets, *pipe], world_size=2).plan
+    assert plan.run.data.hf["documents"] and plan.run.data.hf["positions"] and plan.parallel.pipeline_stage == 2
+    build_model(translate_file(config, [*sets, *one_rank]).plan).save_pretrained(str(tmp_path / "init"))
+    _run(tmp_path / "one", *one_rank, config=config, base=sets)
+    _run(tmp_path / "two", *pipe, ranks=2, config=config, base=sets)
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert len(one) == len(two) == 3
+    assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5)
+    assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5)
+    assert all(m["skipped_steps"] == 0 for m in one)  # finite losses: every step trained
