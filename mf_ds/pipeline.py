@@ -1,9 +1,10 @@
 """Pipeline parallelism on DeepSpeed's PipelineEngine: each rank builds and trains only its stage of the HF model.
 
 The HF causal LM is cut into DeepSpeed layers: the token embedding (first stage), one layer per decoder layer
-(rotary embedding and causal mask made on the stage from the hidden state's shape, as LlamaModel.forward makes them
-once), and the final norm + LM head (last stage), whose logits meet the labels in `pipeline_stage.StageLoss`. The
-decoder layers sit on the stages that plan.layers[].stage names (MindFormers' LayerSetting, translators/layout.py).
+(rotary embedding and mask made on the stage from the hidden state and the carried ids, as LlamaModel.forward makes
+them once: mf_ds/pipeline_mask.py), and the final norm + LM head (last stage), whose logits meet the labels in
+`pipeline_stage.StageLoss`. The decoder layers sit on the stages that plan.layers[].stage names (MindFormers'
+LayerSetting, translators/layout.py).
 
 The model is first built on the meta device (no memory); then only this stage's modules are materialised, with
 their weights read tensor by tensor from the HF safetensors directory (or initialised fresh), and patched by the
@@ -26,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from mf_ds.errors import RunError
-from mf_ds.pipeline_mtp import MtpBlocks, block_indices, layer_inputs, lend_embedding
+from mf_ds.pipeline_mask import StageInputs, first_stage_input, join, split
+from mf_ds.pipeline_mtp import MtpBlocks, block_indices, lend_embedding
 from mf_ds.pipeline_stage import FinalNorm, StageLoss, aux_start, carry_aux, fused_loss, patch_stage, tied_head
 from translators.pipeline import run_stages
 from translators.plan_types import Plan
@@ -50,25 +52,29 @@ class Embed(nn.Module):
         self.embed_tokens = pieces.take("model.embed_tokens")
         self.carry = pieces.moe or pieces.mtp
 
-    def forward(self, input_ids: torch.Tensor):
-        hidden = self.embed_tokens(input_ids)
-        return (aux_start(hidden), hidden) if self.carry else hidden
+    def forward(self, inputs):  # the ids, or (ids, doc_ids?, position_ids?) passed on (mf_ds/pipeline_mask.py)
+        extras = inputs if isinstance(inputs, tuple) else ()
+        hidden = self.embed_tokens(extras[0] if extras else inputs)
+        return join(aux_start(hidden) if self.carry else None, hidden, extras)
 
 
 class Decoder(nn.Module):
-    """One HF decoder layer with what LlamaModel.forward hands every layer, made here from the hidden state."""
+    """One HF decoder layer with what LlamaModel.forward hands every layer, made on the stage from the hidden state
+    and the carried ids (mf_ds/pipeline_mask.py)."""
 
     def __init__(self, pieces: Pieces, index: int):
         super().__init__()
         self.layer = pieces.take(f"model.layers.{index}")
-        self.config = pieces.config
-        self.rotary = [pieces.rotary]  # a list: shared, not registered (buffers only, no weights)
+        self.inputs = [pieces.inputs]  # a list: shared by the stage's layers, not registered
+        self.aux, self.count = pieces.moe or pieces.mtp, len(pieces.inputs.names)
+        self.last = index == pieces.config.num_hidden_layers - 1  # the head takes (aux?, hidden) only
 
     def forward(self, inputs):
-        aux, hidden = inputs if isinstance(inputs, tuple) else (None, inputs)  # (carried aux losses, hidden): MoE
-        out = self.layer(hidden, **layer_inputs(self.config, self.rotary[0], hidden))
+        # (carried aux losses: MoE / MTP, hidden, carried ids: masks and positions, mf_ds/pipeline_mask.py)
+        aux, hidden, extras = split(inputs, self.aux, self.count)
+        out = self.layer(hidden, **self.inputs[0](hidden, extras))
         out = out[0] if isinstance(out, tuple) else out
-        return out if aux is None else (carry_aux(aux, self.layer), out)
+        return join(None if aux is None else carry_aux(aux, self.layer), out, () if self.last else extras)
 
 
 class Head(nn.Module):
@@ -106,6 +112,7 @@ class Pieces:
         if not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
             raise RunError(f"pipeline_stage > 1: {type(self.meta).__name__}: {compose.TABLE_BY_NAME['cut'].reason}")
         self.rotary = type(inner.rotary_emb)(config=self.config)  # its inv_freq, computed on the CPU
+        self.inputs = StageInputs(plan.run, self.config, self.rotary)  # each layer's mask and positions
         self.moe = plan.moe is not None  # the stages pass (aux losses, hidden) along (mf_ds/pipeline_stage.py)
         self.mtp = plan.mtp is not None  # so do they under MTP; the head adds h (mf_ds/pipeline_mtp.py)
         self.files = weight_files(Path(weights)) if weights else None
@@ -223,30 +230,28 @@ def stage_table(plan: Plan) -> list[str]:
 
 def train_step(trainer, data, poison: bool) -> torch.Tensor:
     """One optimizer step: PipelineEngine.train_batch over GA micro batches; the mean loss x GA on every rank (the
-    loop sums it over the ranks and divides by GA x world). engine.get_global_grad_norm() holds the norm."""
-    from mf_ds.attention import model_inputs
-
+    loop sums it over the ranks and divides by GA x world). engine.get_global_grad_norm() holds the norm.
+    micro_batch_interleave_num N: the last stage's loss is N x the part's (StageLoss, as the loop's backward of
+    loss x N), so the mean DeepSpeed returns is divided by N here: the parts' mean, as one rank logs it."""
     engine = trainer.engine
+    names = engine.module.pieces.inputs.names  # the ids, doc ids, positions the stages carry (pipeline_mask.py)
 
     def micro_batches():
         for _ in range(trainer.ga):
             trainer._beat()
             batch = next(data)
-            if model_inputs(batch["input_ids"], trainer.run, "sdpa", batch.get("doc_ids"),
-                            batch.get("position_ids")):
-                from translators.pipeline_compose import TABLE_BY_NAME
-
-                raise RunError(f"pipeline_stage > 1: {TABLE_BY_NAME['attention_masks'].reason}")
             labels = batch["labels"]
             if trainer.pad_id is not None:
                 labels = labels.masked_fill(batch["input_ids"] == trainer.pad_id, -100)
-            # MTP: the ids reach the last stage with the labels (mf_ds/pipeline_mtp.py)
-            yield batch["input_ids"], (labels, batch["input_ids"]) if trainer.mtp is not None else labels
+            # MTP: the ids (and the carried doc ids / positions) reach the last stage with the labels
+            # (mf_ds/pipeline_mtp.py)
+            ids = first_stage_input(batch, names)
+            yield ids, (labels, *(ids if names else (ids,))) if trainer.mtp is not None else labels
 
     if poison:
         raise RunError(f"{trainer.inject_nan}: the test-only NaN injection is not wired into the pipeline")
     loss = engine.train_batch(micro_batches())
-    return loss.detach().double().to(engine.device) * trainer.ga
+    return loss.detach().double().to(engine.device) * trainer.ga / trainer.interleave
 
 
 def record_norm(engine) -> None:

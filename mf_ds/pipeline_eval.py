@@ -13,16 +13,17 @@ The last stage's loss is the language-model loss alone while evaluating (pipelin
 rank's eval logs the model's `loss` without the MoE aux losses and without the MTP term (the HF forward runs neither
 into it), so neither is added here. A last batch shorter than the micro batch size (eval_dataset.drop_remainder:
 False) changes the shapes the stages exchange: DeepSpeed then sends each shape (its dynamic_shape mode) and its
-cached buffers are reset after (PipelineEngine.reset_activation_shape) for training's shapes.
+cached buffers are reset after (PipelineEngine.reset_activation_shape) for training's shapes. Pad masks and
+per-document masks and positions: the stages carry the ids as in training (mf_ds/pipeline_mask.py), and build the
+mask one rank's eval builds, `model_inputs(input_ids, run, implementation)`, without the data's doc ids / positions.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mf_ds.attention import model_inputs
-from mf_ds.errors import RunError
 from mf_ds.evaluation import Evaluator
+from mf_ds.pipeline_mask import first_stage_input
 
 
 @torch.no_grad()
@@ -30,25 +31,22 @@ def evaluate(evaluator: Evaluator, trainer) -> dict:
     """{'eval_loss', 'eval_ppl', 'eval_batches'} of the pipeline's model; collective over every rank."""
     engine, run = trainer.engine, trainer.run
     batches = list(evaluator.batches())
-    masked = any(model_inputs(batch["input_ids"], run, "sdpa") for batch, _ in batches)
-    if trainer._agree(masked):  # every rank stops, not only the one whose batch holds the pads
-        raise RunError("do_eval with pipeline_stage > 1 on eval data with pad masks: not composed with the pipeline "
-                       "yet (each stage makes the plain causal mask)")
+    stage_inputs = engine.module.pieces.inputs
 
     def micro_batches():
         for batch, _ in batches:
             trainer._beat()
-            yield batch["input_ids"], evaluator.labels(batch)
+            yield first_stage_input(batch, stage_inputs.names, evaluating=True), evaluator.labels(batch)
 
     shapes = {tuple(batch["input_ids"].shape) for batch, _ in batches}
     dynamic = shapes != {(run.micro_batch_size, run.seq_length)}
     loss_fn, was_dynamic = engine.module.pieces.loss, engine.dynamic_shape
-    loss_fn.lm_only, engine.dynamic_shape = True, was_dynamic or dynamic
+    loss_fn.lm_only, engine.dynamic_shape, stage_inputs.evaluating = True, was_dynamic or dynamic, True
     try:
         losses = engine.eval_batch(micro_batches(), compute_loss=True, reduce_output=None, bcast_loss=False,
                                    num_micro_batches=len(batches))
     finally:
-        loss_fn.lm_only, engine.dynamic_shape = False, was_dynamic
+        loss_fn.lm_only, engine.dynamic_shape, stage_inputs.evaluating = False, was_dynamic, False
         if dynamic:
             engine.reset_activation_shape()
     total = torch.zeros(2, dtype=torch.float64, device=engine.device)  # sum of batch losses, batches

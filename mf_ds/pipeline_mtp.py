@@ -51,7 +51,7 @@ class MtpBlocks(nn.Module):
     def __init__(self, pieces):
         super().__init__()
         self.blocks = nn.ModuleList(pieces.take(f"model.layers.{i}") for i in block_indices(pieces))
-        self.config, self.rotary = pieces.config, [pieces.rotary]  # a list: shared, not registered
+        self.inputs = [pieces.inputs]  # the stage's mask and positions (mf_ds/pipeline_mask.py), not registered
         pieces.loss.mtp_blocks = self
 
     def forward(self, inputs):
@@ -64,14 +64,17 @@ def lend_embedding(loss, embed: nn.Module, inputs):
     return inputs
 
 
-def stage_term(loss, main: torch.Tensor, aux: torch.Tensor, h: torch.Tensor, input_ids: torch.Tensor,
+def stage_term(loss, main: torch.Tensor, aux: torch.Tensor, h: torch.Tensor, carried: tuple[torch.Tensor, ...],
                labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The main loss with the MTP term (mf_ds/mtp.py MtpLoss.combine) and `aux` with the MTP blocks' aux losses."""
+    """The main loss with the MTP term (mf_ds/mtp.py MtpLoss.combine) and `aux` with the MTP blocks' aux losses.
+    `carried`: the ids, then the doc ids / positions the stages carry (mf_ds/pipeline_mask.py), if any."""
     from mf_ds.mtp import depths
     from mf_ds.pipeline_stage import carry_aux
 
     blocks = loss.mtp_blocks
-    kwargs = layer_inputs(blocks.config, blocks.rotary[0], h)
-    ces = depths(blocks.blocks, loss.mtp_embed, loss.weight, h, loss.mtp_after_norm, kwargs, input_ids,
-                 labels)
+    stage = blocks.inputs[0]
+    built = stage(h, carried if stage.names else ())
+    # the main model's first layer's mask and RoPE keywords, as the one-rank capture keeps them (mf_ds/mtp.py)
+    kwargs = {key: built.get(key) for key in ("attention_mask", "position_ids", "position_embeddings")}
+    ces = depths(blocks.blocks, loss.mtp_embed, loss.weight, h, loss.mtp_after_norm, kwargs, carried[0], labels)
     return loss.mtp.combine(main, ces), carry_aux(aux, blocks.blocks)

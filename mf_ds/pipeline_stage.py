@@ -92,11 +92,15 @@ class StageLoss:
         self.mtp = MtpLoss(plan) if plan is not None and plan.mtp is not None else None
         self.mtp_after_norm = self.mtp is not None and plan.mtp.variant in ("mcore", "pynative")
         self.lm_only = False  # evaluating: the language-model loss alone, as one rank's eval (mf_ds/pipeline_eval.py)
+        # micro_batch_interleave_num: the micro batches are the parts whose losses MicroBatchInterleaved adds; the
+        # loop backpropagates loss x N (mf_ds/loop.py forward_backward), so does the last stage
+        self.interleave = plan.run.micro_batch_interleave_num if plan is not None else 1
 
     def __call__(self, outputs, labels) -> torch.Tensor:
         from mf_ds.loss import IGNORE_INDEX, linear_cross_entropy_sum
 
-        labels, input_ids = labels if isinstance(labels, tuple) else (labels, None)  # (labels, ids) under MTP
+        # under MTP: (labels, ids, the other carried tensors: mf_ds/pipeline_mask.py)
+        labels, *carried = labels if isinstance(labels, tuple) else (labels,)
         aux, out, *mtp_h = outputs if isinstance(outputs, tuple) else (None, outputs)
         targets = labels.flatten()
         if self.fused:
@@ -108,8 +112,8 @@ class StageLoss:
         if self.mtp is not None:
             from mf_ds.pipeline_mtp import stage_term
 
-            loss, aux = stage_term(self, loss, aux, mtp_h[0], input_ids, labels)
-        return loss if aux is None else loss + aux.sum()
+            loss, aux = stage_term(self, loss, aux, mtp_h[0], tuple(carried), labels)
+        return (loss if aux is None else loss + aux.sum()) * self.interleave
 
 
 def fused_loss(meta: nn.Module, plan: Plan) -> tuple[bool, str]:

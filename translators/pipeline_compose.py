@@ -47,14 +47,6 @@ def _no_cut(plan: Plan) -> bool:
     return found is not None and not found.pipeline_cut
 
 
-def _masks(plan: Plan) -> bool:
-    """The runtime would hand the model an attention mask or positions (mf_ds/attention.model_inputs): each stage
-    makes the plain causal mask from the hidden state only."""
-    run, hf = plan.run, plan.run.data.hf or {}
-    return bool(run.pad_attention_mask and not run.trailing_pads_inert or run.data.reset_attention_mask
-                or run.data.reset_position_ids or hf.get("positions") or hf.get("documents"))
-
-
 TABLE: tuple[Entry, ...] = (
     Entry("architecture", lambda p: p.hf_config is None, "no transformers architecture to cut into stages"),
     Entry("cut", lambda p: p.hf_config is not None and _no_cut(p),
@@ -64,14 +56,10 @@ TABLE: tuple[Entry, ...] = (
           "tensor parallel (AutoTP) inside pipeline stages is not composed yet"),
     Entry("context_parallel", lambda p: p.parallel.context_parallel > 1,
           "Ulysses context parallel inside pipeline stages is not composed yet"),
-    Entry("micro_batch_interleave", lambda p: p.run.micro_batch_interleave_num > 1,
-          "micro_batch_interleave_num > 1 is not composed with the pipeline yet"),
     Entry("checkpoint2", lambda p: bool(p.run.callbacks.checkpoint
                                         and not p.run.callbacks.checkpoint.use_legacy_format),
           "Checkpoint 2.0 (use_legacy_format: False) holds the whole model and its optimizer state in one rank; a "
           "pipelined run saves mf-ds checkpoints (use_legacy_format: True; mf-convert exports their HF weights)"),
-    Entry("attention_masks", _masks,
-          "pad masks, reset_attention_mask or per-document positions: each stage makes the plain causal mask"),
     Entry("zero", lambda p: (p.deepspeed.get("zero_optimization") or {}).get("stage", 0) > 1,
           "ZeRO-2/3: DeepSpeed's PipelineEngine takes ZeRO-1 at most"),
 )

@@ -56,6 +56,7 @@ def test_the_last_stage_evaluates_without_the_mtp_term():
     from types import SimpleNamespace
 
     from mf_ds.pipeline import Head
+    from mf_ds.pipeline_mask import StageInputs
     from mf_ds.pipeline_mtp import MtpBlocks, lend_embedding
     from mf_ds.pipeline_stage import aux_start
     from tests.mf_ds.test_mtp_mcore import IDS, _model, mcore_plan
@@ -70,7 +71,8 @@ def test_the_last_stage_evaluates_without_the_mtp_term():
     hook.remove()
     loss_fn = StageLoss(False, plan)
     pieces = SimpleNamespace(take=model.get_submodule, loss=loss_fn, mtp=True, moe=False, config=model.config,
-                             rotary=model.model.rotary_emb)
+                             rotary=model.model.rotary_emb,
+                             inputs=StageInputs(plan.run, model.config, model.model.rotary_emb))
     head, blocks = Head(pieces), MtpBlocks(pieces)
     with torch.no_grad():
         stage = lend_embedding(loss_fn, model.model, blocks(head((aux_start(captured["h"]), captured["h"]))))

@@ -27,10 +27,7 @@ CASES = {
     "cut": (str(CORPUS / "r1.5.0__configs__gpt2__pretrain_gpt2_13b_fp16.yaml"), STAGES),
     "tensor_parallel": (LLAMA, [*STAGES, "parallel_config.model_parallel=2"]),
     "context_parallel": (LLAMA, [*STAGES, "parallel_config.context_parallel=2"]),
-    "micro_batch_interleave": (LLAMA, [*STAGES, "micro_batch_interleave_num=2"]),
     "checkpoint2": (LLAMA, [*STAGES, "callbacks=[{type: CheckpointMonitor, use_legacy_format: False}]"]),
-    "attention_masks": (PACKED, [*STAGES, "use_parallel=True",
-                                 "train_dataset.data_loader.config.data_path=['1', 'x']"]),
 }
 SHARED = {"architecture", "cut"}  # read from the reference corpus
 
@@ -149,3 +146,17 @@ def test_lora_and_do_eval_run_their_stages():
         assert plan.parallel.pipeline_stage == 2 and not plan.parallel.folded
         assert refusal(plan, resume2=False) is None
     assert lora.run.lora is not None and evaluation.run.evaluation is not None
+
+
+def test_masks_and_interleaved_parts_run_their_stages():
+    """Pad masks, reset_attention_mask / reset_position_ids and micro_batch_interleave_num compose with stages: no
+    fold (the stages carry the ids: mf_ds/pipeline_mask.py, tests/mf_ds/test_pipeline_mask*.py; the last stage's loss
+    x N: tests/mf_ds/test_pipeline_mask_run.py)."""
+    packed = translate_file(PACKED, [*STAGES, "use_parallel=True",
+                                     "train_dataset.data_loader.config.data_path=['1', 'x']"]).plan
+    assert packed.run.data.reset_attention_mask
+    pads = translate_file(LLAMA, [*STAGES, "micro_batch_interleave_num=2"]).plan
+    assert pads.run.pad_attention_mask and pads.run.micro_batch_interleave_num == 2
+    for plan in (packed, pads):
+        assert plan.parallel.pipeline_stage == 2 and not plan.parallel.folded
+        assert refusal(plan, resume2=False) is None
