@@ -55,13 +55,24 @@ def _masks(plan: Plan) -> bool:
                 or run.data.reset_position_ids or hf.get("positions") or hf.get("documents"))
 
 
+def _tp_beyond_dense(plan: Plan) -> bool:
+    """Tensor parallel with what mf_ds/pipeline_tp.py does not slice or has not been proven on: MoE layers (their
+    expert groups under the grid's model axis), MTP blocks (decoder layers outside the stages' own, left whole),
+    tied embeddings (the embedding's copy on the last stage), LoRA (PEFT wraps nn.Linear, AutoTP's sliced layers
+    are DeepSpeed's LinearLayer / LinearAllreduce)."""
+    hf = plan.hf_config or {}
+    return plan.parallel.tensor_parallel > 1 and bool(plan.moe is not None or plan.mtp is not None
+                                                      or hf.get("tie_word_embeddings") or plan.run.lora is not None)
+
+
 TABLE: tuple[Entry, ...] = (
     Entry("architecture", lambda p: p.hf_config is None, "no transformers architecture to cut into stages"),
     Entry("cut", lambda p: p.hf_config is not None and _no_cut(p),
           "its transformers model is not cut into stages (mf_ds/pipeline.py cuts models with model.embed_tokens / "
           "layers / norm / rotary_emb, as Llama and Qwen2; the family record's pipeline_cut)"),
-    Entry("tensor_parallel", lambda p: p.parallel.tensor_parallel > 1,
-          "tensor parallel (AutoTP) inside pipeline stages is not composed yet"),
+    Entry("tensor_parallel", _tp_beyond_dense,
+          "tensor parallel (AutoTP) inside pipeline stages runs dense decoder stages (mf_ds/pipeline_tp.py); with "
+          "MoE experts, MTP blocks, tied embeddings or LoRA adapters in the stages it is not composed yet"),
     Entry("context_parallel", lambda p: p.parallel.context_parallel > 1,
           "Ulysses context parallel inside pipeline stages is not composed yet"),
     Entry("micro_batch_interleave", lambda p: p.run.micro_batch_interleave_num > 1,

@@ -1,0 +1,69 @@
+"""Tensor parallel inside pipeline stages (mf_ds/pipeline_tp.py): pp 2 x tp 2 on 4 ranks equals one rank, losses,
+global norms (clipping active) and the saved HF weights; what still folds, folds (translators/pipeline_compose.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.mf_ds.test_pipeline import FOUR, PIPE, PRINT, _assert_saved_same, _run, _saving, plan_of
+from tests.mf_ds.test_train import metrics
+from translators.pipeline_compose import TABLE_BY_NAME, folded
+
+TP = "parallel_config.model_parallel=2"
+
+
+def test_dense_stages_keep_tensor_parallel_and_the_rest_folds():
+    plan = plan_of(*PIPE, *FOUR, TP, world_size=4).plan
+    assert (plan.parallel.pipeline_stage, plan.parallel.tensor_parallel, plan.parallel.data_parallel) == (2, 2, 1)
+    assert not plan.parallel.folded and plan.parallel.tp_rule == "hf_tp_plan"
+    tied = plan_of(*PIPE, *FOUR, TP, "model.model_config.tie_word_embeddings=True", world_size=4).plan
+    assert tied.parallel.pipeline_stage is None and tied.parallel.tensor_parallel == 2
+    assert tied.parallel.folded["parallel_config.pipeline_stage"] == folded(2, TABLE_BY_NAME["tensor_parallel"].reason)
+
+
+def test_engine_config_drops_the_autotp_block_and_sends_activations_whole():
+    from mf_ds.engine import deepspeed_config
+
+    config = deepspeed_config(plan_of(*PIPE, *FOUR, TP, world_size=4).plan)
+    assert "tensor_parallel" not in config  # the stages are sliced before deepspeed.initialize (pipeline_tp.py)
+    assert config["pipeline"] == {"pipe_partitioned": False, "grad_partitioned": False}
+    assert "tensor_parallel" in deepspeed_config(plan_of(*FOUR, TP, world_size=2).plan)  # without stages: AutoTP's
+
+
+def test_tensor_parallel_peers_read_one_data_shard():
+    from mf_ds.parallel import data_shard
+
+    parallel = plan_of(*PIPE, *FOUR, TP, "parallel_config.data_parallel=2", world_size=8).plan.parallel
+    assert (parallel.pipeline_stage, parallel.data_parallel, parallel.tensor_parallel) == (2, 2, 2)
+    # DeepSpeed's PipeModelDataParallelTopology: rank = (stage x dp + data rank) x tp + tp rank
+    assert [data_shard(rank, 8, parallel)[0] for rank in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+@pytest.mark.deepspeed
+def test_pp2_tp2_equals_one_rank(tmp_path):
+    """pp 2 x tp 2 on 4 ranks (dp 1, 4 micro batches) == one rank with GA 4, fp32, clipping at 1.0 active, ZeRO-1:
+    losses and global norms (rel 1e-5) and the HF weights saved at step 3 (each stage's slices gathered whole)."""
+    from mf_ds.model import build_model
+
+    model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR).plan)
+    model.save_pretrained(str(tmp_path / "init"))
+    base = _saving((*FOUR, PRINT))
+    _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4", base=base)
+    one = metrics(tmp_path / "one")
+    assert max(m["grad_norm"] for m in one) > 1.0  # max_grad_norm 1.0 clips
+    proc = _run(tmp_path / "pptp", *PIPE, TP, "mf_ds.zero_stage=1", ranks=4, base=base)
+    four = metrics(tmp_path / "pptp")
+    assert [m["loss"] for m in four] == pytest.approx([m["loss"] for m in one], rel=1e-5)
+    assert [m["grad_norm"] for m in four] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5)
+    _assert_saved_same(tmp_path / "pptp", tmp_path / "one")
+    # each rank holds its stage's slices: stage-major, tp peers consecutive, half of each sliced layer
+    held = {int(r): (s, layers, int(n)) for r, s, layers, n in
+            re.findall(r"rank (\d) \(stage (\d) of 2\) holds decoder layers (\[[\d, ]*\]) \((\d+) parameters\)",
+                       proc.stderr)}
+    assert [(s, layers) for s, layers, _ in (held[r] for r in range(4))] == \
+        [("0", "[0, 1]"), ("0", "[0, 1]"), ("1", "[2, 3]"), ("1", "[2, 3]")]
+    whole = sum(p.numel() for p in model.parameters())
+    assert held[0][2] + held[2][2] < whole  # tp 2 sliced the decoder layers of both stages
+    assert "AutoTP tensor parallel 2 inside the stage (hf_tp_plan): 14 layers sliced" in proc.stderr
