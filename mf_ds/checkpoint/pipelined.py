@@ -135,6 +135,11 @@ def load(engine: Any, path: Path, plan: Plan, keys: dict[str, tuple[str, ...]] |
     saved, now = saved_stages(path), plan.parallel.pipeline_stage or 1
     if saved is None or saved == now:
         return native.load(engine, path, trust=trust)
+    if saved > 1 and now > 1 and plan.parallel.tensor_parallel > 1:  # DeepSpeed's files per model rank too
+        raise RunError(f"{path}: saved by a run of {saved} pipeline stages, this run has {now} with tensor parallel "
+                       "inside them: restaging reads whole layers (layer_XX-model_states.pt), tensor-parallel stages "
+                       f"write their slices per model rank; resume with parallel_config.pipeline_stage: {saved}, or "
+                       "start a new run from its HF weights")
     if saved > 1 and now > 1:
         return restage(engine, path, keys, saved, trust)
     raise RunError(f"{path}: saved by a run of {saved} pipeline stage(s), this run has {now}: DeepSpeed's engine "

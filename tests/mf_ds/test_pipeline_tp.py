@@ -41,10 +41,25 @@ def test_tensor_parallel_peers_read_one_data_shard():
     assert [data_shard(rank, 8, parallel)[0] for rank in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
 
 
+def test_restaging_tensor_parallel_stages_is_refused_in_one_line(tmp_path):
+    import json
+
+    from mf_ds.checkpoint import native
+    from mf_ds.checkpoint.pipelined import load
+    from mf_ds.errors import RunError
+
+    (tmp_path / native.STATE).write_text(json.dumps({"step": 2, "pipeline_stage": 4}))
+    plan = plan_of(*PIPE, *FOUR, TP, world_size=4).plan
+    with pytest.raises(RunError) as caught:
+        load(None, tmp_path, plan, None, trust=False)
+    line = str(caught.value)
+    assert "\n" not in line and "saved by a run of 4 pipeline stages, this run has 2 with tensor parallel" in line
+
+
 @pytest.mark.deepspeed
 def test_pp2_tp2_equals_one_rank(tmp_path):
-    """pp 2 x tp 2 on 4 ranks (dp 1, 4 micro batches) == one rank with GA 4, fp32, clipping at 1.0 active, ZeRO-1:
-    losses and global norms (rel 1e-5) and the HF weights saved at step 3 (each stage's slices gathered whole)."""
+    """pp 2 x tp 2 on 4 ranks (dp 1, 4 micro batches) == one rank with GA 4, fp32, clipping at 1.0 active, ZeRO-1
+    and ZeRO-0: losses and global norms (rel 1e-5) and the HF weights saved at step 3 (each stage's slices gathered whole)."""
     from mf_ds.model import build_model
 
     model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR).plan)
@@ -53,11 +68,13 @@ def test_pp2_tp2_equals_one_rank(tmp_path):
     _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4", base=base)
     one = metrics(tmp_path / "one")
     assert max(m["grad_norm"] for m in one) > 1.0  # max_grad_norm 1.0 clips
-    proc = _run(tmp_path / "pptp", *PIPE, TP, "mf_ds.zero_stage=1", ranks=4, base=base)
-    four = metrics(tmp_path / "pptp")
-    assert [m["loss"] for m in four] == pytest.approx([m["loss"] for m in one], rel=1e-5)
-    assert [m["grad_norm"] for m in four] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5)
-    _assert_saved_same(tmp_path / "pptp", tmp_path / "one")
+    # ZeRO-1 (DeepSpeed's norm under the grid) and ZeRO-0 (ours: pipeline.record_norm)
+    for name in ("zero1", "zero0"):
+        proc = _run(tmp_path / name, *PIPE, TP, f"mf_ds.zero_stage={name[-1]}", ranks=4, base=base)
+        four = metrics(tmp_path / name)
+        assert [m["loss"] for m in four] == pytest.approx([m["loss"] for m in one], rel=1e-5), name
+        assert [m["grad_norm"] for m in four] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5), name
+        _assert_saved_same(tmp_path / name, tmp_path / "one")
     # each rank holds its stage's slices: stage-major, tp peers consecutive, half of each sliced layer
     held = {int(r): (s, layers, int(n)) for r, s, layers, n in
             re.findall(r"rank (\d) \(stage (\d) of 2\) holds decoder layers (\[[\d, ]*\]) \((\d+) parameters\)",
