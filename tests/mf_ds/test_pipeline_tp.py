@@ -59,7 +59,8 @@ def test_restaging_tensor_parallel_stages_is_refused_in_one_line(tmp_path):
 @pytest.mark.deepspeed
 def test_pp2_tp2_equals_one_rank(tmp_path):
     """pp 2 x tp 2 on 4 ranks (dp 1, 4 micro batches) == one rank with GA 4, fp32, clipping at 1.0 active, ZeRO-1
-    and ZeRO-0: losses and global norms (rel 1e-5) and the HF weights saved at step 3 (each stage's slices gathered whole)."""
+    and ZeRO-0: losses and global norms (rel 1e-5) and the HF weights saved at step 3 (each stage's slices gathered
+    whole)."""
     from mf_ds.model import build_model
 
     model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR).plan)
