@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tests.mf_ds.test_pipeline import FOUR, PIPE, PRINT, _assert_saved_same, _run, _saving, plan_of
+from tests.mf_ds.test_pipeline_eval import EVAL
 from tests.mf_ds.test_train import metrics
 from translators.pipeline_compose import TABLE_BY_NAME, folded
 
@@ -59,16 +60,18 @@ def test_restaging_tensor_parallel_stages_is_refused_in_one_line(tmp_path):
 @pytest.mark.deepspeed
 def test_pp2_tp2_equals_one_rank(tmp_path):
     """pp 2 x tp 2 on 4 ranks (dp 1, 4 micro batches) == one rank with GA 4, fp32, clipping at 1.0 active, ZeRO-1
-    and ZeRO-0: losses and global norms (rel 1e-5) and the HF weights saved at step 3 (each stage's slices gathered
-    whole)."""
+    and ZeRO-0: losses and global norms (rel 1e-5), the eval loss at step 2 (do_eval: mf_ds/pipeline_eval.py) and the
+    HF weights saved at step 3 (each stage's slices gathered whole)."""
     from mf_ds.model import build_model
 
-    model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR).plan)
+    model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR, *EVAL).plan)
     model.save_pretrained(str(tmp_path / "init"))
-    base = _saving((*FOUR, PRINT))
+    base = _saving((*FOUR, PRINT, *EVAL))
     _run(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4", base=base)
     one = metrics(tmp_path / "one")
     assert max(m["grad_norm"] for m in one) > 1.0  # max_grad_norm 1.0 clips
+    evaluated = [(m["step"], m["eval_loss"], m["eval_batches"]) for m in one if "eval_loss" in m]
+    assert [(step, batches) for step, _, batches in evaluated] == [(2, 4)]
     # ZeRO-1 (DeepSpeed's norm under the grid) and ZeRO-0 (ours: pipeline.record_norm)
     for name in ("zero1", "zero0"):
         proc = _run(tmp_path / name, *PIPE, TP, f"mf_ds.zero_stage={name[-1]}", ranks=4, base=base)
@@ -76,12 +79,18 @@ def test_pp2_tp2_equals_one_rank(tmp_path):
         assert [m["loss"] for m in four] == pytest.approx([m["loss"] for m in one], rel=1e-5), name
         assert [m["grad_norm"] for m in four] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5), name
         _assert_saved_same(tmp_path / name, tmp_path / "one")
+        got = [(m["step"], m["eval_loss"], m["eval_batches"]) for m in four if "eval_loss" in m]
+        assert got == [(2, pytest.approx(evaluated[0][1], rel=1e-6), 4)], name
     # each rank holds its stage's slices: stage-major, tp peers consecutive, half of each sliced layer
     held = {int(r): (s, layers, int(n)) for r, s, layers, n in
             re.findall(r"rank (\d) \(stage (\d) of 2\) holds decoder layers (\[[\d, ]*\]) \((\d+) parameters\)",
                        proc.stderr)}
     assert [(s, layers) for s, layers, _ in (held[r] for r in range(4))] == \
         [("0", "[0, 1]"), ("0", "[0, 1]"), ("1", "[2, 3]"), ("1", "[2, 3]")]
-    whole = sum(p.numel() for p in model.parameters())
-    assert held[0][2] + held[2][2] < whole  # tp 2 sliced the decoder layers of both stages
+    sizes = {name: p.numel() for name, p in model.named_parameters()}
+    norms = sum(n for name, n in sizes.items() if name.startswith("model.layers.0.") and "norm" in name)
+    layer = sum(n for name, n in sizes.items() if name.startswith("model.layers.0."))
+    half = norms + (layer - norms) // 2  # tp 2 slices every Linear of a decoder layer; its norms stay whole
+    assert held[0][2] == held[1][2] == sizes["model.embed_tokens.weight"] + 2 * half
+    assert held[2][2] == held[3][2] == sizes["model.norm.weight"] + sizes["lm_head.weight"] + 2 * half
     assert "AutoTP tensor parallel 2 inside the stage (hf_tp_plan): 14 layers sliced" in proc.stderr
