@@ -23,7 +23,11 @@ as DeepSpeed wrote it for Megatron-style slicing under the grid:
     DeepSpeed's partitioning of the sent tensor asserts that a tuple's other tensors take no gradient,
     runtime/pipe/engine.py:735, and our MoE stages carry their aux losses so).
 The LM head and the embedding stay whole on their stage (replicated over its tensor-parallel peers, their gradients
-equal there: the sliced layers' backward all-reduces the input gradient, module_inject/layers.py ColumnParallel).
+equal there: the sliced layers' backward all-reduces the input gradient, module_inject/layers.py ColumnParallel);
+tied embeddings so on both stages (PipelineModule._index_tied_modules builds a tie group per (data, model) lane).
+MoE stages slice what the family's partition_config names (attention, dense and shared MLPs; routed experts whole);
+mf_ds/engine.py hooks MLA's rope key (mf_ds.parallel.mla_rope_key_grads) on the stage's sliced layers as without
+stages. LoRA and expert parallel beside TP fold (translators/pipeline_compose.py says why).
 """
 
 from __future__ import annotations

@@ -7,21 +7,30 @@ import re
 
 import pytest
 
-from tests.mf_ds.test_pipeline import FOUR, PIPE, PRINT, _assert_saved_same, _run, _saving, plan_of
+from tests.mf_ds.test_pipeline import DS3, FOUR, PIPE, PRINT, _assert_saved_same, _run, _saving, plan_of
 from tests.mf_ds.test_pipeline_eval import EVAL
+from tests.mf_ds.test_pipeline_lora import LORA
 from tests.mf_ds.test_train import metrics
 from translators.pipeline_compose import TABLE_BY_NAME, folded
 
 TP = "parallel_config.model_parallel=2"
 
 
-def test_dense_stages_keep_tensor_parallel_and_the_rest_folds():
+def test_dense_moe_and_tied_stages_keep_tensor_parallel_and_the_rest_folds():
     plan = plan_of(*PIPE, *FOUR, TP, world_size=4).plan
     assert (plan.parallel.pipeline_stage, plan.parallel.tensor_parallel, plan.parallel.data_parallel) == (2, 2, 1)
     assert not plan.parallel.folded and plan.parallel.tp_rule == "hf_tp_plan"
     tied = plan_of(*PIPE, *FOUR, TP, "model.model_config.tie_word_embeddings=True", world_size=4).plan
-    assert tied.parallel.pipeline_stage is None and tied.parallel.tensor_parallel == 2
-    assert tied.parallel.folded["parallel_config.pipeline_stage"] == folded(2, TABLE_BY_NAME["tensor_parallel"].reason)
+    assert (tied.parallel.pipeline_stage, tied.parallel.tensor_parallel) == (2, 2)
+    moe = plan_of(*PIPE, TP, config=DS3, world_size=4).plan
+    assert (moe.parallel.pipeline_stage, moe.parallel.tensor_parallel, moe.parallel.expert_parallel) == (2, 2, 1)
+    # what folds: LoRA, and expert parallel beside tensor parallel (its proof takes 8 ranks)
+    why = folded(2, TABLE_BY_NAME["tensor_parallel"].reason)
+    lora = plan_of(*PIPE, *FOUR, TP, *LORA, world_size=4).plan
+    assert lora.parallel.pipeline_stage is None and lora.parallel.folded["parallel_config.pipeline_stage"] == why
+    ep = plan_of(*PIPE, TP, "parallel_config.data_parallel=2", "parallel_config.expert_parallel=2", config=DS3,
+                 world_size=8).plan
+    assert ep.parallel.pipeline_stage is None and ep.parallel.folded["parallel_config.pipeline_stage"] == why
 
 
 def test_engine_config_drops_the_autotp_block_and_sends_activations_whole():
@@ -94,3 +103,42 @@ def test_pp2_tp2_equals_one_rank(tmp_path):
     assert held[0][2] == held[1][2] == sizes["model.embed_tokens.weight"] + 2 * half
     assert held[2][2] == held[3][2] == sizes["model.norm.weight"] + sizes["lm_head.weight"] + 2 * half
     assert "AutoTP tensor parallel 2 inside the stage (hf_tp_plan): 14 layers sliced" in proc.stderr
+
+
+@pytest.mark.deepspeed
+def test_tied_embeddings_and_moe_stages_with_tp2_equal_one_rank(tmp_path):
+    """Tied embeddings (the embedding whole on the first and the last stage, its two gradients summed over each
+    tensor-parallel lane's tie group, DeepSpeed's PipelineModule._index_tied_modules) and the tiny DeepSeek-V3 (MLA
+    under mf-ds' partition_config, MoE layers whose routed experts stay whole, aux losses carried between stages,
+    the top-k bias update): pp 2 x tp 2 on 4 ranks, ZeRO-1, clipping at 1.0 active, equal one rank: losses, global
+    norms, (MoE) drop rates and expert loads; the saved HF weights as one rank's, within the tolerance of tensor
+    parallel without stages (tests/mf_ds/test_parallel.py same_weights: the TP all-reduces sum in another order)."""
+    from mf_ds.model import build_model
+    from tests.mf_ds.test_parallel import same_weights
+    from tests.mf_ds.test_pipeline import DS3_BASE, _assert_same, _moe_rows, _saved
+
+    tie = "model.model_config.tie_word_embeddings=True"
+    build_model(plan_of("parallel_config.data_parallel=1", *FOUR, tie).plan).save_pretrained(str(tmp_path / "init"))
+    base = _saving((*FOUR, PRINT))
+    _run(tmp_path / "one", tie, "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4",
+         base=base)
+    _run(tmp_path / "tied", tie, *PIPE, TP, "mf_ds.zero_stage=1", ranks=4, base=base)
+    one, four = metrics(tmp_path / "one"), metrics(tmp_path / "tied")
+    assert max(m["grad_norm"] for m in one) > 1.0
+    assert [m["loss"] for m in four] == pytest.approx([m["loss"] for m in one], rel=1e-5)
+    assert [m["grad_norm"] for m in four] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5)
+    _assert_saved_same(tmp_path / "tied", tmp_path / "one")
+
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    build_model(plan_of("parallel_config.data_parallel=1", *DS3_BASE, config=DS3).plan).save_pretrained(
+        str(moe / "init"))
+    run = {"config": DS3, "base": _saving(DS3_BASE)}
+    _run(moe / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4", **run)
+    proc = _run(moe / "four", "parallel_config.data_parallel=1", "parallel_config.micro_batch_num=4",
+                "parallel_config.pipeline_stage=2", TP, "mf_ds.zero_stage=1", ranks=4, **run)
+    assert "AutoTP tensor parallel 2 inside the stage (partition_config)" in proc.stderr
+    rows = _moe_rows(moe / "one")
+    assert max(r[1] for r in rows) > 1.0 and max(r[2]["2"][0] for r in rows) > 0.1  # clipping; the bias moved loads
+    _assert_same(_moe_rows(moe / "four"), rows, "pp2 x tp2")
+    same_weights(_saved(moe / "one"), _saved(moe / "four"))
