@@ -142,3 +142,27 @@ def test_tied_embeddings_and_moe_stages_with_tp2_equal_one_rank(tmp_path):
     assert max(r[1] for r in rows) > 1.0 and max(r[2]["2"][0] for r in rows) > 0.1  # clipping; the bias moved loads
     _assert_same(_moe_rows(moe / "four"), rows, "pp2 x tp2")
     same_weights(_saved(moe / "one"), _saved(moe / "four"))
+
+
+@pytest.mark.deepspeed
+def test_a_killed_pp2_tp2_run_resumes_with_one_ranks_losses(tmp_path):
+    """pp 2 x tp 2, ZeRO-1, a checkpoint at step 2 (DeepSpeed's per-layer files per model rank): SIGKILLed at step 3,
+    resumed to step 4; losses and global norms equal one rank's straight run (rel 1e-5)."""
+    from mf_ds.checkpoint import native
+    from mf_ds.model import build_model
+    from tests.mf_ds.test_pipeline_checkpoint import SAVE, SHORT, _ok, _train
+
+    from_init = ("--load_checkpoint", str(tmp_path / "init"), "--max_steps", "4")
+    build_model(plan_of("parallel_config.data_parallel=1", *SHORT).plan).save_pretrained(str(tmp_path / "init"))
+    _ok(_train(tmp_path / "one", "parallel_config.data_parallel=1", "runner_config.gradient_accumulation_steps=4",
+               args=from_init))
+    pipe = (*PIPE, TP, "mf_ds.zero_stage=1", SAVE)
+    killed = _train(tmp_path / "pp", *pipe, ranks=4, args=from_init, env={native.KILL_AT: "step.update@3"})
+    assert killed.returncode != 0
+    assert [p.name for p in native.complete(tmp_path / "pp" / "checkpoint")] == ["t-step2"]
+    resumed = _ok(_train(tmp_path / "pp", *pipe, ranks=4, args=(*from_init, "--resume_training")))
+    assert f"resumed from {tmp_path / 'pp' / 'checkpoint' / 't-step2'} at step 2" in resumed.stderr
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "pp")
+    assert [m["step"] for m in two] == [1, 2, 3, 4]
+    for key in ("loss", "grad_norm"):
+        assert [m[key] for m in two] == pytest.approx([m[key] for m in one], rel=1e-5), key
