@@ -40,6 +40,10 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
     for block in NOT_FOR_THE_ENGINE:
         config.pop(block, None)
     config["zero_allow_untested_optimizer"] = True  # MindFormers' optimizers are torch ones DeepSpeed has not tested
+    if (plan.parallel.pipeline_stage or 1) > 1 and plan.parallel.tensor_parallel > 1:  # stages shard themselves
+        from mf_ds.pipeline_tp import engine_config
+
+        config = engine_config(config)
     return config
 
 

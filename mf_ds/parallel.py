@@ -53,9 +53,9 @@ def release_shm_names() -> None:
 def data_shard(rank: int, world: int, parallel: Parallel) -> tuple[int, int]:
     """(data rank, data ranks) this rank reads as. TP peers read one shard; Ulysses ranks each read their own
     (the adapter spreads every micro batch over the SP group)."""
-    if (parallel.pipeline_stage or 1) > 1:  # DeepSpeed's pipe grid: rank = stage x dp + data rank
-        return rank % parallel.data_parallel, parallel.data_parallel
     tp = parallel.tensor_parallel
+    if (parallel.pipeline_stage or 1) > 1:  # DeepSpeed's pipe grid: rank = (stage x dp + data rank) x tp + tp rank
+        return rank // tp % parallel.data_parallel, parallel.data_parallel
     return rank // tp, world // tp
 
 

@@ -163,7 +163,7 @@ class Pieces:
 def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.Module, list[str]]:
     """This rank's stage as a DeepSpeed PipelineModule (stage-major ranks: rank = stage x dp + data rank)."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
-    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipeModelDataParallelTopology
 
     if weights and not (Path(weights).is_dir() and any(Path(weights).glob("*.safetensors"))):
         raise RunError(f"{weights}: pipeline_stage > 1 loads weights per stage from an HF safetensors directory "
@@ -195,21 +195,29 @@ def build(plan: Plan, weights: str | None, log, checkpoint_fn=None) -> tuple[nn.
 
     # seed_layers: each DeepSpeed layer's fresh weights drawn after seeding with seed + its index, so a fresh run
     # starts from the same weights whatever the stage layout (they differ from a one-rank run's sequential draws)
-    module = Staged(specs, topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp), loss_fn=pieces.loss,
-                    partition_method="uniform", seed_layers=True, base_seed=plan.run.seed)
+    tp = plan.parallel.tensor_parallel  # tensor parallel inside each stage (mf_ds/pipeline_tp.py): a model axis
+    topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp) if tp > 1 else \
+        PipeDataParallelTopology(num_pp=pp, num_dp=dp)
+    module = Staged(specs, topology=topology, loss_fn=pieces.loss, partition_method="uniform", seed_layers=True,
+                    base_seed=plan.run.seed)
     module.pieces = pieces  # the HF names of the stage's weights, for its checkpoints (mf_ds/checkpoint/pipelined.py)
-    rank = dist.get_rank()
-    mtp = block_indices(pieces) if rank // dp == pp - 1 else []  # the patch lines of the MTP blocks: last stage
-    report = patch_stage(pieces.meta, plan, [i for i, s in enumerate(stages) if s == rank // dp] + mtp, checkpoint_fn,
-                         module._grid.get_data_parallel_group())
+    rank, stage = dist.get_rank(), module._grid.get_stage_id()
+    mtp = block_indices(pieces) if stage == pp - 1 else []  # the patch lines of the MTP blocks: last stage
+    held = [i for i, s in enumerate(stages) if s == stage]
+    report = patch_stage(pieces.meta, plan, held + mtp, checkpoint_fn, module._grid.get_data_parallel_group())
+    if tp > 1:  # after the patches, as deepspeed.initialize shards a run without stages after them
+        from mf_ds.pipeline_tp import shard
+
+        layers = {i: pieces.meta.get_submodule(f"model.layers.{i}") for i in held}
+        report.append(shard(plan, pieces.meta, layers, module._grid.get_slice_parallel_group()))
     if plan.run.lora is not None:  # PEFT's adapters on this stage's Linear layers (mf_ds/pipeline_lora.py)
         from mf_ds.pipeline_lora import attach
 
         attach(module, plan, weights, log if rank == 0 else None)
-    held = sum(p.numel() for p in module.parameters())
+    count = sum(p.numel() for p in module.parameters())
     # every rank says what it holds (the proof that no rank built the whole model: tests/mf_ds/test_pipeline.py)
-    print(f"mf-ds: pipeline: rank {rank} (stage {rank // dp} of {pp}) holds decoder layers "
-          f"{[i for i, s in enumerate(stages) if s == rank // dp]} ({held} parameters)"
+    print(f"mf-ds: pipeline: rank {rank} (stage {stage} of {pp}) holds decoder layers "
+          f"{held} ({count} parameters)"
           + (f", MTP blocks {mtp} and the embedding tied to stage 0's" if mtp else ""), file=sys.stderr, flush=True)
     if rank != 0:  # rank 0 logs its lines at start-up; the others say what they applied to their own layers
         for line in report:
@@ -262,17 +270,20 @@ def record_norm(engine) -> None:
     counts a parameter only on model-parallel rank 0 or when it is a tensor-parallel one; the grid's model-parallel
     group spans the stages, so every stage but the first drops out of the norm (seen: 1.415 where one rank measures
     1.862, tests/mf_ds/test_pipeline.py). Here: the squares of this stage's (already data-parallel averaged)
-    gradients summed over the stages, and the coefficient of ZeRO's and DeepSpeed's clipping, max / (norm + 1e-6)."""
+    gradients summed over the stages and tensor-parallel shards (mf_ds/pipeline_tp.py), and the coefficient of
+    ZeRO's and DeepSpeed's clipping, max / (norm + 1e-6)."""
     max_norm = engine.gradient_clipping() or math.inf
     engine.gradient_clipping = lambda: max_norm  # _take_model_step calls clip_fp32_gradients when > 0
-    group = engine.grid.get_pipe_parallel_group()
+    # the stages (and tensor-parallel ranks) of this data rank; a weight AutoTP left whole counted on slice rank 0
+    group, whole_here = engine.grid.get_model_parallel_group(), engine.grid.get_slice_parallel_rank() == 0
 
     def clip():
         # a tied weight's copy past the first stage holds the same (summed) gradient: counted once, as DeepSpeed's
         # clip_grad_norm_ skips it (ds_pipe_replicated, set by PipelineModule._index_tied_modules)
         params = [p for p in engine.module.parameters() if p.grad is not None]
         grads = [p.grad for p in params]
-        counted = [p.grad for p in params if not getattr(p, "ds_pipe_replicated", False)]
+        counted = [p.grad for p in params if not getattr(p, "ds_pipe_replicated", False)
+                   and (whole_here or getattr(p, "tensor_model_parallel", False))]
         squares = torch.stack([g.detach().float().pow(2).sum() for g in counted]).sum() if counted else \
             torch.zeros((), device=engine.device)
         dist.all_reduce(squares, group=group)

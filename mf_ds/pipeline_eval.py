@@ -54,4 +54,5 @@ def evaluate(evaluator: Evaluator, trainer) -> dict:
         for loss, (_, counted) in zip(losses, batches, strict=True):
             if counted:
                 total += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=engine.device)])
-    return evaluator.result(total, 1)  # only the last stage's ranks hold a sum: each batch counted once
+    # only the last stage's ranks hold a sum; its tensor-parallel peers (mf_ds/pipeline_tp.py) the same one
+    return evaluator.result(total, evaluator.plan.parallel.tensor_parallel)

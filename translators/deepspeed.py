@@ -219,7 +219,7 @@ def zero(parallel: Parallel, po_shard: bool, mixed: bool, ep: int, override: int
         if override == 3 and ep > 1:
             raise ConfigError("mf_ds.zero_stage", "ZeRO-3 with expert parallelism is not supported (DeepSpeed "
                               "expert groups need ZeRO-1 or -2)")
-        if override == 0 and tp > 1:
+        if override == 0 and tp > 1 and stages <= 1:  # stages: mf_ds/pipeline.record_norm sums over TP shards
             raise ConfigError("mf_ds.zero_stage", "tensor parallel needs ZeRO >= 1 here (the gradient norm over TP "
                               "shards comes from DeepSpeed's ZeRO optimizer)")
         if override == 0 and mixed:

@@ -47,13 +47,22 @@ def _no_cut(plan: Plan) -> bool:
     return found is not None and not found.pipeline_cut
 
 
+def _tp_beyond_proven(plan: Plan) -> bool:
+    """Tensor parallel inside stages (mf_ds/pipeline_tp.py) with LoRA or with expert parallel, see the reason."""
+    par = plan.parallel
+    return par.tensor_parallel > 1 and (plan.run.lora is not None or plan.moe is not None and par.expert_parallel > 1)
+
+
 TABLE: tuple[Entry, ...] = (
     Entry("architecture", lambda p: p.hf_config is None, "no transformers architecture to cut into stages"),
     Entry("cut", lambda p: p.hf_config is not None and _no_cut(p),
           "its transformers model is not cut into stages (mf_ds/pipeline.py cuts models with model.embed_tokens / "
           "layers / norm / rotary_emb, as Llama and Qwen2; the family record's pipeline_cut)"),
-    Entry("tensor_parallel", lambda p: p.parallel.tensor_parallel > 1,
-          "tensor parallel (AutoTP) inside pipeline stages is not composed yet"),
+    Entry("tensor_parallel", _tp_beyond_proven,
+          "tensor parallel (AutoTP) inside pipeline stages runs dense, MoE and tied stages (mf_ds/pipeline_tp.py); "
+          "not with LoRA (PEFT wraps nn.Linear layers, AutoTP's slices are DeepSpeed's LinearLayer / "
+          "LinearAllreduce) nor beside expert parallel > 1 (not enabled: its proof, pp 2 x dp 2 x tp 2, takes 8 "
+          "ranks)"),
     Entry("context_parallel", lambda p: p.parallel.context_parallel > 1,
           "Ulysses context parallel inside pipeline stages is not composed yet"),
     Entry("checkpoint2", lambda p: bool(p.run.callbacks.checkpoint

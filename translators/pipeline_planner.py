@@ -206,6 +206,23 @@ def section(plan: Plan, raw_pc: dict, offset, gpu_memory: float) -> dict:
     return as_json(search(plan, raw_pc.get("pipeline_stage", 1), offset, 0.9 * gpu_memory))
 
 
+def _stage_major(report: dict, pp: int, dp: int, tp: int, world: int) -> None:
+    """DeepSpeed's grid (mf_ds/pipeline.py): PipeDataParallelTopology, rank = stage x dp + data rank; with tensor
+    parallel inside the stages PipeModelDataParallelTopology, rank = (stage x dp + data rank) x tp + tp rank."""
+    def rank(s: int, d: int, t: int) -> int:
+        return (s * dp + d) * tp + t
+
+    lanes = [(d, t) for d in range(dp) for t in range(tp)]
+    report["rank_order"] = (f"rank = (stage x {dp} + data_rank) x {tp} + tp_rank (DeepSpeed's "
+                            "PipeModelDataParallelTopology)") if tp > 1 else \
+        f"rank = stage x {dp} + data_rank (DeepSpeed's PipeDataParallelTopology)"
+    groups = {"tensor parallel": [list(range(i * tp, (i + 1) * tp)) for i in range(world // tp)]} if tp > 1 else {}
+    groups["data parallel"] = [[rank(s, d, t) for d in range(dp)] for s in range(pp) for t in range(tp)]
+    groups["pipeline"] = [[rank(s, d, t) for s in range(pp)] for d, t in lanes]
+    report["groups"] = groups
+    report["data"]["shard_of_rank"] = f"rank // {tp} % {dp}" if tp > 1 else f"rank % {dp}"
+
+
 def pipelined(report: dict, plan: Plan, raw_pc: dict, offset, gpu_memory: float | None) -> dict:
     """The report of a Plan that runs the pipeline (its stages not folded): DeepSpeed's stage-major groups, the memory
     of its largest stage, its stage table, and with `gpu_memory` the search."""
@@ -215,10 +232,7 @@ def pipelined(report: dict, plan: Plan, raw_pc: dict, offset, gpu_memory: float 
     own = candidate(plan, world, pp, par.expert_parallel, pp, offset, float("inf"), zero,
                     plan.run.gradient_accumulation_steps)  # the pipeline's micro batches are the accumulation
     assert own is not None  # the Plan's own degrees divide its world
-    # PipeDataParallelTopology (mf_ds/pipeline.py): rank = stage x dp + data rank
-    report["rank_order"] = f"rank = stage x {dp} + data_rank (DeepSpeed's PipeDataParallelTopology)"
-    report["groups"] = {"data parallel": [list(range(s * dp, (s + 1) * dp)) for s in range(pp)],
-                        "pipeline": [list(range(d, world, dp)) for d in range(dp)]}
+    _stage_major(report, pp, dp, par.tensor_parallel, world)
     report["degrees"]["pipeline_stage"] = pp
     worst = own["stages"][own["worst_stage"]]
     st, mem = worst.states, report["memory"]

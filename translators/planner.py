@@ -264,8 +264,12 @@ def layout_report(plan: Plan, raw_pc: dict, gpu_memory: float | None = None,
                 fixes = [fix for fix in fixes if None not in fix["set"]]
             report["memory"]["what_if"] = fixes
             if not any(f["fits"] for f in fixes):
-                report["memory"]["more_ranks"] = more_ranks(plan, deg, zero, run.micro_batch_size, plan.layers,
-                                                            0.9 * gpu_memory)
+                wider = more_ranks(plan, deg, zero, run.micro_batch_size, plan.layers, 0.9 * gpu_memory)
+                stages = raw_pc.get("pipeline_stage", 1)
+                if wider and stages > 1 and wider["world_size"] % (stages * deg.tp * deg.cp) == 0:
+                    # the YAML's stages would run on that world (the pipeline section plans them); this is folded
+                    wider["with"] = ", ".join(w for w in ("mf_ds.pipeline: false", wider["with"]) if w)
+                report["memory"]["more_ranks"] = wider
         if raw_pc.get("pipeline_stage", 1) > 1 or peak > 0.9 * gpu_memory:  # the YAML's stages, or what fits
             report["pipeline"] = pipeline_planner.section(plan, raw_pc, offset, gpu_memory)
     return report

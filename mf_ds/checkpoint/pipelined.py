@@ -65,9 +65,10 @@ def stage_hf_weights(module: Any) -> dict[str, torch.Tensor]:
     from transformers.core_model_loading import revert_weight_conversion
 
     from mf_ds.moe.parallel import gather_full_state_dict
+    from mf_ds.pipeline_tp import whole_slices
 
     meta = module.pieces.meta
-    weights = gather_full_state_dict(meta, base=stage_weights(module))
+    weights = gather_full_state_dict(meta, base=whole_slices(meta, stage_weights(module)))
     weights = revert_weight_conversion(meta, {name: t.to("cpu") for name, t in weights.items()})
     # clones: the reversal's per-expert tensors are views of one fused tensor, which safetensors refuses to save
     return {name: t.clone(memory_format=torch.contiguous_format) for name, t in weights.items()}
@@ -82,7 +83,7 @@ def write_hf(engine: Any, directory: Path) -> None:
     stage, stages = grid.get_stage_id(), grid.get_pipe_parallel_world_size()
     mine = {}
     tensors = stage_hf_weights(engine.module)  # every rank: the experts' gather is collective
-    if grid.get_data_parallel_rank() == 0:
+    if grid.get_data_parallel_rank() == 0 and grid.get_slice_parallel_rank() == 0:  # one writer per stage
         name = shard_name(stage, stages)
         save_file(tensors, str(directory / name), metadata={"format": "pt"})
         mine = {key: (name, t.numel() * t.element_size()) for key, t in tensors.items()}
@@ -134,6 +135,11 @@ def load(engine: Any, path: Path, plan: Plan, keys: dict[str, tuple[str, ...]] |
     saved, now = saved_stages(path), plan.parallel.pipeline_stage or 1
     if saved is None or saved == now:
         return native.load(engine, path, trust=trust)
+    if saved > 1 and now > 1 and plan.parallel.tensor_parallel > 1:  # DeepSpeed's files per model rank too
+        raise RunError(f"{path}: saved by a run of {saved} pipeline stages, this run has {now} with tensor parallel "
+                       "inside them: restaging reads whole layers (layer_XX-model_states.pt), tensor-parallel stages "
+                       f"write their slices per model rank; resume with parallel_config.pipeline_stage: {saved}, or "
+                       "start a new run from its HF weights")
     if saved > 1 and now > 1:
         return restage(engine, path, keys, saved, trust)
     raise RunError(f"{path}: saved by a run of {saved} pipeline stage(s), this run has {now}: DeepSpeed's engine "

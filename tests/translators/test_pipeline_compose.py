@@ -25,7 +25,9 @@ PYNATIVE = str(ROOT / "tests" / "fixtures" / "pynative" / "tiny_qwen3_pynative.y
 CASES = {
     "architecture": (str(CORPUS / "r1.5.0__research__yizhao__yizhao_12b__pretrain_yizhao_12b_8k.yaml"), STAGES),
     "cut": (str(CORPUS / "r1.5.0__configs__gpt2__pretrain_gpt2_13b_fp16.yaml"), STAGES),
-    "tensor_parallel": (LLAMA, [*STAGES, "parallel_config.model_parallel=2"]),
+    # dense, MoE and tied stages keep tensor parallel (tests/mf_ds/test_pipeline_tp.py); with LoRA it folds
+    "tensor_parallel": (LLAMA, [*STAGES, "parallel_config.model_parallel=2",
+                                "model.model_config.pet_config={pet_type: lora, lora_rank: 4, lora_alpha: 8}"]),
     "context_parallel": (LLAMA, [*STAGES, "parallel_config.context_parallel=2"]),
     "checkpoint2": (LLAMA, [*STAGES, "callbacks=[{type: CheckpointMonitor, use_legacy_format: False}]"]),
 }

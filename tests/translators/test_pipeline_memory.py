@@ -132,7 +132,7 @@ def test_deepseek_v3_671b_gets_a_layout_that_fits(capsys):
     moe_layer = named["stages"][1]["parameters"] // 4  # layers 4-7: MoE layers
     mtp_block = moe_layer + 3 * h + 2 * h * h
     assert sum(s["parameters"] for s in named["stages"]) == report["parameters"] + mtp_block + V * h
-    # MoE with expert parallel, recompute and MTP on the last stage run on stages now; tensor parallel not yet
+    # MoE with expert parallel, recompute and MTP on the last stage run on stages now; with tensor parallel not yet
     assert named["not_composed"] == [TABLE_BY_NAME["tensor_parallel"].reason]  # translators/pipeline_compose.py
     # no smaller device count has a layout that fits: the named one is the smallest
     plan = _plan(DEEPSEEK_V3, world=64)
