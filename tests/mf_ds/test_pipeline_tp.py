@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from tests.mf_ds.test_pipeline import DS3, FOUR, PIPE, PRINT, _assert_saved_same, _run, _saving, plan_of
+from tests.mf_ds.test_parallel import same_weights
+from tests.mf_ds.test_pipeline import DS3, FOUR, PIPE, PRINT, _run, _saved, _saving, plan_of
 from tests.mf_ds.test_pipeline_eval import EVAL
 from tests.mf_ds.test_pipeline_lora import LORA
 from tests.mf_ds.test_train import metrics
@@ -87,7 +88,10 @@ def test_pp2_tp2_equals_one_rank(tmp_path):
         four = metrics(tmp_path / name)
         assert [m["loss"] for m in four] == pytest.approx([m["loss"] for m in one], rel=1e-5), name
         assert [m["grad_norm"] for m in four] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5), name
-        _assert_saved_same(tmp_path / name, tmp_path / "one")
+        # within the tolerance of tensor parallel without stages: the sliced layers' all-reduces sum the embedding's
+        # gradient in another order, and Adam turns a rounding-level gradient of a rarely seen token's row into a
+        # visible step (a run once differed beyond rel 1e-5 in model.embed_tokens.weight alone)
+        same_weights(_saved(tmp_path / "one"), _saved(tmp_path / name))
         got = [(m["step"], m["eval_loss"], m["eval_batches"]) for m in four if "eval_loss" in m]
         assert got == [(2, pytest.approx(evaluated[0][1], rel=1e-6), 4)], name
     # each rank holds its stage's slices: stage-major, tp peers consecutive, half of each sliced layer
@@ -114,8 +118,7 @@ def test_tied_embeddings_and_moe_stages_with_tp2_equal_one_rank(tmp_path):
     norms, (MoE) drop rates and expert loads; the saved HF weights as one rank's, within the tolerance of tensor
     parallel without stages (tests/mf_ds/test_parallel.py same_weights: the TP all-reduces sum in another order)."""
     from mf_ds.model import build_model
-    from tests.mf_ds.test_parallel import same_weights
-    from tests.mf_ds.test_pipeline import DS3_BASE, _assert_same, _moe_rows, _saved
+    from tests.mf_ds.test_pipeline import DS3_BASE, _assert_same, _moe_rows
 
     tie = "model.model_config.tie_word_embeddings=True"
     build_model(plan_of("parallel_config.data_parallel=1", *FOUR, tie).plan).save_pretrained(str(tmp_path / "init"))
@@ -127,7 +130,7 @@ def test_tied_embeddings_and_moe_stages_with_tp2_equal_one_rank(tmp_path):
     assert max(m["grad_norm"] for m in one) > 1.0
     assert [m["loss"] for m in four] == pytest.approx([m["loss"] for m in one], rel=1e-5)
     assert [m["grad_norm"] for m in four] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5)
-    _assert_saved_same(tmp_path / "tied", tmp_path / "one")
+    same_weights(_saved(tmp_path / "one"), _saved(tmp_path / "tied"))
 
     moe = tmp_path / "moe"
     moe.mkdir()
