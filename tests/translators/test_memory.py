@@ -18,7 +18,6 @@ import dataclasses
 import datetime
 import gc
 import os
-import weakref
 from pathlib import Path
 
 import pytest
@@ -66,31 +65,11 @@ def test_parameter_count_is_exact(path):
 CASES = [("dense", 1, True), ("dense", 2, True), ("dense", 3, True), ("dense", 1, False), ("moe", 1, True)]
 
 
-_FROZEN: list = []  # weak references to the tensors alive when _freeze_imports froze the collector's objects
-
-
-def _freeze_imports() -> None:
-    """Imports what _measure uses, then moves the ~500k objects alive by then into the collector's permanent
-    generation (gc.freeze): each _live's gc.collect then walks only what the cases made, not the imports again
-    (0.5-1 s a call on 2 loaded cores, 25 calls a rank: half the test's time). gc.get_objects() no longer lists
-    frozen objects, so the tensors among them are kept here (weakly) and _live still counts every tensor the
-    collector reaches, the frozen ones included."""
-    import deepspeed  # noqa: F401
-
-    from mf_ds import model, optim, patch  # noqa: F401
-
-    gc.collect()
-    _FROZEN[:] = [weakref.ref(obj) for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
-    gc.freeze()
-
-
 def _live() -> int:
     """Bytes of every tensor storage the garbage collector reaches, each counted once."""
     gc.collect()
     storages = {}
-    for obj in [*gc.get_objects(), *(ref() for ref in _FROZEN)]:
-        if obj is None:  # a frozen tensor freed since
-            continue
+    for obj in gc.get_objects():
         try:
             if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
                 storage = obj.untyped_storage()
@@ -152,7 +131,6 @@ def _states_worker(rank: int, port: int, world: int, plans: dict, out: str) -> N
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    _freeze_imports()
     results = [_measure(rank, plans[model], stage, bf16) for model, stage, bf16 in CASES]
     if rank == 0:
         torch.save(results, out)
