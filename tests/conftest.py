@@ -51,7 +51,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ds_launch(ranks: int) -> list[str]:
+def ds_launch(ranks: int, port: int | None = None) -> list[str]:
     """The command the `deepspeed` runner execs on one node (deepspeed/launcher/runner.py: deepspeed.launcher.launch
     with the world base64-encoded), less the runner's own Python, which imports torch and DeepSpeed only to exec it:
     ~2.5 s a multi-rank launch on 2 loaded cores (6.3 s against 3.6 s for 2 ranks of an empty script, measured here).
@@ -59,7 +59,7 @@ def ds_launch(ranks: int) -> list[str]:
     test_multinode, test_launch_errors)."""
     world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(ranks))}).encode()).decode()
     return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
-            "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+            "--master_addr=127.0.0.1", f"--master_port={port or free_port()}"]
 
 
 def corpus_files() -> list[Path]:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import CPU_ENV, ROOT, free_port
+from tests.conftest import CPU_ENV, ROOT, ds_launch, free_port
 from tests.mf_ds.test_deepseek4_train import counting_corpus, metrics
 from tests.mf_ds.test_deepseek4_train import run as train_run
 from translators import memory
@@ -170,7 +170,7 @@ def test_zero3_partitioned_build_starts_from_the_same_weights(tmp_path, corpus):
     deepspeed.zero.Init: the first step's loss and gradient norm are one rank's whole build's (AdamW)."""
     one = tmp_path / "one"
     run(one, corpus, "--set", "optimizer.type=AdamW", "--max_steps", "1", "--set", "checkpoint.enable_save=False")
-    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "mf_ds" / "train.py")]
+    launcher = [*ds_launch(2), str(ROOT / "mf_ds" / "train.py")]
     proc = run(tmp_path / "two", corpus, "--set", "optimizer.type=AdamW", "--max_steps", "1", "--set",
                "checkpoint.enable_save=False", "--set", "parallelism.data_parallel_shard=-1", launcher=launcher)
     log = proc.stdout + proc.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CPU_ENV, ROOT, free_port
+from tests.conftest import CPU_ENV, ROOT, ds_launch
 
 TINY = ROOT / "tests" / "fixtures" / "pynative" / "tiny_deepseek4_flash.yaml"
 # AdamW for the tests of the model and its parallel runs; the Muon tests (the YAML's optimizer) at the end.
@@ -135,7 +135,7 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path, corpus, one_rank):
 def test_two_ranks_equal_one_rank(tmp_path, corpus, one_rank):
     """data_parallel_shard 1 on 2 ranks: plain data parallel (ZeRO stage 0), accumulation 1 instead of 2, the same
     global batch; the losses and gradient norms are the single rank's."""
-    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "mf_ds" / "train.py")]
+    launcher = [*ds_launch(2), str(ROOT / "mf_ds" / "train.py")]
     run(tmp_path, corpus, *ADAMW, "--max_steps", "3", "--set", "checkpoint.enable_save=False", launcher=launcher)
     two, one = metrics(tmp_path), one_rank[1]
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one[:3]], rel=1e-4)
@@ -147,7 +147,7 @@ def test_zero3_partitioned_build_starts_from_the_same_weights(tmp_path, corpus, 
     """data_parallel_shard -1 (FSDP: ZeRO-3) builds the model partitioned; mf_ds/init.py's MindFormers values are
     written through DeepSpeed's gathered parameters: the first step's loss and gradient norm are the single rank's
     (later steps drift by routing ties: top-k choices flip on last-bit differences of the reduction order)."""
-    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "mf_ds" / "train.py")]
+    launcher = [*ds_launch(2), str(ROOT / "mf_ds" / "train.py")]
     proc = run(tmp_path, corpus, *ADAMW, "--max_steps", "2", "--set", "checkpoint.enable_save=False", "--set",
                "parallelism.data_parallel_shard=-1", launcher=launcher)
     assert "built partitioned" in proc.stdout + proc.stderr

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import CONFIGS, CPU_ENV, ROOT, free_port
+from tests.conftest import CONFIGS, CPU_ENV, ROOT, ds_launch, free_port
 
 ARGS = ["--mf-config", str(CONFIGS / "tiny_llama.yaml"), "--max_steps", "3", "--set", "parallel_config.data_parallel=2"]
 
@@ -31,8 +31,8 @@ def test_two_nodes_on_localhost_equal_two_local_ranks(tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
     assert "nnodes=2" in logs[0] and "node_rank=1" in logs[1]
     one = tmp_path / "one_node"
-    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()),
-                           str(ROOT / "mf_ds" / "train.py"), *ARGS, "--output_dir", str(one)],
+    # the reference: the two ranks one node's runner would start (the runner is the claim above, not here)
+    proc = subprocess.run([*ds_launch(2), str(ROOT / "mf_ds" / "train.py"), *ARGS, "--output_dir", str(one)],
                           cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert losses(out) == pytest.approx(losses(one), abs=1e-6) and len(losses(out)) == 3

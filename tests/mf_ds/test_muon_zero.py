@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, ds_launch, free_port
 from tests.mf_ds.test_deepseek4_train import corpus  # noqa: F401, F811 (the fixture)
 
 
@@ -137,7 +137,7 @@ def test_deepseek4_flash_muon_under_fsdp(tmp_path, corpus):  # noqa: F811 (the f
 
     quiet = ("--max_steps", "3", "--set", "checkpoint.enable_save=False", "--set", "training.max_norm=0")
     run(tmp_path / "one", corpus, *quiet)
-    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "mf_ds" / "train.py")]
+    launcher = [*ds_launch(2), str(ROOT / "mf_ds" / "train.py")]
     proc = run(tmp_path / "two", corpus, *quiet, "--set", "parallelism.data_parallel_shard=-1", launcher=launcher)
     assert "built partitioned" in proc.stdout + proc.stderr and "under ZeRO-3" in proc.stderr
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")

@@ -24,7 +24,7 @@ from mf_ds.checkpoint.mindspore_ckpt import load_into
 from mf_ds.checkpoint.sharded import Checkpoint2
 from mf_ds.errors import RunError
 from mf_ds.weights import layout_of
-from tests.conftest import CONFIGS, CPU_ENV, ROOT
+from tests.conftest import CONFIGS, CPU_ENV, ROOT, ds_launch
 from tests.mf_ds.mindformers_adamw import adamw_step
 from tests.mf_ds.test_convert import mcore_plan
 from tests.mf_ds.test_mindspore_ckpt import MF
@@ -375,10 +375,8 @@ def test_two_ranks_zero2_save_and_resume(tmp_path):
     exactly."""
     import subprocess
 
-    from tests.conftest import free_port
-
     def launch(out, *args):
-        cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "mf_ds" / "train.py"),
+        cmd = [*ds_launch(2), str(ROOT / "mf_ds" / "train.py"),
                "--mf-config", str(CONFIGS / "tiny_llama.yaml"), "--output_dir", str(out), "--set",
                CALLBACKS.replace("max: 1", "max: 2"), "--set", "mf_ds.zero_stage=2", *args]
         proc = subprocess.run(cmd, cwd=ROOT, env=CPU_ENV, capture_output=True, text=True, timeout=600)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CPU_ENV, ROOT, free_port
+from tests.conftest import CPU_ENV, ROOT, ds_launch
 
 TINY = ROOT / "tests" / "fixtures" / "pynative" / "tiny_deepseek3_pynative.yaml"
 
@@ -58,7 +58,7 @@ def test_pynative_yaml_trains_its_steps_with_the_loss_falling(one_rank):
 def test_two_ranks_under_zero3_equal_one_rank(tmp_path, corpus, one_rank):
     """On 2 ranks data_parallel_shard -1 is FSDP over both: ZeRO-3, accumulation 1 instead of 2, the same global
     batch; the losses and gradient norms are the single rank's."""
-    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "mf_ds" / "train.py")]
+    launcher = [*ds_launch(2), str(ROOT / "mf_ds" / "train.py")]
     two = train(tmp_path, corpus, "--max_steps", "3", launcher=launcher)
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one_rank[:3]], rel=1e-4)
     assert [r["grad_norm"] for r in two] == pytest.approx([r["grad_norm"] for r in one_rank[:3]], rel=1e-3)

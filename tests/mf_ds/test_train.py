@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import CONFIGS, CORPUS, CPU_ENV, ROOT, free_port, needs_shared
+from tests.conftest import CONFIGS, CORPUS, CPU_ENV, ROOT, ds_launch, free_port, needs_shared
 
 LLAMA = str(CONFIGS / "tiny_llama.yaml")
 ENV = CPU_ENV
@@ -70,10 +70,18 @@ def test_resume_continues_with_the_same_losses(tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-6, msg=name)
 
 
-def test_checkpoint_is_hf_layout_and_atomic(tmp_path):
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory) -> Path:
+    """One 2-step run of tiny_llama, read by the checkpoint tests below (one launch instead of one each)."""
+    out = tmp_path_factory.mktemp("two_steps")
+    train(out, "--max_steps", "2")
+    return out
+
+
+def test_checkpoint_is_hf_layout_and_atomic(tmp_path, two_steps):
     from transformers import AutoModelForCausalLM
 
-    train(tmp_path, "--max_steps", "2")
+    shutil.copytree(two_steps / "checkpoint", tmp_path / "checkpoint")  # a copy: a stale save is planted in it
     latest = tmp_path / "checkpoint" / (tmp_path / "checkpoint" / "latest").read_text().strip()
     model = AutoModelForCausalLM.from_pretrained(str(latest))
     assert model.config.num_hidden_layers == 2
@@ -87,12 +95,11 @@ def test_checkpoint_is_hf_layout_and_atomic(tmp_path):
     assert find_latest(tmp_path / "checkpoint") == latest
 
 
-def test_weights_from_an_hf_directory(tmp_path):
-    train(tmp_path / "a", "--max_steps", "2")
-    src = tmp_path / "a" / "checkpoint" / (tmp_path / "a" / "checkpoint" / "latest").read_text().strip()
+def test_weights_from_an_hf_directory(tmp_path, two_steps):
+    src = two_steps / "checkpoint" / (two_steps / "checkpoint" / "latest").read_text().strip()
     hf_dir = tmp_path / "hf"
     shutil.copytree(src, hf_dir, ignore=shutil.ignore_patterns("engine", "trainer_state.json", "rng.json"))
-    first = metrics(tmp_path / "a")[-1]["loss"]
+    first = metrics(two_steps)[-1]["loss"]
     train(tmp_path / "b", "--max_steps", "1", "--load_checkpoint", str(hf_dir))
     assert metrics(tmp_path / "b")[0]["loss"] < first + 0.5  # starts where the first run was, not at ~5.8
 
@@ -126,9 +133,13 @@ def one_rank(tmp_path_factory):
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_two_ranks_with_the_launcher_equal_one_rank(tmp_path, one_rank, stage):
-    """deepspeed mf_ds/train.py on 2 CPU ranks under ZeRO-1/2/3: same global batch, same losses as 1 rank."""
+    """deepspeed mf_ds/train.py on 2 CPU ranks under ZeRO-1/2/3: same global batch, same losses as 1 rank. ZeRO-1
+    through the `deepspeed` runner (its coverage, with test_multinode and test_launch_errors), ZeRO-2/3 through the
+    launcher it execs (conftest.ds_launch: the runner's own Python less)."""
     port = free_port()
-    launcher = ["deepspeed", "--num_gpus", "2", "--master_port", str(port), str(ROOT / "mf_ds" / "train.py")]
+    runner = ["deepspeed", "--num_gpus", "2", "--master_port", str(port)] if stage == 1 else \
+        ds_launch(2, port)
+    launcher = [*runner, str(ROOT / "mf_ds" / "train.py")]
     train(tmp_path, "--max_steps", "3", "--set", f"mf_ds.zero_stage={stage}", launcher=launcher)
     # DeepSpeed's CPU all-reduce buffers (~67 MB a rank) are not left in /dev/shm (parallel.release_shm_names)
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
