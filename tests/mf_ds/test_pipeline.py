@@ -281,9 +281,8 @@ def test_tied_embeddings_summed_across_the_first_and_last_stage(tmp_path):
 @pytest.mark.deepspeed
 def test_bf16_stages_equal_one_rank_and_save_its_weights(tmp_path):
     """bf16 (compute_dtype bfloat16: DeepSpeed's bf16 mode, fp32 masters in ZeRO-1) on pp 2 equals one rank in bf16:
-    the stages run the same layers on the same micro batches and the optimizer steps the same fp32 masters, so the
-    losses and norms agree to bf16's rounding of the cross-stage sums; the HF weights saved at the last step are one
-    rank's, dtype included."""
+    the stages run the same layers on the same micro batches and the optimizer steps the same fp32 masters (measured:
+    losses, norms and saved weights identical); the HF weights saved at the last step are one rank's, dtype included."""
     from mf_ds.model import build_model
 
     model = build_model(plan_of("parallel_config.data_parallel=1", *FOUR).plan)
@@ -293,13 +292,10 @@ def test_bf16_stages_equal_one_rank_and_save_its_weights(tmp_path):
     _run(tmp_path / "pp2", *PIPE, ranks=2, base=base)
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "pp2")
     assert max(m["grad_norm"] for m in one) > 1.0  # clipping active
-    assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=2e-3)
-    assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=2e-2)
-    saved, expected = _saved(tmp_path / "pp2"), _saved(tmp_path / "one")
-    assert saved.keys() == expected.keys()
-    for key, value in expected.items():
-        assert saved[key].dtype == value.dtype, key
-        torch.testing.assert_close(saved[key].float(), value.float(), rtol=2e-2, atol=2e-3, msg=key)
+    assert [m["loss"] for m in two] == pytest.approx([m["loss"] for m in one], rel=1e-5)
+    assert [m["grad_norm"] for m in two] == pytest.approx([m["grad_norm"] for m in one], rel=1e-5)
+    _assert_saved_same(tmp_path / "pp2", tmp_path / "one")
+    assert {t.dtype for t in _saved(tmp_path / "pp2").values()} == {torch.bfloat16}
 
 
 @pytest.mark.deepspeed
